@@ -1,0 +1,143 @@
+"""Tiny, offline, deterministic models for tests, demos and benchmarks.
+
+Nothing here touches a hub. :func:`build_tiny_models` writes, in a few seconds:
+
+* ``tokenizer/`` is a BPE tokenizer trained on a small built-in corpus, with a
+  Metaspace pre-tokenizer/decoder (decoded text keeps its spaces), pad/eos/bos tokens and a chat template;
+* ``policy/`` is a tiny ``LlamaForCausalLM`` (hidden 64, 2 layers, 4 heads, 2 kv heads) plus the tokenizer;
+* ``reward/`` is a tiny ``LlamaForSequenceClassification`` with one output (``num_labels=1``) plus the tokenizer.
+
+Everything is deterministic given ``seed``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>' + message['content'] + eos_token }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+SPECIAL_TOKENS = ["<pad>", "</s>", "<s>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>"]
+
+# A small corpus: enough for a few hundred BPE merges, with the words the demo data uses.
+_WORDS = (
+    "the a an and or but if then so very good bad great terrible happy sad kind rude helpful useless "
+    "cat dog bird fish tree sun moon star sky sea river mountain city road house garden book story "
+    "i you he she it we they am is are was were be been have has had do does did will would can could "
+    "please thanks thank hello hi yes no maybe sure sorry okay fine nice lovely awful wonderful bright "
+    "what why how when where who which tell me about write say give answer question help explain "
+    "one two three four five six seven eight nine ten red blue green yellow black white small big "
+    "love like hate enjoy want need make made go went come came see saw know knew think thought day "
+    "night morning evening today tomorrow yesterday food water music song poem joke fact idea world"
+).split()
+
+
+def tiny_corpus(n_lines: int = 400, seed: int = 0) -> list[str]:
+    """Deterministic pseudo-sentences over the built-in vocabulary."""
+    import random
+
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 12))) for _ in range(n_lines)]
+
+
+def build_tokenizer(vocab_size: int = 512, seed: int = 0):
+    """Train a tiny BPE tokenizer on :func:`tiny_corpus` and wrap it for transformers."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
+    tok.train_from_iterator(tiny_corpus(seed=seed) + [" ".join(_WORDS)], trainer=trainer)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        eos_token="</s>",
+        bos_token="<s>",
+        unk_token="<unk>",
+        additional_special_tokens=SPECIAL_TOKENS[4:],
+    )
+    wrapped.chat_template = CHAT_TEMPLATE
+    return wrapped
+
+
+def tiny_llama_config(tokenizer, *, hidden_size: int = 64, num_layers: int = 2, **overrides):
+    """A ~100k-parameter Llama config matched to ``tokenizer``."""
+    from transformers import LlamaConfig
+
+    kwargs = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        tie_word_embeddings=False,
+    )
+    kwargs.update(overrides)
+    return LlamaConfig(**kwargs)
+
+
+def build_causal_lm(tokenizer, seed: int = 0, **config_overrides):
+    """A randomly initialised tiny ``LlamaForCausalLM`` (deterministic by ``seed``)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(tiny_llama_config(tokenizer, **config_overrides))
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    return model
+
+
+def build_scalar_model(tokenizer, seed: int = 1, **config_overrides):
+    """A randomly initialised tiny ``LlamaForSequenceClassification`` with exactly one output."""
+    import torch
+    from transformers import LlamaForSequenceClassification
+
+    torch.manual_seed(seed)
+    # num_labels=1 and no id2label/label2id: otherwise transformers warns about a 2-label map.
+    return LlamaForSequenceClassification(tiny_llama_config(tokenizer, num_labels=1, **config_overrides))
+
+
+@dataclass(frozen=True)
+class TinyModels:
+    """Paths written by :func:`build_tiny_models`."""
+
+    root: Path
+    tokenizer: Path
+    policy: Path
+    reward: Path
+
+
+def build_tiny_models(root: str | os.PathLike, seed: int = 0, **config_overrides) -> TinyModels:
+    """Write a tokenizer, a tiny causal LM and a tiny scalar-headed model under ``root``.
+
+    Idempotent: if all three directories already exist they are reused.
+    """
+    root = Path(root)
+    paths = TinyModels(root, root / "tokenizer", root / "policy", root / "reward")
+    done = [paths.tokenizer / "tokenizer_config.json", paths.policy / "config.json", paths.reward / "config.json"]
+    if all(f.exists() for f in done):
+        return paths
+    tokenizer = build_tokenizer(seed=seed)
+    tokenizer.save_pretrained(paths.tokenizer)
+    policy = build_causal_lm(tokenizer, seed=seed, **config_overrides)
+    policy.save_pretrained(paths.policy)
+    tokenizer.save_pretrained(paths.policy)
+    reward = build_scalar_model(tokenizer, seed=seed + 1, **config_overrides)
+    reward.save_pretrained(paths.reward)
+    tokenizer.save_pretrained(paths.reward)
+    return paths
