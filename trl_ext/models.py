@@ -198,6 +198,8 @@ def load_tokenizer(model_args, **kwargs) -> PreTrainedTokenizerBase:
 
 def _finish(model, model_args, lora_config, *, quantized: bool, gradient_checkpointing, gradient_checkpointing_kwargs):
     """Quantized: peft's k-bit preparation + the CPU gradient fix; then the LoRA adapter (or full fine-tuning)."""
+    if gradient_checkpointing_kwargs is None:
+        gradient_checkpointing_kwargs = {"use_reentrant": False}  # torch's recommendation; no input-grad hack needed
     if quantized:
         model = prepare_quantized_model(
             model,
@@ -244,7 +246,7 @@ def load_policy(
         gradient_checkpointing: quantized models: passed to peft's ``prepare_model_for_kbit_training``
             (default: on when ``use_peft``); others: ``True`` enables it, ``None``/``False`` leave it to the
             trainer's ``gradient_checkpointing`` argument.
-        gradient_checkpointing_kwargs: e.g. ``{"use_reentrant": False}``.
+        gradient_checkpointing_kwargs: passed with it; default ``{"use_reentrant": False}``.
         **kwargs: passed to ``from_pretrained``, overriding what the loader derived (``dtype``, ``device_map``,
             ``quantization_config``, ``revision``, ``trust_remote_code``, ...).
 
