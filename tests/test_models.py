@@ -152,7 +152,8 @@ def inference_passes(model, ids):
     with torch.inference_mode():
         model(input_ids=ids)
     if "CausalLM" in type(model).__name__:
-        model.generate(input_ids=ids[:, :4], attention_mask=torch.ones_like(ids[:, :4]), max_new_tokens=3, do_sample=False)
+        prompt = ids[:, :4]
+        model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=3, do_sample=False)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -401,6 +402,19 @@ def test_quantized_lora_optimizer_step_changes_adapters_and_lowers_loss(tiny_mod
     assert loss1.item() < loss0.item() - 1e-3
 
 
+def test_gradient_checkpointing_follows_the_wish_and_keeps_gradients(tiny_models, batch):
+    args = ModelConfig(model_name_or_path=str(tiny_models.policy), load_in_4bit=True, **LORA)
+    default = load_policy(args)  # quantized + LoRA: on by default
+    off = load_policy(args, gradient_checkpointing=False)
+    assert default.base_model.model.is_gradient_checkpointing and not off.base_model.model.is_gradient_checkpointing
+    randomize_lora_b(default)
+    off.load_state_dict({n: p for n, p in default.state_dict().items() if "lora_" in n}, strict=False)
+    assert max_rel_err(lora_grads(default, batch), lora_grads(off, batch)) < 1e-6
+    plain = load_policy(ModelConfig(model_name_or_path=str(tiny_models.policy)), gradient_checkpointing=True)
+    assert plain.is_gradient_checkpointing
+    assert not load_policy(ModelConfig(model_name_or_path=str(tiny_models.policy))).is_gradient_checkpointing
+
+
 def test_4bit_compute_dtype_follows_dtype_and_checkpoint_for_auto():
     stored_bf16 = transformers.LlamaConfig(dtype="bfloat16")
     q = quantization_config_for(ModelConfig(load_in_4bit=True, dtype="auto"), stored_bf16)
@@ -477,4 +491,5 @@ def test_absent_lora_targets_are_listed_with_the_available_ones(tiny_models, no_
         for name in ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", linear]:
             assert name in message
     with pytest.raises(UserInputError, match=r"regex .* matches no module"):
-        load_policy(ModelConfig(model_name_or_path=str(tiny_models.policy), lora_target_modules=[".*attn\\.qkv"], **LORA))
+        args = ModelConfig(model_name_or_path=str(tiny_models.policy), lora_target_modules=[".*attn\\.qkv"], **LORA)
+        load_policy(args)

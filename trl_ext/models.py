@@ -201,9 +201,11 @@ def _finish(model, model_args, lora_config, *, quantized: bool, gradient_checkpo
     if gradient_checkpointing_kwargs is None:
         gradient_checkpointing_kwargs = {"use_reentrant": False}  # torch's recommendation; no input-grad hack needed
     if quantized:
+        if gradient_checkpointing is None:
+            gradient_checkpointing = bool(model_args.use_peft)  # QLoRA practice, peft's default
         model = prepare_quantized_model(
             model,
-            gradient_checkpointing=bool(model_args.use_peft) if gradient_checkpointing is None else gradient_checkpointing,
+            gradient_checkpointing=gradient_checkpointing,
             gradient_checkpointing_kwargs=gradient_checkpointing_kwargs,
         )
     elif gradient_checkpointing:
