@@ -343,6 +343,16 @@ def test_4bit_lora_gradients_stay_exact_after_inference_passes(tiny_models, batc
     assert not any(getattr(m.weight.quant_state, "packing_format_for_cpu", False) for m in layers)
 
 
+def test_fix_also_covers_a_quantization_config_passed_as_kwarg(tiny_models):
+    import bitsandbytes as bnb
+
+    args = ModelConfig(model_name_or_path=str(tiny_models.policy), **LORA)  # not quantized by its fields
+    model = load_policy(args, quantization_config=transformers.BitsAndBytesConfig(load_in_4bit=True))
+    layers = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    assert layers and all(m.support_avx512bf16_for_cpu is False for m in layers)
+    assert all(not p.requires_grad for n, p in model.named_parameters() if "lora_" not in n)  # k-bit prepared
+
+
 def test_without_the_fix_this_cpu_hits_the_trap_or_has_nothing_to_fix(tiny_models, batch):
     """Shows what the fix is for: on AVX512-BF16 CPUs, undoing it makes gradients wrong after one eval pass."""
     import bitsandbytes as bnb

@@ -101,22 +101,21 @@ class _Plan:
         self.trust_remote_code = self.kwargs.pop(
             "trust_remote_code", getattr(model_args, "trust_remote_code", False)
         )
+        self.dtype = _torch_dtype(model_args.dtype)
         check_quantization_request(model_args)
         self.config = _load_checkpoint_config(
             self.path, revision=self.revision, trust_remote_code=self.trust_remote_code
         )
         self.quantization_config = quantization_config_for(model_args, self.config)
-        self.quantized = self.quantization_config is not None
 
     def init_kwargs(self, model_args, **extra) -> dict[str, Any]:
         """``from_pretrained`` kwargs; the caller's kwargs win."""
         init: dict[str, Any] = dict(revision=self.revision, trust_remote_code=self.trust_remote_code, **extra)
-        dtype = _torch_dtype(model_args.dtype)
-        if dtype is not None:
-            init["dtype"] = dtype
+        if self.dtype is not None:
+            init["dtype"] = self.dtype
         if model_args.attn_implementation is not None:
             init["attn_implementation"] = model_args.attn_implementation
-        if self.quantized:
+        if self.quantization_config is not None:
             init["quantization_config"] = self.quantization_config
             device_map = kbit_device_map()
             if device_map is not None:
@@ -196,11 +195,20 @@ def load_tokenizer(model_args, **kwargs) -> PreTrainedTokenizerBase:
 # Models
 
 
-def _finish(model, model_args, lora_config, *, quantized: bool, gradient_checkpointing, gradient_checkpointing_kwargs):
+def _is_quantized(model) -> bool:
+    """Loaded quantized: from the ModelConfig flags, a ``quantization_config`` kwarg, or a pre-quantized checkpoint."""
+    return bool(
+        getattr(model, "is_quantized", False)
+        or getattr(model, "is_loaded_in_4bit", False)
+        or getattr(model, "is_loaded_in_8bit", False)
+    )
+
+
+def _finish(model, model_args, lora_config, *, gradient_checkpointing, gradient_checkpointing_kwargs):
     """Quantized: peft's k-bit preparation + the CPU gradient fix; then the LoRA adapter (or full fine-tuning)."""
     if gradient_checkpointing_kwargs is None:
         gradient_checkpointing_kwargs = {"use_reentrant": False}  # torch's recommendation; no input-grad hack needed
-    if quantized:
+    if _is_quantized(model):
         if gradient_checkpointing is None:
             gradient_checkpointing = bool(model_args.use_peft)  # QLoRA practice, peft's default
         model = prepare_quantized_model(
@@ -273,7 +281,6 @@ def load_policy(
         model,
         model_args,
         lora_config,
-        quantized=plan.quantized,
         gradient_checkpointing=gradient_checkpointing,
         gradient_checkpointing_kwargs=gradient_checkpointing_kwargs,
     )
@@ -404,7 +411,6 @@ def load_scalar_model(
         model,
         model_args,
         lora_config,
-        quantized=plan.quantized,
         gradient_checkpointing=gradient_checkpointing,
         gradient_checkpointing_kwargs=gradient_checkpointing_kwargs,
     )
