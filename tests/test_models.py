@@ -258,6 +258,13 @@ def test_reinit_head_replaces_a_multi_output_head(two_label_checkpoint, batch):
     assert model(batch).logits.shape == (2, 1)
 
 
+def test_reinit_head_on_a_reward_checkpoint_starts_a_new_head(tiny_models):
+    kept = load_scalar_model(ModelConfig(model_name_or_path=str(tiny_models.reward)))
+    fresh = load_scalar_model(ModelConfig(model_name_or_path=str(tiny_models.reward)), reinit_head=True)
+    assert fresh.score.out_features == 1 and not torch.allclose(fresh.score.weight, kept.score.weight)
+    torch.testing.assert_close(fresh.model.norm.weight, kept.model.norm.weight, rtol=0, atol=0)
+
+
 def test_scalar_model_pad_token_makes_padded_batches_score_the_last_real_token(no_pad_checkpoint, tokenizer):
     tok = transformers.AutoTokenizer.from_pretrained(no_pad_checkpoint)
     model = load_scalar_model(ModelConfig(model_name_or_path=str(no_pad_checkpoint)), tokenizer=tok)
