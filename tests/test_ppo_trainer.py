@@ -132,6 +132,13 @@ def test_custom_controller_object_and_one_overridden_step(tiny_models, tok, data
     assert [entry["objective/kl_coef"] for entry in logs] == [0.4, 0.2, 0.1]
     assert all(entry["objective/scores"] == 2.0 for entry in logs)
     assert trainer.kl_ctl.value == 0.05
+    # save_model writes the policy alone, loadable as a causal LM
+    from transformers import AutoModelForCausalLM
+
+    trainer.save_model(str(tmp_path / "final"))
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+    trained = trainer.accelerator.unwrap_model(trainer.model).policy
+    assert all(torch.equal(a, b) for a, b in zip(saved.state_dict().values(), trained.state_dict().values()))
 
 
 def test_value_clip_none_and_mean(tiny_models, tok, data, tmp_path):
