@@ -285,3 +285,31 @@ def test_config_defaults_are_trls(tmp_path):
     assert (cfg.value_clip, cfg.kl_controller, cfg.kl_target, cfg.kl_horizon) == ("max", "fixed", 6.0, 10000)
     assert (cfg.ptx_coef, cfg.ptx_mode, cfg.ptx_batch_size, cfg.ptx_max_length) == (0.0, "joint", None, 512)
     assert cfg.kl_coef == 0.05 and cfg.cliprange_value == 0.2
+
+
+def test_scalar_outputs_of_a_4bit_lora_model(tiny_models):
+    """A QLoRA-style value/reward model (nf4 base + LoRA + trained score head) scores like its own forward."""
+    import bitsandbytes as bnb
+    from peft import get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoModelForSequenceClassification, BitsAndBytesConfig
+
+    from trl_ext.scalar_heads import scalar_model_outputs
+
+    model = AutoModelForSequenceClassification.from_pretrained(
+        tiny_models.reward,
+        quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                               bnb_4bit_compute_dtype=torch.float32),
+    )
+    for module in model.modules():  # CPU repacking trap, see the environment notes
+        if isinstance(module, bnb.nn.Linear4bit):
+            module.support_avx512bf16_for_cpu = False
+    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    model = get_peft_model(model, lora_config(task_type="SEQ_CLS", init_lora_weights=False))
+    query_response = torch.tensor([[5, 6, 7, 8, 9, 0], [10, 11, 12, 13, 0, 0]])
+    with torch.no_grad():
+        _, score, _ = scalar_model_outputs(model, query_response, 0, 2)
+        expected = model(input_ids=query_response, attention_mask=query_response != 0).logits.squeeze(-1)
+        with model.disable_adapter():
+            _, bare, _ = scalar_model_outputs(model, query_response, 0, 2)
+    assert torch.allclose(score, expected, atol=1e-5)
+    assert not torch.allclose(score, bare, atol=1e-4)
