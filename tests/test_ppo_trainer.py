@@ -32,9 +32,11 @@ def data(tok):
 
 
 def run(trainer_cls, config_cls, tiny_models, tok, data, tmp_path, *, peft_config=None, value_model=None,
-        trainer_kwargs=None, **overrides):
+        trainer_kwargs=None, wrap_policy=None, **overrides):
     seed_all(0)
     policy, value, reward = load_models(tiny_models)
+    if wrap_policy is not None:
+        policy = wrap_policy(policy)
     trainer = trainer_cls(
         args=config_cls(**config_kwargs(tmp_path, **overrides)),
         processing_class=tok,
@@ -74,19 +76,37 @@ def assert_same_metrics(parent_logs, child_logs):
     assert parent_logs[-1]["objective/kl"] != parent_logs[0]["objective/kl"]
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_defaults_reproduce_trl_metrics(tiny_models, tok, data, tmp_path, lora):
+def with_ref_adapter(policy):
+    """A PeftModel policy with a trained-looking `default` adapter and a different `ref` adapter."""
+    from peft import get_peft_model
+
+    torch.manual_seed(5)
+    model = get_peft_model(policy, lora_config(init_lora_weights=False))
+    model.add_adapter("ref", lora_config(init_lora_weights=False))
+    return model
+
+
+@pytest.mark.parametrize("variant", ["full", "lora", "ref_adapter"])
+def test_defaults_reproduce_trl_metrics(tiny_models, tok, data, tmp_path, variant):
     from trl.experimental.ppo import PPOConfig, PPOTrainer
 
-    peft = lora_config() if lora else None
-    _, parent = run(PPOTrainer, PPOConfig, tiny_models, tok, data, tmp_path / "trl", peft_config=peft)
-    child_trainer, child = run_ext(tiny_models, tok, data, tmp_path / "ext", peft_config=peft)
+    kwargs = {}
+    if variant == "lora":
+        kwargs["peft_config"] = lora_config()
+    if variant == "ref_adapter":  # reference = the policy with its `ref` adapter active
+        kwargs.update(wrap_policy=with_ref_adapter, model_adapter_name="default", ref_adapter_name="ref")
+    _, parent = run(PPOTrainer, PPOConfig, tiny_models, tok, data, tmp_path / "trl", **kwargs)
+    child_trainer, child = run_ext(tiny_models, tok, data, tmp_path / "ext", **kwargs)
     assert_same_metrics(parent, child)
     for entry in child:
         assert entry["objective/kl_coef"] == 0.05
         assert all(entry[f"time/{phase}"] >= 0 for phase in ("rollout", "scoring", "optimization"))
         assert "loss/ptx_avg" not in entry
     assert child_trainer.state.global_step == 3 and child_trainer.state.episode == 12
+    if variant == "ref_adapter":  # the reference really differs from the policy from the first update on
+        assert abs(child[0]["objective/kl"]) > 1e-3
+    elif variant == "lora":  # adapters disabled = the initial policy: no KL before the first step
+        assert abs(child[0]["objective/kl"]) < 1e-5
 
 
 def adaptive(beta, kl, target, horizon, n):
@@ -313,3 +333,21 @@ def test_scalar_outputs_of_a_4bit_lora_model(tiny_models):
             _, bare, _ = scalar_model_outputs(model, query_response, 0, 2)
     assert torch.allclose(score, expected, atol=1e-5)
     assert not torch.allclose(score, bare, atol=1e-4)
+
+
+def test_config_parses_from_the_command_line(tmp_path):
+    from transformers import HfArgumentParser
+
+    import trl_ext
+
+    (cfg,) = HfArgumentParser(trl_ext.PPOConfig).parse_args_into_dataclasses(
+        ["--output_dir", str(tmp_path), "--use_cpu", "--report_to", "none", "--value_clip", "mean",
+         "--kl_controller", "doubling", "--kl_target", "3", "--ptx_coef", "0.1", "--ptx_mode", "separate",
+         "--ptx_batch_size", "3"]
+    )
+    assert (cfg.value_clip, cfg.kl_controller, cfg.kl_target) == ("mean", "doubling", 3.0)
+    assert (cfg.ptx_coef, cfg.ptx_mode, cfg.ptx_batch_size) == (0.1, "separate", 3)
+    with pytest.raises(SystemExit):  # argparse rejects a value outside the Literal choices
+        HfArgumentParser(trl_ext.PPOConfig).parse_args_into_dataclasses(
+            ["--output_dir", str(tmp_path), "--value_clip", "min"]
+        )
