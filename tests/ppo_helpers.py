@@ -1,4 +1,4 @@
-"""Shared helpers of the PPO tests: tiny prompt/ptx data, model loading and a one-call trainer run."""
+"""Shared helpers of the PPO tests: tiny prompt and ptx data, model loading, config kwargs, seeding, log access."""
 
 from __future__ import annotations
 
@@ -6,8 +6,6 @@ import random
 
 import numpy as np
 import torch
-
-TIME_LIKE = ("eps",)
 
 
 def prompt_dataset(tokenizer, n: int = 16, seed: int = 0):
