@@ -1,16 +1,101 @@
 """Configuration of :class:`trl_ext.PPOTrainer`."""
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 # PPO lives in trl.experimental in TRL 1.10-1.12; we depend on it on purpose, so its warning is noise.
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from trl.experimental.ppo import PPOConfig as _TRLPPOConfig
 
+from .errors import UserInputError
+from .kl_controllers import KL_CONTROLLERS
+from .ppo_losses import VALUE_CLIP_MODES
+
+PTX_MODES = ("joint", "separate")
+
 
 @dataclass
 class PPOConfig(_TRLPPOConfig):
-    """Configuration for [`trl_ext.PPOTrainer`]: every field of TRL's `experimental.ppo.PPOConfig`, plus the
+    r"""Configuration for [`trl_ext.PPOTrainer`]: every field of TRL's `experimental.ppo.PPOConfig`, plus the
     extensions below (all of them default to TRL's behaviour).
+
+    Parameters:
+        value_clip (`str`, *optional*, defaults to `"max"`):
+            How the value loss uses the clipped prediction `V_clip = clip(V, V_old - cliprange_value,
+            V_old + cliprange_value)`: `"max"` = `0.5 * mean(max((V-R)^2, (V_clip-R)^2))` (TRL, DeepSpeed-Chat),
+            `"mean"` = `0.5 * mean(((V-R)^2 + (V_clip-R)^2) / 2)`, `"none"` = `0.5 * mean((V-R)^2)`.
+        kl_controller (`str`, *optional*, defaults to `"fixed"`):
+            How the KL coefficient evolves, starting from `kl_coef`: `"fixed"` (TRL), `"adaptive"` (Ziegler et al.
+            2019: `beta *= 1 + clip(KL/kl_target - 1, -0.2, 0.2) * batch_size / kl_horizon`) or `"doubling"`
+            (Schulman et al. 2017, sec. 4: halve if `KL < kl_target/1.5`, double if `KL > 1.5*kl_target`). The KL is
+            the update's logged `objective/kl`. A controller object passed to the trainer overrides this.
+        kl_target (`float`, *optional*, defaults to `6.0`):
+            Target KL (summed over the response, as logged in `objective/kl`) of the adaptive and doubling
+            controllers.
+        kl_horizon (`int`, *optional*, defaults to `10000`):
+            Horizon, in episodes, of the adaptive controller.
+        ptx_coef (`float`, *optional*, defaults to `0.0`):
+            Weight `gamma` of the pretraining LM loss (PPO-ptx, InstructGPT eq. 2). `0` disables it; `> 0` needs
+            the trainer's `ptx_dataset`.
+        ptx_mode (`str`, *optional*, defaults to `"joint"`):
+            `"joint"`: each PPO micro-batch loss becomes `pg + vf_coef * vf + ptx_coef * lm_loss(ptx micro-batch)`
+            (one backward). `"separate"` (DeepSpeed-Chat): after each PPO optimizer step, one more backward of
+            `ptx_coef * lm_loss` on a ptx micro-batch and its own optimizer step.
+        ptx_batch_size (`int`, *optional*):
+            Per-device number of ptx sequences per micro-batch. Defaults to `per_device_train_batch_size`.
+        ptx_max_length (`int`, *optional*, defaults to `512`):
+            Length, in tokens, that ptx texts are truncated to when tokenized.
     """
+
+    value_clip: Literal["max", "mean", "none"] = field(
+        default="max",
+        metadata={"help": "Value loss clipping: 'max' (TRL), 'mean' of clipped and unclipped errors, or 'none'."},
+    )
+    kl_controller: Literal["fixed", "adaptive", "doubling"] = field(
+        default="fixed",
+        metadata={"help": "KL coefficient control: 'fixed' (TRL), 'adaptive' (Ziegler 2019), 'doubling' (PPO paper)."},
+    )
+    kl_target: float = field(
+        default=6.0, metadata={"help": "Target KL of the adaptive and doubling KL controllers."}
+    )
+    kl_horizon: int = field(
+        default=10000, metadata={"help": "Horizon (episodes) of the adaptive KL controller."}
+    )
+    ptx_coef: float = field(
+        default=0.0,
+        metadata={"help": "Weight of the pretraining LM loss (PPO-ptx); 0 disables it, > 0 needs a ptx_dataset."},
+    )
+    ptx_mode: Literal["joint", "separate"] = field(
+        default="joint",
+        metadata={"help": "'joint': ptx loss added to each PPO micro-batch loss; 'separate': its own optimizer step."},
+    )
+    ptx_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "Per-device ptx micro-batch size; defaults to per_device_train_batch_size."},
+    )
+    ptx_max_length: int = field(
+        default=512, metadata={"help": "Maximum length in tokens of a ptx sequence (longer texts are truncated)."}
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.value_clip not in VALUE_CLIP_MODES:
+            raise UserInputError(
+                f"value_clip: unknown value {self.value_clip!r}; use one of {', '.join(VALUE_CLIP_MODES)}"
+            )
+        if self.kl_controller not in KL_CONTROLLERS:
+            raise UserInputError(
+                f"kl_controller: unknown value {self.kl_controller!r}; use one of {', '.join(KL_CONTROLLERS)}"
+            )
+        if self.ptx_mode not in PTX_MODES:
+            raise UserInputError(f"ptx_mode: unknown value {self.ptx_mode!r}; use one of {', '.join(PTX_MODES)}")
+        for name in ("kl_target", "kl_horizon", "ptx_max_length"):
+            if not getattr(self, name) > 0:
+                raise UserInputError(f"{name}: must be positive, got {getattr(self, name)!r}")
+        if self.ptx_batch_size is not None and not self.ptx_batch_size > 0:
+            raise UserInputError(f"ptx_batch_size: must be positive, got {self.ptx_batch_size!r}")
+        for name in ("kl_coef", "vf_coef", "ptx_coef", "cliprange", "cliprange_value"):
+            if getattr(self, name) < 0:
+                raise UserInputError(f"{name}: must not be negative, got {getattr(self, name)!r}")

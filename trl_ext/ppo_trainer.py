@@ -1,11 +1,542 @@
-"""PPO trainer: TRL 1.12's `experimental.ppo.PPOTrainer` with extensions."""
+"""PPO trainer: TRL 1.12's `experimental.ppo.PPOTrainer` with extensions and a training loop made of named steps.
 
-from .ppo_config import PPOConfig  # noqa: F401  (first: it silences TRL's experimental-import warning)
+One update of :meth:`PPOTrainer.train` runs these methods in order; override one to change one step:
 
+1. ``next_prompt_batch()``: the next batch of prompts from ``self.prompt_iterator``.
+2. ``generate_rollouts(queries) -> Rollout``: sample responses and their log-probs (torch RNG).
+3. ``score_rollouts(rollout)``: reference log-probs (``compute_ref_logprobs``), values (``compute_values``),
+   truncation at the stop token (``postprocess_responses``), scores (``compute_scores``), padding masks.
+4. ``compute_rewards(rollout, kl_coef)``: per-token reward ``-kl_coef * KL`` plus the score at the last token.
+5. ``compute_advantages(rollout)``: GAE (:func:`trl_ext.ppo_advantages.gae_advantages`) and whitening.
+6. ``optimize(rollout) -> UpdateStats``: PPO epochs (numpy permutation per epoch) over mini/micro-batches;
+   each micro-batch calls ``compute_micro_batch_loss`` (policy, value and joint ptx losses from
+   :mod:`trl_ext.ppo_losses`); separate ptx steps go through ``ptx_step``.
+7. ``update_metrics(...) -> dict`` and ``log_update(metrics)``: TRL's metrics plus ours, then the KL controller
+   (``self.kl_ctl``) updates from the update's ``objective/kl``.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+import warnings
+from contextlib import contextmanager, nullcontext
+
+from .ppo_config import PPOConfig  # first: it silences TRL's experimental-import warning
+
+import numpy as np
+import torch
+from transformers import GenerationConfig
 from trl.experimental.ppo import PPOTrainer as _TRLPPOTrainer
+from trl.experimental.ppo.ppo_trainer import (
+    INVALID_LOGPROB,
+    batch_generation,
+    forward,
+    masked_whiten,
+    truncate_response,
+)
+from trl.experimental.utils import empty_cache, first_true_indices
+from trl.models.utils import unwrap_model_for_generation
+from trl.trainer.utils import selective_log_softmax
+
+from .errors import UserInputError
+from .kl_controllers import KLController, build_kl_controller
+from .ppo_advantages import gae_advantages
+from .ppo_losses import policy_loss, ptx_lm_loss, value_loss
+from .ppo_rollout import MicroBatchOutput, Rollout, UpdateStats
+from .ptx_data import PtxStream, tokenize_ptx_dataset
+from .scalar_heads import scalar_model_outputs
+
+__all__ = ["PPOConfig", "PPOTrainer"]
 
 
 class PPOTrainer(_TRLPPOTrainer):
-    """[`trl.experimental.ppo.PPOTrainer`] with trl-ext's extensions."""
+    """[`trl.experimental.ppo.PPOTrainer`] with value-clip modes, KL controllers, PPO-ptx and overridable steps.
+
+    Takes every argument of TRL's trainer (same order), plus:
+
+    Args:
+        ptx_dataset ([`~datasets.Dataset`], *optional*):
+            Pretraining-mix data for PPO-ptx: plain text in a `text` column, or tokenized `input_ids`. Required
+            when `args.ptx_coef > 0`; ignored with a warning when `args.ptx_coef == 0`.
+        kl_controller ([`trl_ext.kl_controllers.KLController`], *optional*):
+            Your own KL controller (any object with a float `value` and `update(kl, n_steps)`); overrides
+            `args.kl_controller`. Its `value` is the coefficient of the next update's rewards.
+
+    With every extension at its default it logs the same numbers as TRL's trainer (tested), plus
+    `objective/kl_coef` and `time/rollout`, `time/scoring`, `time/optimization` (seconds per update), and
+    `loss/ptx_avg` when ptx is on.
+
+    State that a resume must restore: `self.state` (global_step, episode), `self.kl_ctl.state_dict()`,
+    `self.ptx_stream.state_dict()` (if ptx is on), the position of `self.prompt_iterator` (= `global_step`
+    batches of `self.dataloader`), the torch RNG (generation) and numpy's global RNG (PPO-epoch permutations).
+    """
 
     _tag_names = ["trl", "ppo", "trl-ext"]
+
+    def __init__(
+        self,
+        args: PPOConfig,
+        processing_class,
+        model,
+        ref_model,
+        reward_model,
+        train_dataset,
+        value_model,
+        data_collator=None,
+        eval_dataset=None,
+        optimizers=(None, None),
+        callbacks=None,
+        peft_config=None,
+        ptx_dataset=None,
+        kl_controller: KLController | None = None,
+    ) -> None:
+        if not isinstance(args, PPOConfig):
+            raise UserInputError(f"args: expected a trl_ext.PPOConfig, got {type(args).__name__}")
+        if args.ptx_coef > 0 and ptx_dataset is None:
+            raise UserInputError(
+                f"ptx_coef: is {args.ptx_coef} but no ptx_dataset was given; pass ptx_dataset= or set ptx_coef=0"
+            )
+        if ptx_dataset is not None and args.ptx_coef == 0:
+            warnings.warn("ptx_dataset is ignored because ptx_coef is 0; set ptx_coef > 0 to use it", stacklevel=2)
+            ptx_dataset = None
+        if kl_controller is not None and not (
+            hasattr(kl_controller, "value") and callable(getattr(kl_controller, "update", None))
+        ):
+            raise UserInputError("kl_controller: needs a `value` attribute and an `update(kl, n_steps)` method")
+
+        super().__init__(
+            args=args,
+            processing_class=processing_class,
+            model=model,
+            ref_model=ref_model,
+            reward_model=reward_model,
+            train_dataset=train_dataset,
+            value_model=value_model,
+            data_collator=data_collator,
+            eval_dataset=eval_dataset,
+            optimizers=optimizers,
+            callbacks=callbacks,
+            peft_config=peft_config,
+        )
+        # Nothing below may touch the global torch/numpy RNGs: the parent left them exactly where its train() expects.
+        self.kl_ctl = (
+            kl_controller
+            if kl_controller is not None
+            else build_kl_controller(args.kl_controller, args.kl_coef, args.kl_target, args.kl_horizon)
+        )
+        self.ptx_dataset = None
+        self.ptx_stream = None
+        if ptx_dataset is not None:
+            self.ptx_dataset = tokenize_ptx_dataset(ptx_dataset, processing_class, args.ptx_max_length)
+            self.ptx_stream = PtxStream(
+                self.ptx_dataset,
+                processing_class,
+                batch_size=args.ptx_batch_size or args.per_device_train_batch_size,
+                seed=args.seed,
+                num_replicas=self.accelerator.num_processes,
+                rank=self.accelerator.process_index,
+            )
+        self.prompt_iterator = None
+
+    # ------------------------------------------------------------------ parent fixes
+
+    @contextmanager
+    def null_ref_context(self):
+        """Reference = the policy with its adapters disabled (or `ref_adapter_name` active).
+
+        TRL looks up `self.model.policy`, which a DistributedDataParallel wrapper does not have; we unwrap first.
+        """
+        policy = self.accelerator.unwrap_model(self.model).policy
+        with policy.disable_adapter() if self.is_peft_model and not self.ref_adapter_name else nullcontext():
+            if self.ref_adapter_name:
+                policy.set_adapter(self.ref_adapter_name)
+            yield
+            if self.ref_adapter_name:
+                policy.set_adapter(self.model_adapter_name or "default")
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
+        """Save the policy only (TRL's behaviour), also when the model is wrapped in DistributedDataParallel."""
+        backup = self.model
+        if not self.is_deepspeed_enabled:
+            self.model = self.accelerator.unwrap_model(self.model)
+        try:
+            super().save_model(output_dir, _internal_call)
+        finally:
+            self.model = backup
+
+    # ------------------------------------------------------------------ the loop
+
+    def train(self):
+        """Run PPO for `args.num_total_batches` updates (from `self.state.global_step + 1`)."""
+        args = self.args
+        self.model.train()
+        self.init_train_state()
+        self.init_data_streams()
+        self.accelerator.print("===training policy===")
+        self.start_time = time.time()
+        for update in range(self.state.global_step + 1, args.num_total_batches + 1):
+            self.run_update(update)
+        # HF trainer specifics
+        self.control = self.callback_handler.on_train_end(args, self.state, self.control)
+        if self.control.should_save:
+            self._save_checkpoint(self.model, trial=None)
+            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+
+    def init_train_state(self) -> None:
+        """Reset `self.state` (global step 0, episode 0, logging/eval/save steps) and call `on_train_begin`."""
+        args = self.args
+        self.state.global_step = 0
+        self.state.episode = 0
+        self.state.max_steps = args.num_total_batches
+        self.state.num_train_epochs = args.total_episodes / self.train_dataset_len
+        # Compute absolute values for logging, eval, and save if given as ratio
+        for name in ("logging_steps", "eval_steps", "save_steps"):
+            value = getattr(args, name)
+            if value is not None:
+                setattr(self.state, name, math.ceil(self.state.max_steps * value) if value < 1 else value)
+        self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+        if self.is_deepspeed_enabled:  # backward compatibility
+            self.deepspeed = self.model
+            self.model_wrapped = self.model
+
+    def init_data_streams(self) -> None:
+        """Create `self.prompt_iterator` (endless, over `self.dataloader`) and the generation config."""
+        self.prompt_iterator = self._repeat(self.dataloader)
+        self.generation_kwargs = {
+            "max_new_tokens": self.args.response_length,
+            "temperature": (self.args.temperature + 1e-7),
+            "top_k": 0.0,
+            "top_p": 1.0,
+            "do_sample": True,
+        }
+        self.generation_config = GenerationConfig(**self.generation_kwargs)
+
+    @staticmethod
+    def _repeat(dataloader):
+        while True:
+            yield from dataloader
+
+    def run_update(self, update: int) -> None:
+        """One PPO update: rollouts, scoring, rewards, advantages, optimisation, logging, callbacks."""
+        args = self.args
+        self.state.episode += 1 * args.batch_size
+        data = self.next_prompt_batch()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            rollout = self.generate_rollouts(data["input_ids"].to(self.accelerator.device))
+            t1 = time.perf_counter()
+            self.score_rollouts(rollout)
+            kl_coef = float(self.kl_ctl.value)
+            self.compute_rewards(rollout, kl_coef)
+            self.compute_advantages(rollout)
+            empty_cache()
+        t2 = time.perf_counter()
+        stats = self.optimize(rollout)
+        t3 = time.perf_counter()
+        timings = {"time/rollout": t1 - t0, "time/scoring": t2 - t1, "time/optimization": t3 - t2}
+        with torch.no_grad():
+            metrics = self.update_metrics(rollout, stats, kl_coef, timings)
+        self.log_update(metrics)
+
+        self.lr_scheduler.step()
+        self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+        if self.control.should_save:
+            self._save_checkpoint(self.model, trial=None)
+            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+        del stats, metrics
+        empty_cache()
+        gc.collect()
+
+        if args.num_sample_generations > 0 and (update - 1) % self.sample_generations_freq == 0:
+            self.generate_completions(sampling=True)
+            empty_cache()
+        del rollout
+        empty_cache()
+
+    def next_prompt_batch(self) -> dict:
+        """The next batch of `args.local_batch_size` tokenized prompts (cycles over the train set forever)."""
+        return next(self.prompt_iterator)
+
+    # ------------------------------------------------------------------ rollout and scoring
+
+    def generate_rollouts(self, queries: torch.Tensor) -> Rollout:
+        """Sample one response per query with the policy; keep their log-probs under the sampling temperature."""
+        args = self.args
+        context_length = queries.shape[1]
+        with unwrap_model_for_generation(
+            self.model,
+            self.accelerator,
+            gather_deepspeed3_params=args.ds3_gather_for_generation,
+            generation_kwargs=self.generation_kwargs,  # fixes transformers#42762, as TRL does
+        ) as unwrapped_model:
+            query_responses, logitss = batch_generation(
+                unwrapped_model.policy,
+                queries,
+                args.local_rollout_forward_batch_size,
+                self.processing_class.pad_token_id,
+                self.generation_config,
+            )
+        responses, logprobs = [], []
+        for i in range(0, queries.shape[0], args.local_rollout_forward_batch_size):
+            response = query_responses[i : i + args.local_rollout_forward_batch_size, context_length:]
+            logits = logitss[i : i + args.local_rollout_forward_batch_size]
+            logprobs.append(selective_log_softmax(logits, response))
+            responses.append(response)
+            del logits
+        del logitss
+        empty_cache()
+        return Rollout(
+            queries=queries,
+            context_length=context_length,
+            query_responses=query_responses,
+            responses=torch.cat(responses, 0),
+            logprobs=torch.cat(logprobs, 0),
+        )
+
+    def score_rollouts(self, rollout: Rollout) -> None:
+        """Reference log-probs, values and scores, per chunk of `local_rollout_forward_batch_size`; then masks."""
+        args = self.args
+        pad_token_id = self.processing_class.pad_token_id
+        context_length = rollout.context_length
+        chunk = args.local_rollout_forward_batch_size
+        postprocessed, ref_logprobs, values, scores, sequence_lengths = [], [], [], [], []
+        for i in range(0, rollout.queries.shape[0], chunk):
+            query = rollout.queries[i : i + chunk]
+            query_response = rollout.query_responses[i : i + chunk]
+            response = rollout.responses[i : i + chunk]
+            ref_logprobs.append(self.compute_ref_logprobs(query_response, response, context_length))
+            postprocessed_response = self.postprocess_responses(response)
+            postprocessed_query_response = torch.cat((query, postprocessed_response), 1)
+            sequence_lengths.append(first_true_indices(postprocessed_response == pad_token_id) - 1)
+            values.append(self.compute_values(query_response, context_length))
+            scores.append(self.compute_scores(postprocessed_query_response, context_length))
+            postprocessed.append(postprocessed_response)
+        rollout.postprocessed_responses = torch.cat(postprocessed, 0)
+        ref_logprobs = torch.cat(ref_logprobs, 0)
+        rollout.sequence_lengths = sequence_lengths = torch.cat(sequence_lengths, 0)
+        scores = torch.cat(scores, 0)
+        values = torch.cat(values, 0)
+        empty_cache()
+        gc.collect()
+
+        # Completions without the stop token (EOS) get `missing_eos_penalty` subtracted from their score.
+        rollout.contain_eos_token = torch.any(rollout.postprocessed_responses == self.processing_class.eos_token_id, -1)
+        if args.missing_eos_penalty is not None:
+            scores[~rollout.contain_eos_token] -= args.missing_eos_penalty
+
+        # padding_mask: after the last response token; padding_mask_p1: one later (the value of the EOS state counts)
+        responses = rollout.responses
+        response_idxs = torch.arange(responses.shape[1], device=responses.device).repeat(responses.shape[0], 1)
+        rollout.padding_mask = response_idxs > sequence_lengths.unsqueeze(1)
+        rollout.logprobs = torch.masked_fill(rollout.logprobs, rollout.padding_mask, INVALID_LOGPROB)
+        rollout.ref_logprobs = torch.masked_fill(ref_logprobs, rollout.padding_mask, INVALID_LOGPROB)
+        rollout.padding_mask_p1 = response_idxs > (sequence_lengths + 1).unsqueeze(1)
+        rollout.values = torch.masked_fill(values, rollout.padding_mask_p1, 0)
+        rollout.scores = scores
+
+    def compute_ref_logprobs(
+        self, query_response: torch.Tensor, response: torch.Tensor, context_length: int
+    ) -> torch.Tensor:
+        """Log-probs of `response` under the reference model (the LoRA policy with adapters off if none given)."""
+        pad_token_id = self.processing_class.pad_token_id
+        if self.ref_model is None:
+            with self.null_ref_context():
+                ref_output = forward(self.accelerator.unwrap_model(self.model).policy, query_response, pad_token_id)
+        else:
+            ref_output = forward(self.ref_model, query_response, pad_token_id)
+        ref_logits = ref_output.logits[:, context_length - 1 : -1]
+        ref_logits /= self.args.temperature + 1e-7
+        return selective_log_softmax(ref_logits, response)
+
+    def postprocess_responses(self, responses: torch.Tensor) -> torch.Tensor:
+        """Truncate each response after the first stop token (pad the rest), if a stop token is set."""
+        if self.stop_token_id is not None:  # handle the edge case when stop_token_id exists but is 0
+            return truncate_response(self.stop_token_id, self.processing_class.pad_token_id, responses)
+        return responses
+
+    def compute_values(self, query_response: torch.Tensor, context_length: int) -> torch.Tensor:
+        """Per-response-token values `(batch, response_length)` from the value model (plain or PEFT)."""
+        value_model = self.accelerator.unwrap_model(self.model).value_model
+        full_value, _, _ = scalar_model_outputs(
+            value_model, query_response, self.processing_class.pad_token_id, context_length
+        )
+        return full_value[:, context_length - 1 : -1].squeeze(-1)
+
+    def compute_scores(self, postprocessed_query_response: torch.Tensor, context_length: int) -> torch.Tensor:
+        """Reward-model score `(batch,)` of each (truncated) query+response: the head's output at its last token."""
+        _, score, _ = scalar_model_outputs(
+            self.reward_model, postprocessed_query_response, self.processing_class.pad_token_id, context_length
+        )
+        return score
+
+    def compute_rewards(self, rollout: Rollout, kl_coef: float) -> None:
+        """Per-token rewards: `-kl_coef * KL_t` on every token, plus the score on the last one (then optional
+        whitening). KL_t is TRL's k1 (`log pi - log pi_ref`) or k3 estimator (http://joschu.net/blog/kl-approx.html).
+        """
+        args = self.args
+        logr = rollout.ref_logprobs - rollout.logprobs
+        kl = -logr if args.kl_estimator == "k1" else (logr.exp() - 1) - logr  # Else statement is k3
+        non_score_reward = -kl_coef * kl
+        rewards = non_score_reward.clone()
+        actual_start = torch.arange(rewards.size(0), device=rewards.device)
+        sequence_lengths_p1 = rollout.sequence_lengths + 1
+        actual_end = torch.where(sequence_lengths_p1 < rewards.size(1), sequence_lengths_p1, rollout.sequence_lengths)
+        rewards[actual_start, actual_end] += rollout.scores
+        if args.whiten_rewards:
+            rewards = masked_whiten(rewards, mask=~rollout.padding_mask_p1, shift_mean=False)
+            rewards = torch.masked_fill(rewards, rollout.padding_mask_p1, 0)
+        rollout.kl, rollout.non_score_reward, rollout.rewards = kl, non_score_reward, rewards
+
+    def compute_advantages(self, rollout: Rollout) -> None:
+        """GAE advantages and returns; advantages whitened over the response tokens."""
+        advantages, returns = gae_advantages(rollout.rewards, rollout.values, self.args.gamma, self.args.lam)
+        advantages = masked_whiten(advantages, ~rollout.padding_mask)
+        rollout.advantages = torch.masked_fill(advantages, rollout.padding_mask, 0)
+        rollout.returns = returns
+
+    # ------------------------------------------------------------------ optimisation
+
+    def optimize(self, rollout: Rollout) -> UpdateStats:
+        """`num_ppo_epochs` passes over the rollout, each in a fresh `np.random.permutation`, by mini/micro-batch."""
+        args = self.args
+        accelerator = self.accelerator
+        model = self.model
+        stats = UpdateStats((args.num_ppo_epochs, args.num_mini_batches, args.gradient_accumulation_steps),
+                            accelerator.device)
+        ptx_joint = self.ptx_stream is not None and args.ptx_mode == "joint"
+        ptx_separate = self.ptx_stream is not None and args.ptx_mode == "separate"
+        for ppo_epoch_idx in range(args.num_ppo_epochs):
+            b_inds = np.random.permutation(args.local_batch_size)
+            for minibatch_idx, mini_batch_start in enumerate(
+                range(0, args.local_batch_size, args.local_mini_batch_size)
+            ):
+                mini_batch_inds = b_inds[mini_batch_start : mini_batch_start + args.local_mini_batch_size]
+                for gradient_accumulation_idx, micro_batch_start in enumerate(
+                    range(0, args.local_mini_batch_size, args.per_device_train_batch_size)
+                ):
+                    micro_batch_end = micro_batch_start + args.per_device_train_batch_size
+                    micro_batch_inds = mini_batch_inds[micro_batch_start:micro_batch_end]
+                    with accelerator.accumulate(model):
+                        ptx_batch = self.next_ptx_batch() if ptx_joint else None
+                        out = self.compute_micro_batch_loss(model, rollout, micro_batch_inds, ptx_batch)
+                        accelerator.backward(out.loss)
+                        self.optimizer.step()
+                        self.optimizer.zero_grad()
+                        if ptx_separate and accelerator.sync_gradients:
+                            stats.ptx_losses.append(self.ptx_step())
+                        stats.record((ppo_epoch_idx, minibatch_idx, gradient_accumulation_idx), out)
+                    del out
+                empty_cache()
+        return stats
+
+    def compute_micro_batch_loss(
+        self, model, rollout: Rollout, micro_batch_inds, ptx_batch: dict | None = None
+    ) -> MicroBatchOutput:
+        """Loss of one micro-batch: `pg_loss + vf_coef * vf_loss` (+ `ptx_coef * lm_loss` in joint ptx mode)."""
+        args = self.args
+        context_length = rollout.context_length
+        padding_mask = rollout.padding_mask[micro_batch_inds]
+        padding_mask_p1 = rollout.padding_mask_p1[micro_batch_inds]
+        output, vpred_temp = forward(model, rollout.query_responses[micro_batch_inds],
+                                     self.processing_class.pad_token_id)
+        logits = output.logits[:, context_length - 1 : -1]
+        logits /= args.temperature + 1e-7
+        new_logprobs = selective_log_softmax(logits, rollout.responses[micro_batch_inds])
+        new_logprobs = torch.masked_fill(new_logprobs, padding_mask, INVALID_LOGPROB)
+        vpred = vpred_temp[:, context_length - 1 : -1].squeeze(-1)
+        vpred = torch.masked_fill(vpred, padding_mask_p1, 0)
+        vf = value_loss(
+            vpred,
+            rollout.values[micro_batch_inds],
+            rollout.returns[micro_batch_inds],
+            ~padding_mask_p1,
+            args.cliprange_value,
+            args.value_clip,
+        )
+        pg = policy_loss(
+            new_logprobs, rollout.logprobs[micro_batch_inds], rollout.advantages[micro_batch_inds], ~padding_mask,
+            args.cliprange,
+        )
+        loss = pg.loss + args.vf_coef * vf.loss
+        ptx_loss = None
+        if ptx_batch is not None:
+            ptx_loss = self.compute_ptx_loss(ptx_batch)
+            loss = loss + args.ptx_coef * ptx_loss
+        return MicroBatchOutput(loss=loss, policy=pg, value=vf, logits=logits, ptx_loss=ptx_loss)
+
+    def next_ptx_batch(self) -> dict:
+        """The next ptx micro-batch from `self.ptx_stream` (its own data order, cycled)."""
+        return next(self.ptx_stream)
+
+    def compute_ptx_loss(self, batch: dict) -> torch.Tensor:
+        """The policy's LM loss on a ptx batch (:func:`trl_ext.ppo_losses.ptx_lm_loss`)."""
+        policy = self.accelerator.unwrap_model(self.model).policy
+        input_ids = batch["input_ids"].to(self.accelerator.device)
+        attention_mask = batch["attention_mask"].to(self.accelerator.device)
+        position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+        logits = policy(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).logits
+        return ptx_lm_loss(logits, input_ids, attention_mask)
+
+    def ptx_step(self) -> torch.Tensor:
+        """DeepSpeed-Chat's separate ptx step: backward of `ptx_coef * lm_loss` on one ptx batch, optimizer step.
+
+        Runs right after a PPO optimizer step. Only the policy gets gradients (the value head's stay None, so the
+        optimizer leaves it alone). Under several processes the policy gradients are averaged by hand, because this
+        forward does not go through the DistributedDataParallel wrapper.
+        """
+        lm_loss = self.compute_ptx_loss(self.next_ptx_batch())
+        # accelerator.backward divides by gradient_accumulation_steps; this is one whole step, so undo it.
+        self.accelerator.backward(self.args.ptx_coef * lm_loss * self.accelerator.gradient_accumulation_steps)
+        if self.accelerator.num_processes > 1:
+            for param in self.accelerator.unwrap_model(self.model).policy.parameters():
+                if param.grad is not None:
+                    param.grad = self.accelerator.reduce(param.grad, reduction="mean")
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        return lm_loss.detach()
+
+    # ------------------------------------------------------------------ logging
+
+    def update_metrics(self, rollout: Rollout, stats: UpdateStats, kl_coef: float, timings: dict) -> dict:
+        """TRL's metrics of one update (same names and formulas), plus `objective/kl_coef`, `loss/ptx_avg`, `time/*`."""
+        gather = self.accelerator.gather_for_metrics
+        padding_mask = rollout.padding_mask
+        mean_kl = rollout.kl.sum(1).mean()
+        # Mask padding positions, filled with INVALID_LOGPROB, else they'd drag the entropy negative
+        mean_entropy = ((-rollout.logprobs) * (~padding_mask).float()).sum(1).mean()
+        mean_non_score_reward = rollout.non_score_reward.sum(1).mean()
+        rlhf_reward = mean_non_score_reward + rollout.scores.mean()
+        metrics = {}
+        metrics["eps"] = int(self.state.episode / (time.time() - self.start_time))
+        metrics["objective/kl"] = gather(mean_kl).mean().item()
+        metrics["objective/entropy"] = gather(mean_entropy).mean().item()
+        metrics["objective/non_score_reward"] = gather(mean_non_score_reward).mean().item()
+        metrics["objective/rlhf_reward"] = gather(rlhf_reward).mean().item()
+        metrics["objective/scores"] = gather(rollout.scores.mean()).mean().item()
+        metrics["policy/approxkl_avg"] = gather(stats.approxkl).mean().item()
+        metrics["policy/clipfrac_avg"] = gather(stats.pg_clipfrac).mean().item()
+        metrics["loss/policy_avg"] = gather(stats.pg_loss).mean().item()
+        metrics["loss/value_avg"] = gather(stats.vf_loss).mean().item()
+        metrics["val/clipfrac_avg"] = gather(stats.vf_clipfrac).mean().item()
+        metrics["policy/entropy_avg"] = gather(stats.entropy).mean().item()
+        metrics["val/ratio"] = gather(stats.ratio).mean().item()
+        metrics["val/ratio_var"] = gather(stats.ratio).var().item()
+        metrics["val/num_eos_tokens"] = (rollout.responses == self.processing_class.eos_token_id).sum().item()
+        metrics["objective/kl_coef"] = kl_coef
+        if stats.ptx_losses:
+            metrics["loss/ptx_avg"] = gather(torch.stack(stats.ptx_losses).mean()).mean().item()
+        metrics.update(timings)
+        metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
+        metrics["episode"] = self.state.episode
+        return metrics
+
+    def log_update(self, metrics: dict) -> None:
+        """Advance the step counters, log `metrics`, then let the KL controller see this update's KL."""
+        self.state.epoch = self.state.episode / self.train_dataset_len  # used by self.log
+        self.state.global_step += 1
+        self.log(metrics)
+        self.kl_ctl.update(metrics["objective/kl"], self.args.batch_size)

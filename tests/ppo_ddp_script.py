@@ -1,0 +1,67 @@
+"""Run by test_ppo_ddp.py under `torchrun --nproc_per_node 2`: a LoRA-policy PPO run with the extensions on.
+
+Usage: ppo_ddp_script.py TINY_MODELS_DIR OUT_DIR [trl|joint|separate]. Each rank writes OUT_DIR/rank{N}.json with
+its logged kl_coef values and a checksum of its trainable weights. `trl` runs TRL's own trainer; `joint` (default)
+and `separate` pick trl_ext's ptx_mode.
+"""
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+from ppo_helpers import config_kwargs, left_tokenizer, load_models, prompt_dataset, ptx_dataset, seed_all  # noqa: E402
+
+
+def main():
+    from peft import LoraConfig
+
+    from trl_ext.testing import TinyModels
+
+    root, out = Path(sys.argv[1]), Path(sys.argv[2])
+    mode = sys.argv[3] if len(sys.argv) > 3 else "joint"
+    use_trl = mode == "trl"
+    tiny = TinyModels(root, root / "tokenizer", root / "policy", root / "reward")
+    tok = left_tokenizer(tiny)
+    seed_all(0)
+    policy, value, reward = load_models(tiny)
+    kwargs = config_kwargs(out, gradient_accumulation_steps=1, total_episodes=8, num_sample_generations=0)
+    if use_trl:
+        from trl.experimental.ppo import PPOConfig, PPOTrainer
+
+        extra = {}
+    else:
+        from trl_ext import PPOConfig, PPOTrainer
+
+        kwargs.update(kl_controller="adaptive", kl_target=0.01, kl_horizon=8, value_clip="mean", ptx_coef=0.5,
+                      ptx_max_length=16, ptx_mode=mode)
+        extra = {"ptx_dataset": ptx_dataset()}
+    trainer = PPOTrainer(
+        args=PPOConfig(**kwargs), processing_class=tok, model=policy, ref_model=None, reward_model=reward,
+        train_dataset=prompt_dataset(tok), value_model=value,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]), **extra,
+    )
+    trainer.train()
+    params = [p for p in trainer.accelerator.unwrap_model(trainer.model).parameters() if p.requires_grad]
+    result = {
+        "rank": trainer.accelerator.process_index,
+        "world_size": trainer.accelerator.num_processes,
+        "kl_coef": [e["objective/kl_coef"] for e in trainer.state.log_history if "objective/kl_coef" in e],
+        "kl": [e["objective/kl"] for e in trainer.state.log_history if "objective/kl" in e],
+        "checksum": hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in params)).hexdigest(),
+        "final_kl_coef": trainer.kl_ctl.value,
+        "ptx_losses": [e["loss/ptx_avg"] for e in trainer.state.log_history if "loss/ptx_avg" in e],
+    }
+    (out / f"rank{result['rank']}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

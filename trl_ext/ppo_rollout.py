@@ -1,0 +1,89 @@
+"""Containers passed between the steps of :class:`trl_ext.PPOTrainer`'s update."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .ppo_losses import PolicyLoss, ValueLoss
+
+
+@dataclass
+class Rollout:
+    """One update's batch of episodes on this process; steps fill it in turn. All tensors are ``(batch, ...)``.
+
+    ``generate_rollouts`` sets ``queries``, ``context_length``, ``query_responses``, ``responses``, ``logprobs``;
+    ``score_rollouts`` sets ``postprocessed_responses``, ``ref_logprobs``, ``values``, ``scores``,
+    ``sequence_lengths``, ``contain_eos_token``, ``padding_mask`` (True after the last response token) and
+    ``padding_mask_p1`` (same, one token later, for values); ``compute_rewards`` sets ``kl``, ``non_score_reward``,
+    ``rewards``; ``compute_advantages`` sets ``advantages`` and ``returns``.
+    """
+
+    queries: torch.Tensor
+    context_length: int
+    query_responses: torch.Tensor
+    responses: torch.Tensor
+    logprobs: torch.Tensor
+    postprocessed_responses: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
+    sequence_lengths: torch.Tensor | None = None
+    contain_eos_token: torch.Tensor | None = None
+    padding_mask: torch.Tensor | None = None
+    padding_mask_p1: torch.Tensor | None = None
+    kl: torch.Tensor | None = None
+    non_score_reward: torch.Tensor | None = None
+    rewards: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+
+@dataclass
+class MicroBatchOutput:
+    """What ``compute_micro_batch_loss`` returns: the loss to backpropagate and the terms the stats need."""
+
+    loss: torch.Tensor
+    policy: PolicyLoss
+    value: ValueLoss
+    logits: torch.Tensor
+    """Temperature-scaled response logits (for the entropy statistic)."""
+    ptx_loss: torch.Tensor | None = None
+
+
+@dataclass
+class UpdateStats:
+    """Per-micro-batch statistics of one update, indexed ``[ppo_epoch, mini_batch, micro_batch]`` as in TRL."""
+
+    shape: tuple[int, int, int]
+    device: torch.device
+    approxkl: torch.Tensor = field(init=False)
+    pg_clipfrac: torch.Tensor = field(init=False)
+    pg_loss: torch.Tensor = field(init=False)
+    vf_loss: torch.Tensor = field(init=False)
+    vf_clipfrac: torch.Tensor = field(init=False)
+    entropy: torch.Tensor = field(init=False)
+    ratio: torch.Tensor = field(init=False)
+    ptx_losses: list = field(default_factory=list)
+    """Every ptx LM loss computed in the update (joint: one per micro-batch; separate: one per optimizer step)."""
+
+    def __post_init__(self):
+        for name in ("approxkl", "pg_clipfrac", "pg_loss", "vf_loss", "vf_clipfrac", "entropy", "ratio"):
+            setattr(self, name, torch.zeros(self.shape, device=self.device))
+
+    @torch.no_grad()
+    def record(self, index: tuple[int, int, int], out: MicroBatchOutput) -> None:
+        """Store one micro-batch's statistics (TRL's formulas; entropy from the temperature-scaled logits)."""
+        logits = out.logits
+        prob_dist = torch.nn.functional.softmax(logits, dim=-1)
+        entropy = torch.logsumexp(logits, dim=-1) - torch.sum(prob_dist * logits, dim=-1)
+        self.approxkl[index] = out.policy.approxkl
+        self.pg_clipfrac[index] = out.policy.clipfrac
+        self.pg_loss[index] = out.policy.loss
+        self.vf_loss[index] = out.value.loss
+        self.vf_clipfrac[index] = out.value.clipfrac
+        self.entropy[index] = entropy.mean()
+        self.ratio[index] = out.policy.ratio.mean()
+        if out.ptx_loss is not None:
+            self.ptx_losses.append(out.ptx_loss.detach())

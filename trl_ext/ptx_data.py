@@ -1,0 +1,105 @@
+"""Pretraining-mix (PPO-ptx) data: tokenization and an endless, resumable, independently seeded batch stream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+from .errors import UserInputError
+
+
+def tokenize_ptx_dataset(dataset, tokenizer, max_length: int):
+    """Return ``dataset`` with only ``input_ids`` and ``attention_mask``, truncated to ``max_length`` tokens.
+
+    Accepts plain text in a ``text`` column (tokenized with ``tokenizer``) or already tokenized ``input_ids``
+    (an ``attention_mask`` column is kept if present, else made of ones). Sequences shorter than 2 tokens have no
+    next-token target and are dropped.
+    """
+    columns = dataset.column_names
+    if "input_ids" in columns:
+
+        def cut(example):
+            ids = list(example["input_ids"])[:max_length]
+            mask = list(example["attention_mask"])[:max_length] if "attention_mask" in columns else [1] * len(ids)
+            return {"input_ids": ids, "attention_mask": mask}
+
+        dataset = dataset.map(cut, remove_columns=columns)
+    elif "text" in columns:
+        dataset = dataset.map(
+            lambda batch: tokenizer(batch["text"], truncation=True, max_length=max_length),
+            batched=True,
+            remove_columns=columns,
+        )
+        dataset = dataset.select_columns(["input_ids", "attention_mask"])
+    else:
+        raise UserInputError(
+            f"ptx_dataset: needs a 'text' column (plain text) or an 'input_ids' column (tokenized), got {columns}"
+        )
+    dataset = dataset.filter(lambda example: sum(example["attention_mask"]) >= 2)
+    if len(dataset) == 0:
+        raise UserInputError("ptx_dataset: no sequence has 2 or more tokens; give it real text")
+    return dataset
+
+
+class PtxStream:
+    """Endless stream of padded ptx batches, cycled epoch after epoch, independent of every other RNG.
+
+    Each process reads its own shard of a permutation that depends only on ``seed`` and the epoch
+    (``torch.utils.data.DistributedSampler``); the DataLoader gets its own generator, so drawing ptx batches
+    never touches the global torch RNG (the prompt stream and generation are unaffected).
+    ``state_dict()`` is ``{"epoch", "batches_in_epoch"}``; ``load_state_dict`` fast-forwards to it.
+    """
+
+    def __init__(self, dataset, tokenizer, batch_size: int, seed: int, num_replicas: int = 1, rank: int = 0):
+        self.sampler = DistributedSampler(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.loader = DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=self.sampler,
+            collate_fn=lambda rows: _pad_right(rows, pad_id),
+            generator=torch.Generator().manual_seed(seed),
+        )
+        self.epoch = 0
+        self.batches_in_epoch = 0
+        self._iterator = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        while True:
+            if self._iterator is None:
+                self.sampler.set_epoch(self.epoch)
+                self._iterator = iter(self.loader)
+                for _ in range(self.batches_in_epoch):  # after load_state_dict
+                    next(self._iterator)
+            try:
+                batch = next(self._iterator)
+            except StopIteration:
+                self._iterator = None
+                self.epoch += 1
+                self.batches_in_epoch = 0
+                continue
+            self.batches_in_epoch += 1
+            return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "batches_in_epoch": self.batches_in_epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.batches_in_epoch = int(state["epoch"]), int(state["batches_in_epoch"])
+        self._iterator = None
+
+
+def _pad_right(rows, pad_id: int) -> dict[str, torch.Tensor]:
+    length = max(len(r["input_ids"]) for r in rows)
+    input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, r in enumerate(rows):
+        n = len(r["input_ids"])
+        input_ids[i, :n] = torch.tensor(r["input_ids"], dtype=torch.long)
+        attention_mask[i, :n] = torch.tensor(r["attention_mask"], dtype=torch.long)
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
