@@ -263,3 +263,20 @@ def test_centering_with_biasless_lora_head_fails_before_training(scalar_path, to
     with pytest.raises(UserInputError, match="PEFT adapter needs a score head with a bias"):
         RewardTrainer(model=lora_model(scalar_path), args=config(tmp_path, center_rewards_after_training=True),
                       train_dataset=Dataset.from_list(ranked_rows([2, 3])), processing_class=tokenizer)
+
+
+def test_resume_keeps_label_smoothing_and_ranked_data_position(scalar_path, tokenizer, tmp_path):
+    rows = ranked_rows([2, 3, 4, 2, 3, 2, 4, 3, 2, 3, 2, 4], seed=8)
+    data = Dataset.from_list(rows)
+    kw = dict(max_steps=4, per_device_train_batch_size=3, label_smoothing=0.15, save_strategy="steps", save_steps=2)
+    full = RewardTrainer(model=load(scalar_path), args=config(tmp_path / "a", **kw), train_dataset=data,
+                         processing_class=tokenizer)
+    full_log = train_log(full)
+    resumed = RewardTrainer(model=load(scalar_path), args=config(tmp_path / "b", **kw), train_dataset=data,
+                            processing_class=tokenizer)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "out" / "checkpoint-2"))
+    resumed_log = [h for h in resumed.state.log_history if "loss" in h and h["step"] > 2]
+    assert [h["step"] for h in resumed_log] == [3, 4]
+    for a, b in zip(full_log[2:], resumed_log):
+        for k in ["loss", "accuracy", "margin", "mean_reward"]:
+            assert a[k] == pytest.approx(b[k], abs=1e-5), k
