@@ -280,3 +280,13 @@ def test_resume_keeps_label_smoothing_and_ranked_data_position(scalar_path, toke
     for a, b in zip(full_log[2:], resumed_log):
         for k in ["loss", "accuracy", "margin", "mean_reward"]:
             assert a[k] == pytest.approx(b[k], abs=1e-5), k
+
+
+def test_centering_on_a_given_reference_dataset(scalar_path, tokenizer, tmp_path):
+    reference = pairwise_rows(5, seed=9)
+    t = RewardTrainer(model=load(scalar_path), args=config(tmp_path, center_rewards_after_training=True),
+                      train_dataset=Dataset.from_list(ranked_rows([3, 2, 4, 2], seed=10)), processing_class=tokenizer,
+                      center_rewards_dataset=Dataset.from_list(reference))
+    t.train()
+    chosen = rewards_of(t.model, tokenizer, [r["prompt"] + r["chosen"] for r in reference])
+    assert abs(chosen.mean().item()) < 1e-5

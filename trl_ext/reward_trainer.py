@@ -6,6 +6,7 @@ import inspect
 
 import torch
 from trl import RewardTrainer as _TRLRewardTrainer
+from trl.data_utils import get_dataset_column_names
 from trl.trainer.utils import get_config_model_id, pad
 
 from .preference_losses import pairwise_reward_loss, ranked_pair_indices, ranked_reward_loss
@@ -102,10 +103,19 @@ class RewardTrainer(_TRLRewardTrainer):
 
         # Same metrics and names as TRL; accuracy and margin over all pairs of the batch.
         with torch.no_grad():
-            all_rewards = self.accelerator.gather(outputs.logits)
-            self._metrics[mode]["min_reward"].append(all_rewards.min().item())
-            self._metrics[mode]["mean_reward"].append(all_rewards.mean().item())
-            self._metrics[mode]["max_reward"].append(all_rewards.max().item())
+            if num_responses is None:  # TRL's code: every process holds 2 * batch rewards
+                all_rewards = self.accelerator.gather(outputs.logits)
+                min_reward, mean_reward, max_reward = all_rewards.min(), all_rewards.mean(), all_rewards.max()
+            else:  # processes hold different numbers of responses: gather per-process statistics instead
+                local = rewards.detach().float()
+                stats = torch.stack([local.min(), local.max(), local.sum(), torch.tensor(float(local.numel()))
+                                     .to(local.device)])
+                stats = self.accelerator.gather(stats[None]).view(-1, 4)
+                min_reward, max_reward = stats[:, 0].min(), stats[:, 1].max()
+                mean_reward = stats[:, 2].sum() / stats[:, 3].sum()
+            self._metrics[mode]["min_reward"].append(min_reward.item())
+            self._metrics[mode]["mean_reward"].append(mean_reward.item())
+            self._metrics[mode]["max_reward"].append(max_reward.item())
             mean_accuracy = (better > worse).float().mean()
             mean_accuracy = self.accelerator.gather_for_metrics(mean_accuracy).mean().item()
             self._metrics[mode]["accuracy"].append(mean_accuracy)
@@ -114,6 +124,16 @@ class RewardTrainer(_TRLRewardTrainer):
             self._metrics[mode]["margin"].append(mean_margin.item())
 
         return (loss, outputs) if return_outputs else loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """Ranked batches return the loss only: their rewards (sum K per batch) have no fixed shape to gather
+        across batches and processes. Pairwise batches go through TRL unchanged."""
+        if "num_responses" not in inputs:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs)
+        return loss.detach(), None, None
 
     # ------------------------------------------------------------------------------------------ centering
     def train(self, *args, **kwargs):
@@ -130,7 +150,7 @@ class RewardTrainer(_TRLRewardTrainer):
             dataset = self.train_dataset
         else:
             dataset = self._prepare_dataset(dataset, self.processing_class, self.args, "center_rewards")
-        column = "chosen_ids" if "chosen_ids" in dataset.column_names else "responses_ids"
+        column = "chosen_ids" if "chosen_ids" in get_dataset_column_names(dataset) else "responses_ids"
         sequences = [row[column] if column == "chosen_ids" else row[column][0] for row in dataset]
         model = self.model
         was_training = model.training
