@@ -6,6 +6,7 @@ orchestrate: they compute rewards or log-ratios and call these.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -55,17 +56,8 @@ def pairwise_reward_loss(
     return loss
 
 
-def ranked_pair_indices(num_responses: Sequence[int] | torch.Tensor, device=None):
-    """Indices of all ordered pairs of a flattened batch of ranked lists.
-
-    The rewards of example ``e`` occupy ``K_e`` consecutive positions, best response first. Returns three
-    ``LongTensor`` of length ``sum_e C(K_e, 2)``: ``better[p]`` and ``worse[p]`` (positions in the flattened
-    batch, ``better`` ranked above ``worse``) and ``example[p]`` (the example each pair belongs to).
-
-    >>> ranked_pair_indices([3, 2])
-    (tensor([0, 0, 1, 3]), tensor([1, 2, 2, 4]), tensor([0, 0, 0, 1]))
-    """
-    counts = [int(k) for k in (num_responses.tolist() if torch.is_tensor(num_responses) else num_responses)]
+@functools.lru_cache(maxsize=256)
+def _pair_indices_cpu(counts: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     better, worse, example = [], [], []
     offset = 0
     for e, k in enumerate(counts):
@@ -74,7 +66,22 @@ def ranked_pair_indices(num_responses: Sequence[int] | torch.Tensor, device=None
         worse.append(j + offset)
         example.append(torch.full_like(i, e))
         offset += k
-    return tuple(torch.cat(t).to(device) for t in (better, worse, example))
+    return torch.cat(better), torch.cat(worse), torch.cat(example)
+
+
+def ranked_pair_indices(num_responses: Sequence[int] | torch.Tensor, device=None):
+    """Indices of all ordered pairs of a flattened batch of ranked lists.
+
+    The rewards of example ``e`` occupy ``K_e`` consecutive positions, best response first. Returns three
+    ``LongTensor`` of length ``sum_e C(K_e, 2)``: ``better[p]`` and ``worse[p]`` (positions in the flattened
+    batch, ``better`` ranked above ``worse``) and ``example[p]`` (the example each pair belongs to). Cached per
+    tuple of K's (batches repeat the same few shapes).
+
+    >>> ranked_pair_indices([3, 2])
+    (tensor([0, 0, 1, 3]), tensor([1, 2, 2, 4]), tensor([0, 0, 0, 1]))
+    """
+    counts = tuple(int(k) for k in (num_responses.tolist() if torch.is_tensor(num_responses) else num_responses))
+    return tuple(t.to(device) for t in _pair_indices_cpu(counts))
 
 
 def ranked_reward_loss(
