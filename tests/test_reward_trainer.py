@@ -228,6 +228,10 @@ def test_centering_saves_and_reloads_mean_zero(scalar_path, tokenizer, tmp_path)
     assert reloaded.score.bias is not None and reloaded.score.bias.item() == pytest.approx(-offset[0], abs=1e-6)
     best = rewards_of(reloaded, tokenizer, [r["prompt"] + r["responses"][0] for r in rows])
     assert abs(best.mean().item()) < 1e-5
+    # a reloaded centred model saves and reloads again, with plain save_pretrained
+    reloaded.save_pretrained(str(tmp_path / "again"))
+    again = AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "again"), trust_remote_code=True)
+    assert torch.equal(again.score.bias, reloaded.score.bias)
     # the same model without the bias is the trained model: rewards shift by exactly the offset
     others = rewards_of(reloaded, tokenizer, [r["prompt"] + r["responses"][1] for r in rows])
     trained = rewards_of(t.model, tokenizer, [r["prompt"] + r["responses"][1] for r in rows])

@@ -2,8 +2,9 @@
 
 Most decoder reward models (`LlamaForSequenceClassification`, Qwen2, Mistral, Gemma, ... all built on
 transformers' `GenericForSequenceClassification`) have a score head without a bias, and no config flag adds
-one. When :class:`trl_ext.RewardTrainer` centres such a model it replaces the head by a biased `nn.Linear`,
-writes this file next to the weights and adds to `config.json`::
+one. When :class:`trl_ext.RewardTrainer` centres such a model it makes it an instance of
+`biased_score_class(<its class>)` with a biased `nn.Linear` head, whose `save_pretrained` writes this file next to
+the weights and adds to `config.json`::
 
     "auto_map": {"AutoModelForSequenceClassification": "biased_score_model.BiasedScoreForSequenceClassification"}
 
@@ -12,6 +13,9 @@ class (chosen from the config, e.g. `LlamaForSequenceClassification`) with a bia
 `score.bias` with the other weights. This file must stay self-contained (torch and transformers only): the
 Hub's custom-code mechanism copies it alone.
 """
+
+import os
+import shutil
 
 import torch.nn as nn
 from transformers import PreTrainedModel
@@ -34,8 +38,17 @@ def biased_score_class(base_class):
             )
             nn.init.zeros_(self.score.bias)
 
+        def save_pretrained(self, save_directory, *args, **kwargs):
+            """Save as `base_class` does, plus this file and the `auto_map` entry that loads it."""
+            self.config.auto_map = dict(AUTO_MAP)
+            base_class.save_pretrained(self, save_directory, *args, **kwargs)
+            if kwargs.get("is_main_process", True):
+                shutil.copyfile(__file__, os.path.join(save_directory, "biased_score_model.py"))
+
         _BIASED_CLASSES[base_class] = type(
-            f"BiasedScore{base_class.__name__}", (base_class,), {"__init__": __init__, "__module__": __name__}
+            f"BiasedScore{base_class.__name__}",
+            (base_class,),
+            {"__init__": __init__, "save_pretrained": save_pretrained, "__module__": __name__},
         )
     return _BIASED_CLASSES[base_class]
 

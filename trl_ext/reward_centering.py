@@ -7,9 +7,6 @@ the saved model outputs centred rewards with no wrapper at inference time.
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import torch
 import torch.nn as nn
 
@@ -65,9 +62,10 @@ def fold_reward_offset(model, offset: float) -> None:
     """Subtract `offset` from the reward model's output by changing the score head's bias in place.
 
     A head without a bias (transformers' `GenericForSequenceClassification`: Llama, Qwen2, Mistral, ...) is
-    replaced by an identical `nn.Linear` with a bias, and `config.auto_map` is set so that the saved model loads
-    with that bias through :mod:`trl_ext.biased_score_model` (`trust_remote_code=True`); call
-    :func:`write_biased_score_code` on the save directory (the trainer does it in `_save`).
+    replaced by an identical `nn.Linear` with a bias, and the model becomes an instance of
+    :func:`trl_ext.biased_score_model.biased_score_class` of its class: same forward, and `save_pretrained` also
+    writes the loader file and `config.auto_map`, so the saved model reloads with its bias through
+    `AutoModelForSequenceClassification.from_pretrained(path, trust_remote_code=True)`.
     """
     head = score_head(model)
     if head.bias is None:
@@ -81,18 +79,7 @@ def fold_reward_offset(model, offset: float) -> None:
             new.bias.zero_()
         new.weight.requires_grad_(head.weight.requires_grad)
         model.score = new
+        model.__class__ = biased_score_model.biased_score_class(type(model))
         head = new
-        model.config.auto_map = dict(biased_score_model.AUTO_MAP)
     with torch.no_grad():
         head.bias.sub_(offset)
-
-
-def needs_biased_score_code(model) -> bool:
-    """Whether `model`'s config points at :mod:`trl_ext.biased_score_model` for loading."""
-    config = getattr(model, "config", None)
-    return getattr(config, "auto_map", None) == biased_score_model.AUTO_MAP
-
-
-def write_biased_score_code(save_directory) -> None:
-    """Copy :mod:`trl_ext.biased_score_model` next to a saved model whose config's `auto_map` names it."""
-    shutil.copyfile(biased_score_model.__file__, Path(save_directory) / "biased_score_model.py")

@@ -15,12 +15,7 @@ from .ranked_preference_data import (
     prepare_ranked_dataset,
     preference_dataset_kind,
 )
-from .reward_centering import (
-    check_centering_supported,
-    fold_reward_offset,
-    needs_biased_score_code,
-    write_biased_score_code,
-)
+from .reward_centering import check_centering_supported, fold_reward_offset
 from .reward_config import RewardConfig
 
 
@@ -174,9 +169,3 @@ class RewardTrainer(_TRLRewardTrainer):
         fold_reward_offset(self.accelerator.unwrap_model(self.model), offset)
         self.log({"reward/center_offset": offset})
         return offset
-
-    def _save(self, output_dir=None, state_dict=None):
-        super()._save(output_dir, state_dict)
-        model = self.accelerator.unwrap_model(self.model)
-        if needs_biased_score_code(model):
-            write_biased_score_code(output_dir or self.args.output_dir)
