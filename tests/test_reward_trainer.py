@@ -181,10 +181,12 @@ def test_ranked_tokenization_is_trls_chosen_tokenization(scalar_path, tokenizer,
     assert ids == [ref.train_dataset[i]["chosen_ids"] for i in range(3)]
 
 
-def test_max_length_drops_long_responses_keeps_order(scalar_path, tokenizer, tmp_path):
+def test_max_length_drops_long_responses_keeps_order(scalar_path, tokenizer, tmp_path, caplog):
     rows = [{"responses": ["a", "the cat " * 40, "b"]}, {"responses": ["c", "the dog " * 40]}]
-    t = RewardTrainer(model=load(scalar_path), args=config(tmp_path, max_length=16),
-                      train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+    with caplog.at_level("WARNING", logger="trl_ext.ranked_preference_data"):
+        t = RewardTrainer(model=load(scalar_path), args=config(tmp_path, max_length=16),
+                          train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+    assert "dropped 3 of 5 responses and 1 of 2 rows" in caplog.text
     assert len(t.train_dataset) == 1
     short = [tokenizer("a</s>")["input_ids"], tokenizer("b</s>")["input_ids"]]
     assert t.train_dataset[0]["responses_ids"] == short

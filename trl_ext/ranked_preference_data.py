@@ -15,6 +15,7 @@ Each response is tokenized exactly as TRL tokenizes a `chosen` completion (EOS a
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,8 @@ from trl.trainer.reward_trainer import DataCollatorForPreference
 from trl.trainer.utils import pad
 
 from .errors import UserInputError
+
+logger = logging.getLogger(__name__)
 
 PAIRWISE_COLUMNS = ("chosen", "rejected", "chosen_ids", "rejected_ids")
 RANKED_COLUMNS = ("responses", "responses_ids")
@@ -156,8 +159,17 @@ def prepare_ranked_dataset(dataset, processing_class, args, dataset_name: str):
 
         if isinstance(dataset, Dataset):
             map_kwargs["desc"] = f"Filtering {dataset_name} >{max_length} tokens"
+        before = dataset
         dataset = dataset.map(keep_short, **map_kwargs)
         dataset = dataset.filter(lambda example: len(example["responses_ids"]) >= 2, **map_kwargs)
+        if isinstance(dataset, Dataset):
+            total = sum(len(r) for r in before["responses_ids"])
+            kept = sum(len(r) for r in dataset["responses_ids"])
+            if kept < total:
+                logger.warning(
+                    f"{dataset_name} dataset: max_length={max_length} dropped {total - kept} of {total} responses "
+                    f"and {len(before) - len(dataset)} of {len(before)} rows (rows need 2 responses left)"
+                )
     return dataset
 
 
