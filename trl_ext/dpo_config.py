@@ -1,12 +1,61 @@
-"""Configuration of :class:`trl_ext.DPOTrainer`."""
+"""Configuration of :class:`trl_ext.DPOConfig`."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trl import DPOConfig as _TRLDPOConfig
+
+from .errors import UserInputError
+
+#: Loss types for which `label_smoothing` means something: cDPO for `sigmoid` (trl-ext), TRL's own meaning for
+#: the others.
+LABEL_SMOOTHING_LOSS_TYPES = ("sigmoid", "robust", "exo_pair", "aot", "aot_unpaired")
 
 
 @dataclass
 class DPOConfig(_TRLDPOConfig):
-    """Configuration for [`trl_ext.DPOTrainer`]: every field of TRL's `DPOConfig`, plus the extensions below
-    (all of them default to TRL's behaviour).
+    r"""Configuration for [`trl_ext.DPOTrainer`]: every field of TRL's `DPOConfig`; one field changes meaning.
+
+    Parameters:
+        label_smoothing (`float`, *optional*, defaults to `0.0`):
+            Probability that a preference label is wrong. With the default `loss_type="sigmoid"` it turns DPO into
+            conservative DPO (cDPO): `-(1 - eps) * logsigmoid(beta * d) - eps * logsigmoid(-beta * d)` (TRL ignores
+            it there). For `robust`, `exo_pair`, `aot` and `aot_unpaired` it keeps TRL's meaning and numbers. Must
+            lie in `[0.0, 0.5)`; a non-zero value with only loss types that do not use it is an error. `sigmoid`
+            cannot be combined with another label-smoothing loss type while `label_smoothing > 0` (they would need
+            different meanings of the one value).
     """
+
+    label_smoothing: float = field(
+        default=0.0,
+        metadata={
+            "help": "Probability that a preference label is wrong. With loss_type 'sigmoid' it gives conservative "
+            "DPO (cDPO): -(1-eps)*logsigmoid(beta*d) - eps*logsigmoid(-beta*d). For 'robust', 'exo_pair', 'aot' "
+            "and 'aot_unpaired' it keeps TRL's meaning. Must lie in [0.0, 0.5)."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        eps = self.label_smoothing
+        if not 0.0 <= eps < 0.5:
+            raise UserInputError(
+                f"label_smoothing={eps} is out of range: it must lie in [0.0, 0.5) "
+                "(the probability that a preference label is wrong)"
+            )
+        if eps > 0.0:
+            users = [t for t in self.loss_type if t in LABEL_SMOOTHING_LOSS_TYPES]
+            if not users:
+                raise UserInputError(
+                    f"label_smoothing={eps} has no effect with loss_type={self.loss_type}: only "
+                    f"{list(LABEL_SMOOTHING_LOSS_TYPES)} use it; set label_smoothing=0.0 or change loss_type"
+                )
+            if "sigmoid" in users and len(users) > 1:
+                raise UserInputError(
+                    f"label_smoothing={eps} with loss_type={self.loss_type}: `sigmoid` (cDPO) cannot be combined with "
+                    f"{[t for t in users if t != 'sigmoid']} under one label_smoothing value; use one of them"
+                )
+            if "sigmoid" in users and self.use_liger_kernel:
+                raise UserInputError(
+                    "label_smoothing > 0 with loss_type 'sigmoid' (cDPO) is not supported with use_liger_kernel=True; "
+                    "set use_liger_kernel=False"
+                )

@@ -2,6 +2,23 @@
 
 from trl import DPOTrainer as _TRLDPOTrainer
 
+from .preference_losses import robust_label_smoothing_for_cdpo
+
 
 class DPOTrainer(_TRLDPOTrainer):
-    """[`trl.DPOTrainer`] with trl-ext's extensions."""
+    """[`trl.DPOTrainer`] with trl-ext's extensions.
+
+    `label_smoothing > 0` with the default `sigmoid` loss trains conservative DPO (cDPO, see
+    :func:`trl_ext.preference_losses.cdpo_loss`); TRL 1.12 silently ignores the value there. Every other loss type
+    runs TRL's code unchanged. cDPO runs through TRL's own loss code: cDPO with `eps` is exactly TRL's `robust`
+    loss with flip rate `-eps / (1 - 2 eps)` (derivation in
+    :func:`trl_ext.preference_losses.robust_label_smoothing_for_cdpo`), so the trainer swaps the loss type and the
+    value after TRL's initialisation and keeps all of TRL's logging, reference handling and metrics.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.args.label_smoothing > 0.0 and "sigmoid" in self.loss_types:
+            # DPOConfig guarantees that no other loss type reads label_smoothing in this case.
+            self.loss_types = ["robust" if t == "sigmoid" else t for t in self.loss_types]
+            self.label_smoothing = robust_label_smoothing_for_cdpo(self.args.label_smoothing)

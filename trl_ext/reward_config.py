@@ -1,12 +1,57 @@
 """Configuration of :class:`trl_ext.RewardTrainer`."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trl import RewardConfig as _TRLRewardConfig
+
+from .errors import UserInputError
 
 
 @dataclass
 class RewardConfig(_TRLRewardConfig):
-    """Configuration for [`trl_ext.RewardTrainer`]: every field of TRL's `RewardConfig`, plus the extensions
+    r"""Configuration for [`trl_ext.RewardTrainer`]: every field of TRL's `RewardConfig`, plus the extensions
     below (all of them default to TRL's behaviour).
+
+    Parameters:
+        > Parameters that control the loss
+
+        label_smoothing (`float`, *optional*, defaults to `0.0`):
+            Probability that a preference label is wrong. Each pair contributes
+            `-(1 - eps) * logsigmoid(d) - eps * logsigmoid(-d)` with `d = r_better - r_worse - margin` (the cDPO
+            smoothing applied to the reward difference). Must lie in `[0.0, 0.5)`; `0.0` is TRL's loss.
+
+        > Parameters that control reward centering
+
+        center_rewards_after_training (`bool`, *optional*, defaults to `False`):
+            After training, compute the mean reward on a reference dataset (the `center_rewards_dataset` argument of
+            the trainer; by default the chosen responses, or the best response of each ranked list, of the train
+            dataset) and subtract it from the score head's bias, so that the saved model gives mean-zero rewards on
+            that set (InstructGPT, Ouyang et al. 2022, section C.2). The offset is logged as `reward/center_offset`.
+            A score head without a bias (Llama, Qwen, Mistral, ...) is given one; the saved model then loads with
+            `trust_remote_code=True` (see the README).
     """
+
+    label_smoothing: float = field(
+        default=0.0,
+        metadata={
+            "help": "Probability that a preference label is wrong: each pair contributes "
+            "`-(1-eps)*logsigmoid(d) - eps*logsigmoid(-d)`, `d = r_better - r_worse - margin`. Must lie in "
+            "[0.0, 0.5); 0.0 is TRL's loss."
+        },
+    )
+    center_rewards_after_training: bool = field(
+        default=False,
+        metadata={
+            "help": "After training, subtract the mean reward on a reference dataset (default: the chosen/best "
+            "responses of the train set) from the score head's bias, so the saved model gives mean-zero rewards "
+            "there. The offset is logged as `reward/center_offset`."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 0.0 <= self.label_smoothing < 0.5:
+            raise UserInputError(
+                f"label_smoothing={self.label_smoothing} is out of range: it must lie in [0.0, 0.5) "
+                "(the probability that a preference label is wrong)"
+            )
