@@ -142,6 +142,11 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
         )
         # Nothing below may touch the global torch/numpy RNGs: the parent left them exactly where its train() expects.
         self._decouple_accumulation_from_dataloaders()
+        # HF Trainer.__init__ (which TRL's PPO never calls) sets these; its checkpoint save/load code reads them
+        for name in ("is_distributed_loading_by_transformers", "is_fsdp_xla_enabled", "is_fsdp_xla_v1_enabled",
+                     "is_fsdp_xla_v2_enabled"):
+            if not hasattr(self, name):
+                setattr(self, name, False)
         self.kl_ctl = (
             kl_controller
             if kl_controller is not None
@@ -201,6 +206,16 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
             self.model = self.accelerator.unwrap_model(self.model)
         try:
             super().save_model(output_dir, _internal_call)
+        finally:
+            self.model = backup
+
+    def create_model_card(self, *args, **kwargs):
+        """TRL's model card (written with each checkpoint), also when the model is wrapped in DistributedDataParallel
+        (TRL reads `self.model.config`, which the wrapper does not have: checkpoints crashed under DDP)."""
+        backup = self.model
+        self.model = self.accelerator.unwrap_model(self.model)
+        try:
+            return super().create_model_card(*args, **kwargs)
         finally:
             self.model = backup
 
@@ -358,8 +373,6 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
         unwrapped = self.accelerator.unwrap_model(self.model)
         load_weights_in_place(unwrapped.policy, checkpoint)
         load_weights_in_place(unwrapped.value_model, os.path.join(checkpoint, VALUE_MODEL_DIR))
-        if not hasattr(self, "is_fsdp_xla_v1_enabled"):  # read by HF's loader; TRL's PPO never sets it
-            self.is_fsdp_xla_v1_enabled = False
         self._load_optimizer_and_scheduler(checkpoint)
         if extra["kl_controller"] is not None and hasattr(self.kl_ctl, "load_state_dict"):
             self.kl_ctl.load_state_dict(extra["kl_controller"])
