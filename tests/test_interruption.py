@@ -12,7 +12,8 @@ from transformers import TrainerCallback
 
 from trl_ext.checkpoints import latest_checkpoint, resolve_checkpoint
 from trl_ext.errors import UserInputError
-from trl_ext.interruption import TrainingInterrupted
+from trl_ext.interruption import SignalWatcher, TrainingInterrupted
+from trl_ext.nonfinite import NonFiniteError
 from trl_ext.testing import build_causal_lm, tiny_corpus
 
 WORDS = tiny_corpus(40, seed=21)
@@ -67,8 +68,8 @@ def dpo_trainer(tiny_models, tokenizer, out, callbacks=None, **kw):
 
     return DPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(tiny_models.policy), ref_model=build_causal_lm(tokenizer, seed=7),
-        args=DPOConfig(**common(out, label_smoothing=0.1, beta=0.5, **kw)), train_dataset=Dataset.from_list(pair_rows(12)),
-        processing_class=tokenizer, callbacks=callbacks,
+        args=DPOConfig(**common(out, label_smoothing=0.1, beta=0.5, **kw)),
+        train_dataset=Dataset.from_list(pair_rows(12)), processing_class=tokenizer, callbacks=callbacks,
     )
 
 
@@ -145,3 +146,39 @@ def test_resolve_checkpoint(tmp_path):
         resolve_checkpoint(str(tmp_path / "checkpoint-11"), str(tmp_path))
     with pytest.raises(UserInputError, match="resume_from_checkpoint: no complete checkpoint"):
         resolve_checkpoint(True, str(tmp_path / "nothing-here"))
+
+
+def test_nan_loss_stops_the_reward_trainer_with_the_state_before_the_step(tiny_models, tokenizer, tmp_path):
+    from trl_ext import RewardTrainer
+
+    class NaNAtStepThree(RewardTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            return loss * float("nan") if self.state.global_step == 2 else loss
+
+    reference = reward_trainer(tiny_models, tokenizer, tmp_path / "reference")
+    reference.train()
+    trainer = reward_trainer(tiny_models, tokenizer, tmp_path / "run", trainer_cls=NaNAtStepThree)
+    with pytest.raises(NonFiniteError, match=r"^step 3: loss contains NaN \(1 of 1 processes\); the state before") as caught:
+        trainer.train()
+    assert caught.value.saved and caught.value.checkpoint == str(tmp_path / "run" / "checkpoint-2")
+    # checkpoint-2 holds the weights before the failing step: resuming without the fault finishes like the reference
+    resumed = reward_trainer(tiny_models, tokenizer, tmp_path / "run")
+    resumed.train(resume_from_checkpoint=caught.value.checkpoint)
+    assert step_logs(resumed)[4]["loss"] == pytest.approx(step_logs(reference)[4]["loss"], abs=1e-5)
+
+
+def test_a_second_ctrl_c_interrupts_at_once():
+    watcher = SignalWatcher()
+    previous = signal.getsignal(signal.SIGINT)
+    watcher.install()
+    try:
+        os.kill(os.getpid(), signal.SIGINT)  # recorded, nothing raised
+        assert watcher.signum == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # the handler runs between bytecodes
+                pass
+    finally:
+        watcher.uninstall()
+    assert signal.getsignal(signal.SIGINT) is previous

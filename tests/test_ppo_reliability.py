@@ -1,4 +1,4 @@
-"""PPO reliability: resume reproduces the run, atomic checkpoints, SIGTERM saves and resumes, NaN guards, reward clip."""
+"""PPO reliability: resume reproduces the run, atomic checkpoints, SIGTERM saves and resumes, NaN guards, clipping."""
 
 from __future__ import annotations
 

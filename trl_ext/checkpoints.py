@@ -169,7 +169,9 @@ def load_weights_in_place(model, directory: str) -> None:
         unexpected = list(result.unexpected_keys)
         missing = [k for k in result.missing_keys if k not in _tied_keys(model)]
         if unexpected or missing:
-            raise RuntimeError(f"weights in {directory} do not fit the model: missing {missing}, unexpected {unexpected}")
+            raise RuntimeError(
+                f"weights in {directory} do not fit the model: missing {missing}, unexpected {unexpected}"
+            )
     elif os.path.isfile(os.path.join(directory, SAFE_WEIGHTS_INDEX_NAME)):
         load_sharded_checkpoint(model, directory, strict=False)
     else:

@@ -4,10 +4,11 @@ from trl import DPOTrainer as _TRLDPOTrainer
 
 from .checkpoints import AtomicCheckpointMixin
 from .interruption import InterruptibleTrainMixin
+from .nonfinite import NonFiniteLossGuardMixin
 from .preference_losses import robust_label_smoothing_for_cdpo
 
 
-class DPOTrainer(InterruptibleTrainMixin, AtomicCheckpointMixin, _TRLDPOTrainer):
+class DPOTrainer(InterruptibleTrainMixin, NonFiniteLossGuardMixin, AtomicCheckpointMixin, _TRLDPOTrainer):
     """[`trl.DPOTrainer`] with trl-ext's extensions.
 
     `label_smoothing > 0` with the default `sigmoid` loss trains conservative DPO (cDPO, see
@@ -19,7 +20,8 @@ class DPOTrainer(InterruptibleTrainMixin, AtomicCheckpointMixin, _TRLDPOTrainer)
 
     Reliability (:mod:`trl_ext.checkpoints`, :mod:`trl_ext.interruption`): checkpoints are written atomically;
     `train(resume_from_checkpoint=True)` takes the latest complete one; SIGINT/SIGTERM save a checkpoint at the end
-    of the current optimizer step and raise :class:`trl_ext.interruption.TrainingInterrupted`.
+    of the current optimizer step and raise :class:`trl_ext.interruption.TrainingInterrupted`; a NaN/inf loss raises
+    :class:`trl_ext.nonfinite.NonFiniteError` after saving the state before the step.
     """
 
     def __init__(self, *args, **kwargs):
