@@ -159,7 +159,8 @@ def test_nan_loss_stops_the_reward_trainer_with_the_state_before_the_step(tiny_m
     reference = reward_trainer(tiny_models, tokenizer, tmp_path / "reference")
     reference.train()
     trainer = reward_trainer(tiny_models, tokenizer, tmp_path / "run", trainer_cls=NaNAtStepThree)
-    with pytest.raises(NonFiniteError, match=r"^step 3: loss contains NaN \(1 of 1 processes\); the state before") as caught:
+    message = r"^step 3: loss contains NaN \(1 of 1 processes\); the state before this step is saved in "
+    with pytest.raises(NonFiniteError, match=message) as caught:
         trainer.train()
     assert caught.value.saved and caught.value.checkpoint == str(tmp_path / "run" / "checkpoint-2")
     # checkpoint-2 holds the weights before the failing step: resuming without the fault finishes like the reference
