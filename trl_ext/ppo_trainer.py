@@ -6,6 +6,8 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
 2. ``generate_rollouts(queries) -> Rollout``: sample responses and their log-probs (torch RNG).
 3. ``score_rollouts(rollout)``: reference log-probs (``compute_ref_logprobs``), values (``compute_values``),
    truncation at the stop token (``postprocess_responses``), scores (``compute_scores``), padding masks.
+   Then ``check_finite("objective/scores", ...)`` (NaN/inf stop training, see ``check_finite``) and ``clip_scores``
+   (``reward_clip``). Each micro-batch loss is checked the same way before its backward.
 4. ``compute_rewards(rollout, kl_coef)``: per-token reward ``-kl_coef * KL`` plus the score at the last token.
 5. ``compute_advantages(rollout)``: GAE (:func:`trl_ext.ppo_advantages.gae_advantages`) and whitening.
 6. ``optimize(rollout) -> UpdateStats``: PPO epochs (numpy permutation per epoch) over mini/micro-batches;
@@ -13,6 +15,8 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
    :mod:`trl_ext.ppo_losses`); separate ptx steps go through ``ptx_step``.
 7. ``update_metrics(...) -> dict`` and ``log_update(metrics)``: TRL's metrics plus ours, then the KL controller
    (``self.kl_ctl``) updates from the update's ``objective/kl``.
+8. Callbacks, sample generations, then the checkpoint if one is due (``save_extra_checkpoint_files`` adds the value
+   model and the trl-ext state; ``load_checkpoint`` restores them on ``train(resume_from_checkpoint=...)``).
 """
 
 from __future__ import annotations
