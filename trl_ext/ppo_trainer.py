@@ -374,6 +374,11 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
                 f"resume_from_checkpoint: {checkpoint} was written by {extra['world_size']} processes, this run has "
                 f"{self.accelerator.num_processes}; resume with the same number of processes"
             )
+        if not self.is_deepspeed_enabled and not os.path.isfile(os.path.join(checkpoint, "optimizer.pt")):
+            raise UserInputError(
+                f"resume_from_checkpoint: {checkpoint} has no optimizer.pt (saved with save_only_model=True?); "
+                "resume from a full checkpoint"
+            )
         unwrapped = self.accelerator.unwrap_model(self.model)
         load_weights_in_place(unwrapped.policy, checkpoint)
         load_weights_in_place(unwrapped.value_model, os.path.join(checkpoint, VALUE_MODEL_DIR))
