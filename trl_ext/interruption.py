@@ -92,8 +92,8 @@ class SignalWatcher:
 class InterruptionCallback(TrainerCallback):
     """At each step end, if any process received a watched signal: save a checkpoint and stop training.
 
-    ``accelerator`` (optional) makes the decision collective: the flag is max-reduced over processes, so every
-    rank stops after the same step (one tiny all-gather per step, only when there are several processes).
+    ``accelerator`` (optional) makes the decision collective: the signal numbers are gathered and the largest wins, so
+    every rank stops after the same step (one tiny all-gather per step, only when there are several processes).
     ``signum`` holds the agreed signal after the stop was requested.
     """
 
@@ -103,7 +103,7 @@ class InterruptionCallback(TrainerCallback):
         self.signum: int | None = None
 
     def pending_signal(self) -> int | None:
-        """The signal this or any other process received (0 if none), agreed on by every process."""
+        """The signal this or any other process received (None if none), agreed on by every process."""
         local = self.watcher.signum or 0
         accelerator = self.accelerator
         if accelerator is not None and accelerator.num_processes > 1:
