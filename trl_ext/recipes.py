@@ -24,6 +24,7 @@ import difflib
 import enum
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -221,7 +222,7 @@ class _RecipeArgumentParser:
 
         class Parser(HfArgumentParser):
             def error(self, message):  # argparse calls this on bad types and choices
-                message = message.replace("argument --", "key ").replace("--", "")
+                message = re.sub(r"argument --(\w+)(/--[\w-]+)*", r"key '\1'", message)
                 raise UserInputError(f"recipe: {message}")
 
         return Parser(dataclass_types, allow_abbrev=False)
