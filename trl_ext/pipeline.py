@@ -108,6 +108,11 @@ def _finish(trainer, recipe: Recipe, tokenizer) -> Path:
         (out / RECIPE_FILENAME).write_text(recipe.to_yaml())
         trainer.state.save_to_json(str(out / "trainer_state.json"))
     trainer.accelerator.wait_for_everyone()
+    if "wandb" in (recipe.training_args.report_to or []):
+        import wandb
+
+        if wandb.run is not None:  # HF's callback leaves the run open: close it so its files are complete
+            wandb.finish()
     return out
 
 

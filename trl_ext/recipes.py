@@ -299,7 +299,8 @@ def _check_path(key: str, value: Optional[str]) -> None:
             )
         return
     if looks_local(value) and not os.path.exists(os.path.expanduser(value)):
-        raise UserInputError(f"recipe: key '{key}': local path '{value}' does not exist")
+        hint = " (train it first with its reward recipe)" if key in ("reward_model_path", "value_model_path") else ""
+        raise UserInputError(f"recipe: key '{key}': local path '{value}' does not exist{hint}")
 
 
 def resolve_recipe(
