@@ -250,3 +250,25 @@ def test_two_process_cpu_run_through_accelerate(tiny_env, demo_reward, tmp_path,
         epoch = [h["epoch"] for h in logs if "loss" in h][-1]
         assert epoch == pytest.approx(2 * 2 * 4 / 256)
     assert (out / "trainer_state.json").exists() and (out / "trl_ext_recipe.yaml").exists()
+
+
+def _has_ptx():
+    import dataclasses
+
+    import trl_ext
+
+    return "ptx_coef" in {f.name for f in dataclasses.fields(trl_ext.PPOConfig)}
+
+
+@pytest.mark.skipif(not _has_ptx(), reason="needs trl_ext.PPOConfig.ptx_coef (PPO-ptx, issue 3)")
+def test_ppo_recipe_with_ptx_dataset(demo_reward, tmp_path):
+    ptx = tmp_path / "ptx.jsonl"
+    ptx.write_text("".join(json.dumps({"sentence": f"the {w} is good and the sky is blue"}) + "\n"
+                           for w in ("cat", "dog", "sea", "sun", "moon", "tree", "bird", "fish")))
+    out = tmp_path / "ppo-ptx"
+    trainer = train(DEMO / "ppo.yaml", "--output_dir", out, "--reward_model_path", demo_reward,
+                    "--total_episodes", 16, "--response_length", 4, "--ptx_coef", 0.5,
+                    "--ptx_dataset_name", ptx, "--ptx_text_column", "sentence")
+    ptx_losses = [h["loss/ptx_avg"] for h in history(out) if "loss/ptx_avg" in h]
+    assert len(ptx_losses) == 2 and all(v > 0 for v in ptx_losses)
+    assert trainer.args.ptx_coef == 0.5

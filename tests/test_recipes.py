@@ -219,6 +219,13 @@ def test_ptx_keys_are_consistent(tmp_path):
     assert "ptx_dataset_name" in msg and "does not exist" in msg
 
 
+def test_ppo_only_keys_are_refused_elsewhere(tmp_path):
+    msg = error_of(write_recipe(tmp_path, **reward_keys(tmp_path, value_model_path="tiny://reward")))
+    assert "'value_model_path' is for PPO recipes only" in msg
+    msg = error_of(write_recipe(tmp_path, **ppo_keys(tmp_path, sft_model_path="tiny://policy")))
+    assert "'sft_model_path'" in msg and "model_name_or_path" in msg
+
+
 def test_non_empty_output_dir_is_kept_unless_overwrite(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -321,4 +328,5 @@ def test_demo_recipes_pass_check(capsys, monkeypatch, tmp_path):
     for name in ("reward", "dpo", "ppo"):
         extra = ["--reward_model_path", "tiny://reward"] if name == "ppo" else []
         assert main(["check", str(DEMO / f"{name}.yaml"), "--output_dir", str(tmp_path / name), *extra]) == 0
-    assert "trainer: ppo" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "trainer: ppo" in out and "# value model: tiny://reward (float32)" in out

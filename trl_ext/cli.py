@@ -66,6 +66,11 @@ def _run(args: argparse.Namespace) -> int:
         print(f"# {args.recipe}: OK ({recipe.trainer} recipe, {type(recipe.training_args).__name__})")
         for note in recipe.notes:
             print(f"# note: {note}")
+        for role, margs in (("reward model", recipe.reward_model_args), ("value model", recipe.value_model_args)):
+            if margs is not None:
+                quant = "4-bit" if margs.load_in_4bit else "8-bit" if margs.load_in_8bit else margs.dtype
+                lora = f", LoRA r={margs.lora_r}" if margs.use_peft else ""
+                print(f"# {role}: {margs.model_name_or_path} ({quant}{lora})")
         print(recipe.to_yaml(), end="")
         return 0
     recipe = resolve_recipe(args.recipe, overrides)
