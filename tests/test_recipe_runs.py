@@ -183,6 +183,9 @@ def read_wandb_records(path):
 
 
 def wandb_run(wandb_dir):
+    import wandb
+
+    wandb.teardown()  # make sure wandb's service has written everything
     (path,) = Path(wandb_dir).glob("wandb/offline-run-*/run-*.wandb")
     run, keys = None, set()
     for rec in read_wandb_records(path):
@@ -221,6 +224,21 @@ def test_wandb_offline_run_holds_the_metrics(demo_reward, tmp_path, monkeypatch,
     for name in ("objective/kl_coef", "loss/ptx_avg"):
         if any(name in h for h in t.state.log_history):
             assert f"train/{name}" in keys
+
+
+def test_wandb_own_environment_variables_still_work(tiny_env, tmp_path, monkeypatch):
+    import wandb
+
+    wandb.teardown()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_PROJECT", "from-env")
+    monkeypatch.setenv("WANDB_TAGS", "x,y")
+    train(DEMO / "dpo.yaml", "--output_dir", tmp_path / "out", "--max_steps", 1, "--logging_steps", 1,
+          "--report_to", "wandb")
+    run, keys = wandb_run(tmp_path)
+    assert run.project == "from-env" and list(run.tags) == ["x", "y"]
+    assert {"train/loss", "train/rewards/margins"} <= keys
 
 
 # ---------------------------------------------------------------------------------------------------------------

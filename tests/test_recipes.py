@@ -222,6 +222,8 @@ def test_ptx_keys_are_consistent(tmp_path):
 def test_ppo_only_keys_are_refused_elsewhere(tmp_path):
     msg = error_of(write_recipe(tmp_path, **reward_keys(tmp_path, value_model_path="tiny://reward")))
     assert "'value_model_path' is for PPO recipes only" in msg
+    msg = error_of(write_recipe(tmp_path, **ppo_keys(tmp_path, dataset_streaming=True)))
+    assert "'dataset_streaming'" in msg
     msg = error_of(write_recipe(tmp_path, **ppo_keys(tmp_path, sft_model_path="tiny://policy")))
     assert "'sft_model_path'" in msg and "model_name_or_path" in msg
 
@@ -280,6 +282,12 @@ def test_dataset_formats_and_splits(tmp_path):
     ds.to_csv(str(tmp_path / "d.csv"))
     ds.save_to_disk(str(tmp_path / "single"))
     datasets.DatasetDict({"train": ds, "test": ds.select([0])}).save_to_disk(str(tmp_path / "dict"))
+    from trl_ext.data import check_columns
+
+    streamed = ds.to_iterable_dataset().map(lambda x: x)  # features unknown after map: columns read from row 1
+    check_columns(streamed, "dpo", name="streamed", split="train")
+    with pytest.raises(UserInputError, match="no column 'prompt'"):
+        check_columns(streamed.remove_columns(["prompt"]), "ppo", name="streamed", split="train")
     for name in ("d.parquet", "d.csv", "single"):
         assert open_split(str(tmp_path / name), "train").column_names == ["prompt", "chosen", "rejected"]
     assert len(open_split(str(tmp_path / "dict"), "test")) == 1

@@ -60,7 +60,10 @@ def open_split(name: str, split: str, *, config: str | None = None, key: str = "
 
 def check_columns(dataset, trainer: str, *, name: str, split: str, text_column: str = "text") -> None:
     """Raise a one-line UserInputError if ``dataset`` lacks the columns ``trainer`` needs."""
-    cols = list(dataset.column_names or [])
+    names = dataset.column_names
+    if names is None:  # a streamed dataset whose features are unknown: look at its first example
+        names = list(next(iter(dataset), {}).keys())
+    cols = list(names)
     have = set(cols)
     where = f"dataset '{name}' split '{split}'"
     listing = f"(columns: {', '.join(cols) or 'none'})"

@@ -367,6 +367,8 @@ def resolve_recipe(
     if trainer == "ppo":
         if given("dataset_name") in (None, ""):
             raise UserInputError("recipe: missing key 'dataset_name' (prompts for PPO)")
+        if truthy("dataset_streaming"):
+            raise UserInputError("recipe: key 'dataset_streaming' is not supported by PPO (it needs the prompt count)")
         if given("reward_model_path") in (None, ""):
             raise UserInputError("recipe: missing key 'reward_model_path' (the reward model PPO optimises)")
 
