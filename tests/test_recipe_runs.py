@@ -104,6 +104,31 @@ def test_ppo_recipe_with_lora_policy_and_lora_value_model(demo_reward, tmp_path)
     assert len([h for h in history(out) if "objective/scores" in h]) == 2
 
 
+def test_ppo_with_a_lora_reward_checkpoint(tiny_env, tmp_path):
+    """A reward recipe with use_peft writes an adapter directory; PPO loads it as reward and value model."""
+    import torch
+
+    reward_out = tmp_path / "reward-lora"
+    reward = train(DEMO / "reward.yaml", "--output_dir", reward_out, "--max_steps", 4, "--use_peft", "true",
+                   "--lora_target_modules", "q_proj", "v_proj")
+    assert (reward_out / "adapter_config.json").exists() and not (reward_out / "config.json").exists()
+    ppo = train(DEMO / "ppo.yaml", "--output_dir", tmp_path / "ppo", "--reward_model_path", reward_out,
+                "--total_episodes", 16, "--response_length", 4, "--value_use_peft", "true")
+    # The reward model PPO used is the saved checkpoint as peft itself restores it (adapter + trained score head).
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+
+    base = AutoModelForSequenceClassification.from_pretrained(
+        json.loads((reward_out / "adapter_config.json").read_text())["base_model_name_or_path"], num_labels=1)
+    untrained = base.score.weight.detach().clone()
+    reference = PeftModel.from_pretrained(base, reward_out).eval()
+    batch = reward.processing_class(["the cat is good", "the cat is bad"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        torch.testing.assert_close(ppo.reward_model(**batch).logits, reference(**batch).logits)
+    assert not torch.equal(reference.base_model.model.score.modules_to_save["default"].weight, untrained)
+    assert len([h for h in history(tmp_path / "ppo") if "objective/scores" in h]) == 2
+
+
 def test_tiny_scheme_builds_models_on_the_fly(tmp_path, monkeypatch):
     from trl_ext.pipeline import resolve_model_path
 

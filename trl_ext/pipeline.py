@@ -91,6 +91,41 @@ def open_ptx_dataset(recipe: Recipe):
     return ptx_texts(ds, p.ptx_text_column)
 
 
+def load_scalar_checkpoint(model_args, *, trainable: bool, reinit_head: bool = False, tokenizer=None):
+    """A reward/value model from ``model_args``; also from a LoRA reward checkpoint (an adapter directory, as a
+    reward recipe with ``use_peft`` writes), which ``load_scalar_model`` cannot read alone.
+
+    For an adapter directory the base model named in its ``adapter_config.json`` is loaded with ``model_args``'
+    quantization and the saved adapter and score head are put on top: frozen for a reward model; for a value
+    model (``trainable``) the same adapter keeps training when ``use_peft`` is set (else it is merged into an
+    unquantized base, which then trains in full).
+    """
+    import dataclasses
+    import json
+
+    path = model_args.model_name_or_path
+    adapter = Path(path or "") / "adapter_config.json"
+    if not (adapter.is_file() and not (Path(path) / "config.json").exists()):
+        return load_scalar_model(model_args, reinit_head=reinit_head, tokenizer=tokenizer)
+    from peft import PeftModel
+
+    base = json.loads(adapter.read_text()).get("base_model_name_or_path")
+    if not base:
+        raise UserInputError(f"'{path}': adapter_config.json names no base_model_name_or_path")
+    quantized = model_args.load_in_4bit or model_args.load_in_8bit
+    if trainable and quantized and not model_args.use_peft:
+        raise UserInputError(
+            f"value model '{path}' is a LoRA adapter on a quantized base: set value_use_peft: true to train it"
+        )
+    base_args = dataclasses.replace(model_args, model_name_or_path=resolve_model_path(base), use_peft=False)
+    model = load_scalar_model(base_args, tokenizer=tokenizer)
+    model = PeftModel.from_pretrained(model, path, is_trainable=trainable and model_args.use_peft)
+    if trainable and not model_args.use_peft:
+        model = model.merge_and_unload()
+        model.requires_grad_(True)
+    return model
+
+
 def _resume_arg(recipe: Recipe):
     value = getattr(recipe.training_args, "resume_from_checkpoint", None)
     if isinstance(value, str) and value.lower() in ("true", "false"):
@@ -194,13 +229,13 @@ def train_ppo(recipe: Recipe):
 
     policy = load_policy(model_args, tokenizer=tokenizer)
     reward_args = _with_path(recipe.reward_model_args, recipe.reward_model_args.model_name_or_path)
-    reward_model = load_scalar_model(reward_args, tokenizer=tokenizer)
+    reward_model = load_scalar_checkpoint(reward_args, trainable=False, tokenizer=tokenizer)
     reward_model.eval()
     for p in reward_model.parameters():
         p.requires_grad_(False)
     value_args = _with_path(recipe.value_model_args, recipe.value_model_args.model_name_or_path)
-    value_model = load_scalar_model(value_args, reinit_head=recipe.pipeline.value_reinit_score_head,
-                                    tokenizer=tokenizer)
+    value_model = load_scalar_checkpoint(value_args, trainable=True, tokenizer=tokenizer,
+                                         reinit_head=recipe.pipeline.value_reinit_score_head)
 
     kwargs = {}
     if ptx is not None:
