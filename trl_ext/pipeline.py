@@ -51,7 +51,7 @@ def _with_path(model_args, path):
 
 def apply_environment(recipe: Recipe) -> None:
     """Set the recipe's ``env`` mapping and its wandb keys as environment variables."""
-    for key, value in getattr(recipe, "env", {}).items():
+    for key, value in recipe.env.items():
         os.environ[key] = value
     p = recipe.pipeline
     for env, value in (

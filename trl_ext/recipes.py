@@ -18,7 +18,6 @@ any model or dataset is loaded and before anything is written.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import difflib
 import enum
@@ -118,6 +117,7 @@ class Recipe:
         reward_model_args / value_model_args: PPO only, `ModelConfig`s of the reward and value models.
         explicit: the keys the recipe and the command line set, with their resolved values.
         notes: remarks for the user (printed by `trl-ext check`).
+        env: the recipe's `env` mapping (environment variables).
     """
 
     path: Path
@@ -130,6 +130,7 @@ class Recipe:
     value_model_args: Any = None
     explicit: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    env: dict = field(default_factory=dict)
 
     def to_yaml(self) -> str:
         """The resolved recipe as YAML: `trl-ext train` accepts it again."""
@@ -404,9 +405,8 @@ def resolve_recipe(
 
     # Local paths must exist (hub names are checked when loaded).
     for key in PATH_KEYS:
-        value = getattr(training_args, key, None) if key in ("reward_model_path", "chat_template_path", "deepspeed") \
-            else getattr(pipeline, key, None) if hasattr(pipeline, key) \
-            else getattr(script_args, key, None) if hasattr(script_args, key) else getattr(model_args, key, None)
+        owner = next((o for o in parsed[:4] if key in {f.name for f in dataclasses.fields(o)}), None)
+        value = getattr(owner, key, None)
         if isinstance(value, str):
             _check_path(key, value)
     resume = getattr(training_args, "resume_from_checkpoint", None)
@@ -448,9 +448,8 @@ def resolve_recipe(
     recipe = Recipe(
         path=Path(path), trainer=trainer, script_args=script_args, model_args=model_args,
         training_args=training_args, pipeline=pipeline, reward_model_args=reward_args,
-        value_model_args=value_args, explicit=explicit, notes=notes,
+        value_model_args=value_args, explicit=explicit, notes=notes, env={str(k): str(v) for k, v in env.items()},
     )
-    recipe.env = {str(k): str(v) for k, v in env.items()}
     return recipe
 
 
