@@ -234,6 +234,14 @@ def test_centering_saves_and_reloads_mean_zero(scalar_path, tokenizer, tmp_path)
     reloaded.save_pretrained(str(tmp_path / "again"))
     again = AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "again"), trust_remote_code=True)
     assert torch.equal(again.score.bias, reloaded.score.bias)
+    # our loader reloads the centred model with its bias, without trust_remote_code
+    from trl import ModelConfig
+
+    from trl_ext.models import load_scalar_model
+
+    ours = load_scalar_model(ModelConfig(model_name_or_path=str(tmp_path / "centred"), dtype="float32"))
+    assert torch.equal(ours.score.bias, reloaded.score.bias)
+    assert torch.allclose(rewards_of(ours, tokenizer, [r["prompt"] + r["responses"][0] for r in rows]), best, atol=1e-6)
     # the same model without the bias is the trained model: rewards shift by exactly the offset
     others = rewards_of(reloaded, tokenizer, [r["prompt"] + r["responses"][1] for r in rows])
     trained = rewards_of(t.model, tokenizer, [r["prompt"] + r["responses"][1] for r in rows])

@@ -51,7 +51,33 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    raise UserInputError(f"`trl-ext {args.command}` is not implemented yet (recipes land in a later release).")
+    from .recipes import resolve_recipe
+
+    overrides = [tok for tok in args.overrides if tok != "--"]
+    if args.command == "check":
+        recipe = resolve_recipe(args.recipe, overrides, for_check=True)
+        from .data import check_columns, open_split
+        from .recipes import looks_local
+
+        s = recipe.script_args
+        if s.dataset_name and looks_local(s.dataset_name):  # local data: check columns too (no network)
+            ds = open_split(s.dataset_name, s.dataset_train_split, config=s.dataset_config)
+            check_columns(ds, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split)
+        print(f"# {args.recipe}: OK ({recipe.trainer} recipe, {type(recipe.training_args).__name__})")
+        for note in recipe.notes:
+            print(f"# note: {note}")
+        for role, margs in (("reward model", recipe.reward_model_args), ("value model", recipe.value_model_args)):
+            if margs is not None:
+                quant = "4-bit" if margs.load_in_4bit else "8-bit" if margs.load_in_8bit else margs.dtype
+                lora = f", LoRA r={margs.lora_r}" if margs.use_peft else ""
+                print(f"# {role}: {margs.model_name_or_path} ({quant}{lora})")
+        print(recipe.to_yaml(), end="")
+        return 0
+    recipe = resolve_recipe(args.recipe, overrides)
+    from .pipeline import run
+
+    run(recipe)
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -336,6 +336,14 @@ def _quiet_causal_to_seqcls_load():
         yield
 
 
+def _is_centred_checkpoint(config) -> bool:
+    """Whether the checkpoint was saved by reward centering (see :mod:`trl_ext.biased_score_model`)."""
+    from .biased_score_model import AUTO_MAP
+
+    auto_map = getattr(config, "auto_map", None) or {}
+    return auto_map.get("AutoModelForSequenceClassification") == AUTO_MAP["AutoModelForSequenceClassification"]
+
+
 def load_scalar_model(
     model_args,
     *,
@@ -397,8 +405,18 @@ def load_scalar_model(
             check_lora_targets(skeleton, lora_config)
 
     init = plan.init_kwargs(model_args, **labels)
+    model_class = AutoModelForSequenceClassification
+    if _is_centred_checkpoint(config):
+        # Saved by reward centering with a biased score head. Its loader is our own module, so load it from the
+        # package rather than asking the user for trust_remote_code (which would run the checkpoint's copy).
+        from .biased_score_model import BiasedScoreForSequenceClassification
+
+        model_class = BiasedScoreForSequenceClassification
+        init.pop("num_labels", None)
+        init.pop("trust_remote_code", None)
+        init["config"] = config
     with contextlib.nullcontext() if from_classifier else _quiet_causal_to_seqcls_load():
-        model = AutoModelForSequenceClassification.from_pretrained(plan.path, **init)
+        model = model_class.from_pretrained(plan.path, **init)
     if reinit_head and from_classifier:
         _new_scalar_head(model)
     head = score_head_name(model)

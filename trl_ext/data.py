@@ -1,0 +1,120 @@
+"""Datasets for recipes: open a split from the hub, a local file or a ``save_to_disk`` directory, check its columns.
+
+Columns are checked as soon as a split is opened, before any model loads:
+
+* reward: ``chosen`` and ``rejected`` (pairs, ``prompt`` optional), or ``responses`` (ranked lists, best first);
+* dpo: ``chosen`` and ``rejected`` (``prompt`` optional);
+* ppo: ``prompt`` (plain text, or a list of chat messages), or an already tokenized ``input_ids`` column;
+* ppo-ptx: the ``ptx_text_column`` (default ``text``), or ``input_ids``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .errors import UserInputError
+
+FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def open_split(name: str, split: str, *, config: str | None = None, key: str = "dataset_name",
+               split_key: str = "dataset_train_split", streaming: bool = False):
+    """Open one split of a dataset.
+
+    ``name`` is a local ``.json``/``.jsonl``/``.parquet``/``.csv`` file (its only split is ``train``), a directory
+    written by ``save_to_disk`` (a ``Dataset``, whose only split is ``train``, or a ``DatasetDict``), a directory of
+    data files (splits from the file names, as ``datasets.load_dataset`` infers them), or a hub dataset name.
+    """
+    import datasets
+
+    path = Path(os.path.expanduser(name))
+    if path.is_file():
+        builder = FILE_BUILDERS.get(path.suffix.lower())
+        if builder is None:
+            raise UserInputError(
+                f"{key}: unsupported file type '{path.suffix}' for '{name}' (use .json, .jsonl, .parquet or .csv)"
+            )
+        splits = {"train": lambda: datasets.load_dataset(builder, data_files=str(path), split="train")}
+    elif path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
+        loaded = datasets.load_from_disk(str(path))
+        if isinstance(loaded, datasets.Dataset):
+            splits = {"train": lambda: loaded}
+        else:
+            splits = {s: (lambda s=s: loaded[s]) for s in loaded}
+    else:
+        try:
+            loaded = datasets.load_dataset(str(path) if path.is_dir() else name, config, streaming=streaming)
+        except UserInputError:
+            raise
+        except Exception as err:  # noqa: BLE001 - any loader failure is reported as the user's key
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise UserInputError(f"{key}: cannot open dataset '{name}': {first}") from None
+        splits = {s: (lambda s=s: loaded[s]) for s in loaded}
+    if split not in splits:
+        raise UserInputError(
+            f"{split_key}: dataset '{name}' has no split '{split}' (splits: {', '.join(sorted(splits))})"
+        )
+    return splits[split]()
+
+
+def check_columns(dataset, trainer: str, *, name: str, split: str, text_column: str = "text") -> None:
+    """Raise a one-line UserInputError if ``dataset`` lacks the columns ``trainer`` needs."""
+    names = dataset.column_names
+    if names is None:  # a streamed dataset whose features are unknown: look at its first example
+        names = list(next(iter(dataset), {}).keys())
+    cols = list(names)
+    have = set(cols)
+    where = f"dataset '{name}' split '{split}'"
+    listing = f"(columns: {', '.join(cols) or 'none'})"
+    if trainer == "reward":
+        if "responses" in have:
+            return
+        missing = [c for c in ("chosen", "rejected") if c not in have]
+        if missing:
+            raise UserInputError(
+                f"{where} has no column '{missing[0]}' {listing}; reward training needs 'chosen' and 'rejected' "
+                "(or a ranked 'responses' list)"
+            )
+    elif trainer == "dpo":
+        missing = [c for c in ("chosen", "rejected") if c not in have]
+        if missing:
+            raise UserInputError(f"{where} has no column '{missing[0]}' {listing}; DPO needs 'chosen' and 'rejected'")
+    elif trainer == "ppo":
+        if "prompt" not in have and "input_ids" not in have:
+            raise UserInputError(
+                f"{where} has no column 'prompt' {listing}; PPO needs 'prompt' (text or chat messages) or 'input_ids'"
+            )
+    elif trainer == "ptx":
+        if text_column not in have and "input_ids" not in have:
+            raise UserInputError(
+                f"{where} has no column '{text_column}' {listing}; set ptx_text_column or provide 'input_ids'"
+            )
+    else:  # pragma: no cover - programming error
+        raise ValueError(f"unknown trainer {trainer!r}")
+
+
+def tokenize_prompts(dataset, tokenizer, *, num_proc: int | None = None):
+    """PPO prompts -> ``input_ids`` as TRL's PPO example does (chat messages go through the chat template)."""
+    if "input_ids" in dataset.column_names:
+        return dataset.select_columns(["input_ids"])
+
+    def tokenize(example):
+        prompt = example["prompt"]
+        if isinstance(prompt, list):
+            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+        else:
+            ids = tokenizer(prompt, padding=False)["input_ids"]
+        return {"input_ids": list(ids)}
+
+    return dataset.map(tokenize, remove_columns=dataset.column_names, num_proc=num_proc)
+
+
+def ptx_texts(dataset, text_column: str):
+    """The ptx dataset reduced to its text (``text``) or ``input_ids`` column, as PPO-ptx expects."""
+    if "input_ids" in dataset.column_names:
+        return dataset.select_columns(["input_ids"])
+    ds = dataset.select_columns([text_column])
+    return ds.rename_column(text_column, "text") if text_column != "text" else ds

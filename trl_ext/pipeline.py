@@ -1,0 +1,269 @@
+"""Run a resolved :class:`~trl_ext.recipes.Recipe`: open the data, load the models, build the trainer, train, save.
+
+One function per trainer kind (:func:`train_reward`, :func:`train_dpo`, :func:`train_ppo`); :func:`run` picks one.
+Order matters: datasets are opened and their columns checked before any model loads, so a bad dataset costs no
+model download. At the end the output directory holds the model (the adapter with LoRA), the tokenizer, the
+resolved recipe (``trl_ext_recipe.yaml``) and ``trainer_state.json`` with the log history (also for PPO).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from pathlib import Path
+
+from .data import check_columns, open_split, ptx_texts, tokenize_prompts
+from .errors import UserInputError
+from .recipes import RECIPE_FILENAME, TINY_SCHEME, Recipe
+
+try:  # issue 2's loaders
+    from .models import load_policy, load_scalar_model, load_tokenizer
+except ImportError:  # TEMPORARY: until trl_ext.models is merged (see _models_standin.py)
+    from ._models_standin import load_policy, load_scalar_model, load_tokenizer
+
+TINY_DIR_ENV = "TRL_EXT_TINY_DIR"
+
+
+def tiny_models_dir() -> Path:
+    """Where ``tiny://`` models are built: ``$TRL_EXT_TINY_DIR`` or ``~/.cache/trl_ext/tiny-models``."""
+    return Path(os.environ.get(TINY_DIR_ENV) or Path.home() / ".cache" / "trl_ext" / "tiny-models")
+
+
+def resolve_model_path(path: str | None) -> str | None:
+    """Map ``tiny://policy|reward|tokenizer`` to a directory of :func:`trl_ext.testing.build_tiny_models`
+    (built once, by the main process first); other paths are returned unchanged."""
+    if not path or not path.startswith(TINY_SCHEME):
+        return path
+    from accelerate import PartialState
+
+    from .testing import build_tiny_models
+
+    with PartialState().main_process_first():
+        models = build_tiny_models(tiny_models_dir())
+    return str(getattr(models, path[len(TINY_SCHEME):]))
+
+
+def _with_path(model_args, path):
+    import dataclasses
+
+    return dataclasses.replace(model_args, model_name_or_path=resolve_model_path(path))
+
+
+def apply_environment(recipe: Recipe) -> None:
+    """Set the recipe's ``env`` mapping and its wandb keys as environment variables."""
+    for key, value in recipe.env.items():
+        os.environ[key] = value
+    p = recipe.pipeline
+    for env, value in (
+        ("WANDB_PROJECT", p.wandb_project),
+        ("WANDB_ENTITY", p.wandb_entity),
+        ("WANDB_RUN_GROUP", p.wandb_group),
+        ("WANDB_TAGS", ",".join(p.wandb_tags) if p.wandb_tags else None),
+    ):
+        if value:
+            os.environ[env] = value
+
+
+def open_datasets(recipe: Recipe, *, kind: str | None = None):
+    """Open the train split (and the eval split when the trainer evaluates) and check their columns."""
+    s, args = recipe.script_args, recipe.training_args
+    kind = kind or recipe.trainer
+    train = open_split(s.dataset_name, s.dataset_train_split, config=s.dataset_config,
+                       streaming=s.dataset_streaming)
+    check_columns(train, kind, name=s.dataset_name, split=s.dataset_train_split)
+    evaluate = str(getattr(args, "eval_strategy", "no")).split(".")[-1].lower() != "no"
+    eval_ds = None
+    if evaluate:
+        eval_ds = open_split(s.dataset_name, s.dataset_test_split, config=s.dataset_config,
+                             split_key="dataset_test_split", streaming=s.dataset_streaming)
+        check_columns(eval_ds, kind, name=s.dataset_name, split=s.dataset_test_split)
+    return train, eval_ds
+
+
+def open_ptx_dataset(recipe: Recipe):
+    """The PPO-ptx text dataset, or None when the recipe has none."""
+    p = recipe.pipeline
+    if not p.ptx_dataset_name:
+        return None
+    ds = open_split(p.ptx_dataset_name, p.ptx_dataset_split, config=p.ptx_dataset_config,
+                    key="ptx_dataset_name", split_key="ptx_dataset_split")
+    check_columns(ds, "ptx", name=p.ptx_dataset_name, split=p.ptx_dataset_split, text_column=p.ptx_text_column)
+    return ptx_texts(ds, p.ptx_text_column)
+
+
+def load_scalar_checkpoint(model_args, *, trainable: bool, reinit_head: bool = False, tokenizer=None):
+    """A reward/value model from ``model_args``; also from a LoRA reward checkpoint (an adapter directory, as a
+    reward recipe with ``use_peft`` writes), which ``load_scalar_model`` cannot read alone.
+
+    For an adapter directory the base model named in its ``adapter_config.json`` is loaded with ``model_args``'
+    quantization and the saved adapter and score head are put on top: frozen for a reward model; for a value
+    model (``trainable``) the same adapter keeps training when ``use_peft`` is set (else it is merged into an
+    unquantized base, which then trains in full).
+    """
+    import dataclasses
+    import json
+
+    path = model_args.model_name_or_path
+    adapter = Path(path or "") / "adapter_config.json"
+    if not (adapter.is_file() and not (Path(path) / "config.json").exists()):
+        return load_scalar_model(model_args, reinit_head=reinit_head, tokenizer=tokenizer)
+    from peft import PeftModel
+
+    base = json.loads(adapter.read_text()).get("base_model_name_or_path")
+    if not base:
+        raise UserInputError(f"'{path}': adapter_config.json names no base_model_name_or_path")
+    quantized = model_args.load_in_4bit or model_args.load_in_8bit
+    if trainable and quantized and not model_args.use_peft:
+        raise UserInputError(
+            f"value model '{path}' is a LoRA adapter on a quantized base: set value_use_peft: true to train it"
+        )
+    base_args = dataclasses.replace(model_args, model_name_or_path=resolve_model_path(base), use_peft=False)
+    model = load_scalar_model(base_args, tokenizer=tokenizer)
+    model = PeftModel.from_pretrained(model, path, is_trainable=trainable and model_args.use_peft)
+    if trainable and not model_args.use_peft:
+        model = model.merge_and_unload()
+        model.requires_grad_(True)
+    return model
+
+
+def _resume_arg(recipe: Recipe):
+    value = getattr(recipe.training_args, "resume_from_checkpoint", None)
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return value
+
+
+def _finish(trainer, recipe: Recipe, tokenizer) -> Path:
+    """Save model, tokenizer, resolved recipe and trainer_state.json (log history) into output_dir."""
+    out = Path(recipe.training_args.output_dir)
+    if recipe.trainer == "ppo":
+        # TRL 1.12's PPOTrainer.save_model looks for `.policy` on the DDP-wrapped model, misses it and tries to save
+        # policy + value model together (shared-tensor error). Hand it the unwrapped model.
+        # It also skips Trainer.__init__, so transformers 5's `_save` misses an attribute on ranks > 0.
+        if not hasattr(trainer, "is_distributed_loading_by_transformers"):
+            trainer.is_distributed_loading_by_transformers = False
+        wrapped = trainer.model
+        trainer.model = trainer.accelerator.unwrap_model(wrapped)
+        try:
+            trainer.save_model(str(out))
+        finally:
+            trainer.model = wrapped
+    else:
+        trainer.save_model(str(out))
+    if trainer.accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        tokenizer.save_pretrained(str(out))
+        (out / RECIPE_FILENAME).write_text(recipe.to_yaml())
+        trainer.state.save_to_json(str(out / "trainer_state.json"))
+    trainer.accelerator.wait_for_everyone()
+    if "wandb" in (recipe.training_args.report_to or []):
+        import wandb
+
+        if wandb.run is not None:  # HF's callback leaves the run open: close it so its files are complete
+            wandb.finish()
+    return out
+
+
+def train_reward(recipe: Recipe):
+    """Train a reward model (``trl_ext.RewardTrainer``) from a resolved recipe; returns the trainer."""
+    from trl_ext import RewardTrainer
+
+    train_ds, eval_ds = open_datasets(recipe)
+    model_args = _with_path(recipe.model_args, recipe.model_args.model_name_or_path)
+    tokenizer = load_tokenizer(model_args)
+    model = load_scalar_model(model_args, reinit_head=recipe.pipeline.reinit_score_head, tokenizer=tokenizer)
+    trainer = RewardTrainer(model=model, args=recipe.training_args, train_dataset=train_ds, eval_dataset=eval_ds,
+                            processing_class=tokenizer)
+    trainer.train(resume_from_checkpoint=_resume_arg(recipe))
+    _finish(trainer, recipe, tokenizer)
+    return trainer
+
+
+def train_dpo(recipe: Recipe):
+    """Train a policy with DPO (``trl_ext.DPOTrainer``) from a resolved recipe; returns the trainer.
+
+    With LoRA the reference is the policy with its adapter disabled; otherwise TRL loads a frozen copy.
+    """
+    from trl_ext import DPOTrainer
+
+    train_ds, eval_ds = open_datasets(recipe)
+    model_args = _with_path(recipe.model_args, recipe.model_args.model_name_or_path)
+    tokenizer = load_tokenizer(model_args)
+    model = load_policy(model_args, tokenizer=tokenizer)
+    trainer = DPOTrainer(model=model, ref_model=None, args=recipe.training_args, train_dataset=train_ds,
+                         eval_dataset=eval_ds, processing_class=tokenizer)
+    trainer.train(resume_from_checkpoint=_resume_arg(recipe))
+    _finish(trainer, recipe, tokenizer)
+    return trainer
+
+
+def train_ppo(recipe: Recipe):
+    """Train a policy with PPO (``trl_ext.PPOTrainer``) from a resolved recipe; returns the trainer.
+
+    Policy from ``model_name_or_path`` (reference: adapter disabled with LoRA, else a frozen copy), reward model
+    from ``reward_model_path``, value model from ``value_model_path`` (default: the reward model), each with its own
+    ``reward_*``/``value_*`` quantization and LoRA keys. Prompts come from the ``prompt`` column, tokenized as in
+    TRL's PPO example; the eval split (if the dataset has one) feeds TRL's sample generations.
+    """
+    from trl_ext import PPOTrainer
+
+    s, args = recipe.script_args, recipe.training_args
+    train_ds, _ = open_datasets(recipe)
+    eval_ds = None
+    if args.num_sample_generations > 0:
+        try:
+            eval_ds = open_split(s.dataset_name, s.dataset_test_split, config=s.dataset_config,
+                                 split_key="dataset_test_split")
+            check_columns(eval_ds, "ppo", name=s.dataset_name, split=s.dataset_test_split)
+        except UserInputError as err:
+            if "has no split" not in str(err):
+                raise
+    ptx = open_ptx_dataset(recipe)
+
+    model_args = _with_path(recipe.model_args, recipe.model_args.model_name_or_path)
+    tokenizer = load_tokenizer(model_args)
+    tokenizer.padding_side = "left"  # generation needs left padding (as TRL's PPO example)
+    train_ds = tokenize_prompts(train_ds, tokenizer, num_proc=args.dataset_num_proc)
+    if eval_ds is not None:
+        eval_ds = tokenize_prompts(eval_ds, tokenizer, num_proc=args.dataset_num_proc)
+
+    policy = load_policy(model_args, tokenizer=tokenizer)
+    reward_args = _with_path(recipe.reward_model_args, recipe.reward_model_args.model_name_or_path)
+    reward_model = load_scalar_checkpoint(reward_args, trainable=False, tokenizer=tokenizer)
+    reward_model.eval()
+    for p in reward_model.parameters():
+        p.requires_grad_(False)
+    value_args = _with_path(recipe.value_model_args, recipe.value_model_args.model_name_or_path)
+    value_model = load_scalar_checkpoint(value_args, trainable=True, tokenizer=tokenizer,
+                                         reinit_head=recipe.pipeline.value_reinit_score_head)
+
+    kwargs = {}
+    if ptx is not None:
+        if "ptx_dataset" not in inspect.signature(PPOTrainer.__init__).parameters:
+            raise UserInputError("ptx_dataset_name: this trl_ext.PPOTrainer has no PPO-ptx support")
+        kwargs["ptx_dataset"] = ptx
+    trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=None,
+                         reward_model=reward_model, value_model=value_model, train_dataset=train_ds,
+                         eval_dataset=eval_ds, **kwargs)
+    resume = _resume_arg(recipe)
+    if resume and "resume_from_checkpoint" in inspect.signature(trainer.train).parameters:
+        trainer.train(resume_from_checkpoint=resume)
+    elif resume:
+        raise UserInputError("resume_from_checkpoint: this trl_ext.PPOTrainer cannot resume yet")
+    else:
+        trainer.train()
+    _finish(trainer, recipe, tokenizer)
+    return trainer
+
+
+TRAIN_FUNCTIONS = {"reward": train_reward, "dpo": train_dpo, "ppo": train_ppo}
+
+
+def run(recipe: Recipe):
+    """Train what ``recipe`` describes; returns the trainer (its ``state.log_history`` holds the metrics)."""
+    from accelerate import PartialState
+
+    apply_environment(recipe)
+    # Every process has validated the recipe (output_dir included) before any of them writes anything.
+    PartialState().wait_for_everyone()
+    return TRAIN_FUNCTIONS[recipe.trainer](recipe)

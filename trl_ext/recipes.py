@@ -1,0 +1,491 @@
+"""YAML recipes: load, merge command-line overrides, validate, resolve into TRL/trl-ext dataclasses.
+
+A recipe is a flat YAML mapping in TRL's ``--config`` convention. Its keys are the fields of
+
+* TRL's :class:`~trl.ScriptArguments` (``dataset_name``, ``dataset_train_split``, ...),
+* TRL's :class:`~trl.ModelConfig` (``model_name_or_path``, ``dtype``, ``load_in_4bit``, ``use_peft``, ``lora_r``, ...),
+* the chosen trainer's config (:class:`trl_ext.RewardConfig`, :class:`trl_ext.DPOConfig` or
+  :class:`trl_ext.PPOConfig`; every field, including ones added later, is accepted automatically),
+* :class:`PipelineArguments` (``trainer`` and the few keys the pipeline needs beyond those), and, for PPO,
+  ``reward_<ModelConfig field>`` / ``value_<ModelConfig field>`` (quantization and LoRA of the reward and value
+  models, e.g. ``value_load_in_4bit: true``, ``value_use_peft: true``).
+
+The special key ``env`` (a mapping) sets environment variables, as in TRL's ``--config`` files.
+
+Every problem the user can fix raises :class:`~trl_ext.errors.UserInputError` with one line naming the key, before
+any model or dataset is loaded and before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from .errors import UserInputError
+
+TRAINERS = ("reward", "dpo", "ppo")
+RECIPE_FILENAME = "trl_ext_recipe.yaml"
+TINY_SCHEME = "tiny://"
+TINY_NAMES = ("tokenizer", "policy", "reward")
+
+# Keys of TRL's ModelConfig that the reward and value models inherit from the policy when not set with a prefix.
+INHERITED_MODEL_KEYS = ("model_revision", "dtype", "attn_implementation")
+# Trainer-config fields that trl-ext's pipeline does not use (it loads the policy from ``model_name_or_path``).
+UNSUPPORTED_KEYS = {"sft_model_path": "set model_name_or_path to the policy (SFT) checkpoint instead"}
+# Keys whose value, when it looks like a local path, must exist.
+PATH_KEYS = (
+    "model_name_or_path", "dataset_name", "reward_model_path", "value_model_path", "ptx_dataset_name",
+    "chat_template_path", "deepspeed",
+)
+
+
+@dataclass
+class PipelineArguments:
+    """Recipe keys of the trl-ext pipeline beyond TRL's ScriptArguments, ModelConfig and the trainer config.
+
+    Parameters:
+        trainer (`str`):
+            Which trainer to run: `"reward"`, `"dpo"` or `"ppo"`.
+        overwrite_output_dir (`bool`, *optional*, defaults to `False`):
+            Train into an existing non-empty `output_dir`. Without it such a run is refused.
+        reinit_score_head (`bool`, *optional*, defaults to `False`):
+            Reward training: start from a fresh one-output score head even if the checkpoint has a head with more
+            outputs (passed to `trl_ext.models.load_scalar_model(reinit_head=...)`).
+        value_model_path (`str`, *optional*):
+            PPO: checkpoint of the value model. Defaults to `reward_model_path`.
+        value_reinit_score_head (`bool`, *optional*, defaults to `False`):
+            PPO: as `reinit_score_head`, for the value model.
+        ptx_dataset_name (`str`, *optional*):
+            PPO-ptx: hub name, local file or `save_to_disk` directory of the pretraining-mix text.
+        ptx_dataset_config (`str`, *optional*):
+            PPO-ptx: dataset configuration name.
+        ptx_dataset_split (`str`, *optional*, defaults to `"train"`):
+            PPO-ptx: split to use.
+        ptx_text_column (`str`, *optional*, defaults to `"text"`):
+            PPO-ptx: column holding the plain text (a tokenized `input_ids` column is used as is).
+        wandb_project (`str`, *optional*):
+            Weights & Biases project (sets `WANDB_PROJECT`); used with `report_to: wandb`.
+        wandb_entity (`str`, *optional*):
+            Weights & Biases entity (sets `WANDB_ENTITY`).
+        wandb_group (`str`, *optional*):
+            Weights & Biases run group (sets `WANDB_RUN_GROUP`).
+        wandb_tags (`list[str]`, *optional*):
+            Weights & Biases run tags (sets `WANDB_TAGS`).
+    """
+
+    trainer: str = field(default=None, metadata={"help": "Trainer to run.", "choices": list(TRAINERS)})
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "Train into an existing non-empty output_dir."}
+    )
+    reinit_score_head: bool = field(
+        default=False, metadata={"help": "Reward training: re-initialise the score head with one output."}
+    )
+    value_model_path: Optional[str] = field(
+        default=None, metadata={"help": "PPO: value model checkpoint (defaults to reward_model_path)."}
+    )
+    value_reinit_score_head: bool = field(
+        default=False, metadata={"help": "PPO: re-initialise the value model's score head with one output."}
+    )
+    ptx_dataset_name: Optional[str] = field(default=None, metadata={"help": "PPO-ptx: pretraining-mix dataset."})
+    ptx_dataset_config: Optional[str] = field(default=None, metadata={"help": "PPO-ptx: dataset config name."})
+    ptx_dataset_split: str = field(default="train", metadata={"help": "PPO-ptx: dataset split."})
+    ptx_text_column: str = field(default="text", metadata={"help": "PPO-ptx: text column."})
+    wandb_project: Optional[str] = field(default=None, metadata={"help": "W&B project (WANDB_PROJECT)."})
+    wandb_entity: Optional[str] = field(default=None, metadata={"help": "W&B entity (WANDB_ENTITY)."})
+    wandb_group: Optional[str] = field(default=None, metadata={"help": "W&B run group (WANDB_RUN_GROUP)."})
+    wandb_tags: Optional[list[str]] = field(default=None, metadata={"help": "W&B run tags (WANDB_TAGS)."})
+
+
+@dataclass
+class Recipe:
+    """A validated, resolved recipe.
+
+    Attributes:
+        path: the YAML file it came from.
+        trainer: `"reward"`, `"dpo"` or `"ppo"`.
+        script_args: TRL `ScriptArguments` (dataset keys).
+        model_args: TRL `ModelConfig` of the trained model (the policy for DPO/PPO, the reward model for reward).
+        training_args: the trainer's config (`trl_ext.RewardConfig`, `DPOConfig` or `PPOConfig`).
+        pipeline: :class:`PipelineArguments`.
+        reward_model_args / value_model_args: PPO only, `ModelConfig`s of the reward and value models.
+        explicit: the keys the recipe and the command line set, with their resolved values.
+        notes: remarks for the user (printed by `trl-ext check`).
+        env: the recipe's `env` mapping (environment variables).
+    """
+
+    path: Path
+    trainer: str
+    script_args: Any
+    model_args: Any
+    training_args: Any
+    pipeline: PipelineArguments
+    reward_model_args: Any = None
+    value_model_args: Any = None
+    explicit: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+    env: dict = field(default_factory=dict)
+
+    def to_yaml(self) -> str:
+        """The resolved recipe as YAML: `trl-ext train` accepts it again."""
+        import yaml
+
+        return yaml.safe_dump(self.explicit, sort_keys=False, default_flow_style=None)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reading the YAML file and the command-line overrides
+
+
+def read_recipe_file(path: str | os.PathLike) -> dict:
+    """Read a recipe file into a dict (one-line errors for a missing file, bad YAML, or a non-mapping)."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserInputError(f"recipe file '{path}' does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or "invalid YAML"
+        raise UserInputError(f"recipe file '{path}': {problem}{where}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UserInputError(f"recipe file '{path}' must hold a mapping of `key: value` lines")
+    return data
+
+
+def parse_overrides(tokens: list[str]) -> dict[str, Any]:
+    """Turn ``["--key", "value", "--k2=v", "--flag", "--lst", "a", "b"]`` into a dict of raw values.
+
+    Values stay strings (typed later, as if written on TRL's command line); a key followed by no value means
+    ``true``; several values make a list.
+    """
+    out: dict[str, Any] = {}
+    key = None
+    for tok in tokens:
+        if tok.startswith("--") and len(tok) > 2:
+            name, eq, value = tok[2:].partition("=")
+            name = name.replace("-", "_")
+            key = name
+            out[key] = [value] if eq else []
+        elif key is None:
+            raise UserInputError(f"unexpected argument '{tok}': overrides are `--key value` pairs")
+        else:
+            out[key].append(tok)
+    return {k: (True if not v else v[0] if len(v) == 1 else v) for k, v in out.items()}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Dataclasses of each trainer
+
+
+def trainer_config_class(trainer: str):
+    """The trl-ext config class of a trainer kind."""
+    import trl_ext
+
+    return {"reward": trl_ext.RewardConfig, "dpo": trl_ext.DPOConfig, "ppo": trl_ext.PPOConfig}[trainer]
+
+
+def _prefixed_model_class(prefix: str):
+    """A dataclass with the fields of TRL's ModelConfig (but the model path) renamed ``<prefix>_<field>``.
+
+    Every field defaults to None: "not set" (the model then uses ModelConfig's default, or the policy's value for
+    :data:`INHERITED_MODEL_KEYS`).
+    """
+    from trl import ModelConfig
+
+    fields = []
+    for f in dataclasses.fields(ModelConfig):
+        if f.name == "model_name_or_path":
+            continue
+        typ = f.type if "None" in str(f.type) or "Optional" in str(f.type) else Optional[f.type]
+        help_ = f"{prefix.capitalize()} model: " + f.metadata.get("help", f.name)
+        meta = {"help": help_, **({"choices": f.metadata["choices"]} if "choices" in f.metadata else {})}
+        fields.append((f"{prefix}_{f.name}", typ, field(default=None, metadata=meta)))
+    return dataclasses.make_dataclass(f"{prefix.capitalize()}ModelArguments", fields)
+
+
+class _RecipeArgumentParser:
+    """An HfArgumentParser over the recipe's dataclasses whose errors are one-line UserInputErrors."""
+
+    def __new__(cls, dataclass_types):
+        from transformers import HfArgumentParser
+
+        class Parser(HfArgumentParser):
+            def error(self, message):  # argparse calls this on bad types and choices
+                message = re.sub(r"argument --(\w+)(/--[\w-]+)*", r"key '\1'", message)
+                raise UserInputError(f"recipe: {message}")
+
+        return Parser(dataclass_types, allow_abbrev=False)
+
+
+def _dataclass_types(trainer: str) -> list:
+    from trl import ModelConfig, ScriptArguments
+
+    types = [ScriptArguments, ModelConfig, trainer_config_class(trainer), PipelineArguments]
+    if trainer == "ppo":
+        types += [_prefixed_model_class("reward"), _prefixed_model_class("value")]
+    return types
+
+
+def valid_keys(trainer: str) -> list[str]:
+    """All keys a recipe for ``trainer`` may hold."""
+    parser = _RecipeArgumentParser(_dataclass_types(trainer))
+    return sorted(a.dest for a in parser._actions if a.dest != "help") + ["env"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Resolution
+
+
+def _to_argv(key: str, value: Any, action) -> list[str]:
+    if isinstance(value, (list, tuple)):
+        if action.nargs not in ("+", "*"):
+            raise UserInputError(f"recipe: key '{key}' takes one value, got a list {list(value)}")
+        return [f"--{key}", *(_scalar_str(key, v) for v in value)]
+    if isinstance(value, dict):
+        return [f"--{key}", json.dumps(value)]
+    return [f"--{key}", _scalar_str(key, value)]
+
+
+def _scalar_str(key: str, value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        raise UserInputError(f"recipe: key '{key}' got a nested value {value!r}; give plain values")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _plain(value: Any) -> Any:
+    """A YAML-safe copy of a resolved value."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def looks_local(value: str) -> bool:
+    """Whether a model/dataset name is meant as a local path (a hub id is ``name`` or ``org/name``)."""
+    if value.startswith(TINY_SCHEME):
+        return False
+    if os.path.exists(value) or value.startswith(("/", "./", "../", "~", ".")):
+        return True
+    return value.count("/") > 1 or Path(value).suffix.lower() in (".json", ".jsonl", ".csv", ".parquet", ".yaml")
+
+
+def _check_path(key: str, value: Optional[str]) -> None:
+    if not value:
+        return
+    if value.startswith(TINY_SCHEME):
+        name = value[len(TINY_SCHEME):]
+        if name not in TINY_NAMES:
+            raise UserInputError(
+                f"recipe: key '{key}': unknown tiny model '{value}' (use one of "
+                + ", ".join(TINY_SCHEME + n for n in TINY_NAMES) + ")"
+            )
+        return
+    if looks_local(value) and not os.path.exists(os.path.expanduser(value)):
+        hint = " (train it first with its reward recipe)" if key in ("reward_model_path", "value_model_path") else ""
+        raise UserInputError(f"recipe: key '{key}': local path '{value}' does not exist{hint}")
+
+
+def resolve_recipe(
+    path: str | os.PathLike, overrides: list[str] | dict | None = None, *, for_check: bool = False
+) -> Recipe:
+    """Load a recipe, apply command-line overrides and validate everything that can be checked without loading.
+
+    Args:
+        path: the YAML recipe.
+        overrides: ``["--key", "value", ...]`` from the command line (or an already parsed dict).
+        for_check: `trl-ext check` mode: a precision this machine cannot run (bf16/fp16 without a GPU) is noted
+            instead of refused, so GPU recipes can be checked on a laptop.
+
+    Raises:
+        UserInputError: one line naming the culprit key.
+    """
+    raw = read_recipe_file(path)
+    cli = overrides if isinstance(overrides, dict) else parse_overrides(list(overrides or []))
+    merged = {**raw, **cli}
+
+    env = merged.pop("env", None) or {}
+    if not isinstance(env, dict):
+        raise UserInputError("recipe: key 'env' must be a mapping of environment variables")
+    if not for_check:  # as TRL's --config: before the configs are built (e.g. CUDA_VISIBLE_DEVICES)
+        for k, v in env.items():
+            os.environ[str(k)] = str(v)
+
+    trainer = merged.get("trainer")
+    if trainer is None:
+        raise UserInputError(f"recipe: missing key 'trainer' (one of {', '.join(TRAINERS)})")
+    if trainer not in TRAINERS:
+        raise UserInputError(f"recipe: key 'trainer': invalid choice '{trainer}' (choose from {', '.join(TRAINERS)})")
+
+    types = _dataclass_types(trainer)
+    parser = _RecipeArgumentParser(types)
+    actions = {a.dest: a for a in parser._actions if a.dest != "help"}
+
+    for key in merged:
+        if key in UNSUPPORTED_KEYS:
+            raise UserInputError(f"recipe: key '{key}' is not used by trl-ext: {UNSUPPORTED_KEYS[key]}")
+        if key not in actions:
+            close = difflib.get_close_matches(key, list(actions) + ["env"], n=1, cutoff=0.6)
+            hint = f" (did you mean '{close[0]}'?)" if close else f" (not a key of a {trainer} recipe)"
+            raise UserInputError(f"recipe: unknown key '{key}'{hint}")
+
+    def given(key, default=None):
+        return merged.get(key, default)
+
+    def truthy(key):
+        v = merged.get(key)
+        return v is True or (isinstance(v, str) and v.lower() in ("true", "yes", "1", "t", "y"))
+
+    # Checks on raw values that TRL's own messages would not name clearly.
+    for prefix in ("", "reward_", "value_"):
+        if truthy(f"{prefix}load_in_4bit") and truthy(f"{prefix}load_in_8bit"):
+            raise UserInputError(
+                f"recipe: keys '{prefix}load_in_4bit' and '{prefix}load_in_8bit' are both true; choose one"
+            )
+    for key in ("model_name_or_path", "output_dir"):
+        if given(key) in (None, ""):
+            raise UserInputError(f"recipe: missing key '{key}'")
+    if trainer in ("reward", "dpo") and given("dataset_name") in (None, ""):
+        raise UserInputError("recipe: missing key 'dataset_name' (hub name, local file or save_to_disk directory)")
+    if trainer == "ppo":
+        if given("dataset_name") in (None, ""):
+            raise UserInputError("recipe: missing key 'dataset_name' (prompts for PPO)")
+        if truthy("dataset_streaming"):
+            raise UserInputError("recipe: key 'dataset_streaming' is not supported by PPO (it needs the prompt count)")
+        if given("reward_model_path") in (None, ""):
+            raise UserInputError("recipe: missing key 'reward_model_path' (the reward model PPO optimises)")
+
+    # Type and choice checks: as TRL's CLI would parse them, with one-line errors.
+    argv: list[str] = []
+    for key, value in merged.items():
+        if value is None:
+            parser.set_defaults(**{key: None})
+        elif value is True and key in cli and actions[key].nargs == "?":
+            argv.append(f"--{key}")
+        else:
+            argv += _to_argv(key, value, actions[key])
+
+    notes: list[str] = []
+    try:
+        parsed = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+    except UserInputError:
+        raise
+    except ValueError as err:
+        msg = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+        precision = any(k in msg for k in ("bf16", "fp16", "gpu", "GPU"))
+        if not (for_check and precision):
+            raise UserInputError(f"recipe: {msg}") from None
+        # `check` on a machine without a GPU: validate the rest with fp32 and say so.
+        notes.append(f"this machine cannot run the recipe's precision ({msg}); checked the rest with fp32")
+        argv += ["--bf16", "false", "--fp16", "false"]
+        try:
+            parsed = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+        except ValueError as err2:
+            raise UserInputError(f"recipe: {str(err2).strip().splitlines()[0]}") from None
+
+    script_args, model_args, training_args, pipeline = parsed[:4]
+
+    # Local paths must exist (hub names are checked when loaded).
+    for key in PATH_KEYS:
+        owner = next((o for o in parsed[:4] if key in {f.name for f in dataclasses.fields(o)}), None)
+        value = getattr(owner, key, None)
+        if isinstance(value, str):
+            _check_path(key, value)
+    resume = getattr(training_args, "resume_from_checkpoint", None)
+    if isinstance(resume, str) and resume.lower() not in ("true", "false"):
+        _check_path("resume_from_checkpoint", resume)
+
+    reward_args = value_args = None
+    if trainer == "ppo":
+        reward_args = _model_config_from_prefix(parsed[4], "reward", model_args, training_args.reward_model_path)
+        value_path = pipeline.value_model_path or training_args.reward_model_path
+        value_args = _model_config_from_prefix(parsed[5], "value", model_args, value_path)
+        _check_ptx(training_args, pipeline)
+    elif any(getattr(pipeline, k) not in (None, f.default) for k, f in _PPO_ONLY.items()):
+        bad = next(k for k, f in _PPO_ONLY.items() if getattr(pipeline, k) not in (None, f.default))
+        raise UserInputError(f"recipe: key '{bad}' is for PPO recipes only (this recipe has trainer: {trainer})")
+    if trainer == "reward" and "lora_task_type" not in merged:
+        model_args.lora_task_type = "SEQ_CLS"  # the reward model is a sequence classifier
+
+    # The output directory: never overwrite a non-empty one unless asked (or resuming into it).
+    out = Path(training_args.output_dir)
+    if out.is_dir() and any(out.iterdir()) and not pipeline.overwrite_output_dir and not resume:
+        raise UserInputError(
+            f"recipe: output_dir '{out}' exists and is not empty; set overwrite_output_dir: true or choose another"
+        )
+
+    explicit = {"trainer": trainer}
+    objs = list(parsed)
+    for key in merged:
+        if key == "trainer":
+            continue
+        owner = next(o for o in objs if key in {f.name for f in dataclasses.fields(o)})
+        value = _plain(getattr(owner, key))
+        # Keep what the user wrote where TRL normalised it to something that would not parse back ([] for
+        # `report_to: none`), and where `check` relaxed a GPU-only precision.
+        explicit[key] = merged[key] if value == [] or (notes and key in ("bf16", "fp16")) else value
+    if env:
+        explicit["env"] = {str(k): str(v) for k, v in env.items()}
+
+    recipe = Recipe(
+        path=Path(path), trainer=trainer, script_args=script_args, model_args=model_args,
+        training_args=training_args, pipeline=pipeline, reward_model_args=reward_args,
+        value_model_args=value_args, explicit=explicit, notes=notes, env={str(k): str(v) for k, v in env.items()},
+    )
+    return recipe
+
+
+_PPO_ONLY = {
+    f.name: f for f in dataclasses.fields(PipelineArguments)
+    if f.name.startswith(("value_", "ptx_"))
+}
+
+
+def _model_config_from_prefix(prefixed, prefix: str, policy_args, path: Optional[str]):
+    """A ModelConfig for the reward or value model from its ``<prefix>_*`` keys (see :data:`INHERITED_MODEL_KEYS`)."""
+    from trl import ModelConfig
+
+    kwargs = {"model_name_or_path": path, "lora_task_type": "SEQ_CLS"}
+    for key in INHERITED_MODEL_KEYS + ("trust_remote_code",):
+        if hasattr(policy_args, key):
+            kwargs[key] = getattr(policy_args, key)
+    for f in dataclasses.fields(prefixed):
+        value = getattr(prefixed, f.name)
+        if value is not None:
+            kwargs[f.name[len(prefix) + 1:]] = value
+    try:
+        return ModelConfig(**kwargs)
+    except ValueError as err:
+        raise UserInputError(f"recipe: {prefix} model: {str(err).splitlines()[0]}") from None
+
+
+def _check_ptx(training_args, pipeline: PipelineArguments) -> None:
+    coef = getattr(training_args, "ptx_coef", None)
+    if pipeline.ptx_dataset_name and coef is None:
+        raise UserInputError(
+            "recipe: key 'ptx_dataset_name' needs trl_ext.PPOConfig's ptx_coef (PPO-ptx), which this install lacks"
+        )
+    if coef and coef > 0 and not pipeline.ptx_dataset_name:
+        raise UserInputError("recipe: key 'ptx_coef' > 0 needs 'ptx_dataset_name' (the pretraining-mix text)")
+    if pipeline.ptx_dataset_name and not coef:
+        raise UserInputError("recipe: key 'ptx_dataset_name' is set but 'ptx_coef' is 0; set ptx_coef > 0")
+    if pipeline.ptx_dataset_name:
+        _check_path("ptx_dataset_name", pipeline.ptx_dataset_name)
