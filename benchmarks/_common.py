@@ -164,6 +164,42 @@ def rss_mb() -> float:
     return _status_kb("VmRSS") / 1024
 
 
+def rss_parts_mb() -> dict:
+    """Current RSS split into anonymous memory (heap, tensors) and file-backed pages (mapped libraries and
+    checkpoints: transformers maps safetensors files, and fp32 weights may stay backed by them), MiB."""
+    return {"anon": _status_kb("RssAnon") / 1024, "file": _status_kb("RssFile") / 1024}
+
+
+class AnonPeakSampler:
+    """Peak anonymous RSS (heap and tensors, not mapped files) while the `with` block runs, sampled from
+    /proc/self/status every `interval` seconds by a background thread (the kernel keeps no peak of it; spikes
+    shorter than the interval can be missed). `peak_mb` after the block."""
+
+    def __init__(self, interval: float = 0.005):
+        self.interval = interval
+        self.peak_mb = 0.0
+
+    def __enter__(self):
+        import threading
+
+        self._stop = threading.Event()
+        self.peak_mb = rss_parts_mb()["anon"]
+
+        def sample():
+            while not self._stop.is_set():
+                self.peak_mb = max(self.peak_mb, rss_parts_mb()["anon"])
+                self._stop.wait(self.interval)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak_mb = max(self.peak_mb, rss_parts_mb()["anon"])
+
+
 def peak_rss_mb() -> float:
     """Peak resident set size (VmHWM) of this process since it started or since :func:`reset_peak_rss` (MiB)."""
     return _status_kb("VmHWM") / 1024
@@ -180,6 +216,19 @@ def reset_peak_rss() -> bool:
         return True
     except OSError:
         return False
+
+
+def trim_heap() -> None:
+    """Hand the C heap's free memory back to the OS (glibc `malloc_trim(0)`), so that RSS measures live memory rather
+    than what earlier, freed allocations (e.g. a checkpoint read while loading) left behind. No-op elsewhere."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _status_kb(key: str) -> int:

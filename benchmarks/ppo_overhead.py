@@ -64,7 +64,7 @@ LABELS = {
 
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="3 repeats of 3 updates, no memory children")
+    p.add_argument("--quick", action="store_true", help="3 repeats of 4 updates, no memory children")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--updates", type=int, default=6, help="PPO updates per run (the first is not timed)")
     p.add_argument("--batch", type=int, default=8, help="episodes per update")
