@@ -33,6 +33,7 @@ Prints a table and writes benchmarks/results/quantization_memory.json.
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import tempfile
 import time
@@ -61,7 +62,7 @@ VARIANTS = {
     "8-bit LoRA": ({"dtype": "float32", "use_peft": True, "load_in_8bit": True}, "adapters off"),
     "4-bit nf4 LoRA": ({"dtype": "float32", "use_peft": True, "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"},
                        "adapters off"),
-    "fp32 LoRA, full ref copy": ({"dtype": "float32", "use_peft": True}, "full copy"),
+    "fp32 LoRA, full ref copy": ({"dtype": "float32", "use_peft": True}, "full copy"),  # as create_reference_model
     "fp32 full fine-tuning": ({"dtype": "float32"}, "full copy"),
 }
 
@@ -116,7 +117,9 @@ def child(a):
     trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     ref = None
     if reference == "full copy" and fields.get("use_peft"):
-        ref = AutoModelForCausalLM.from_pretrained(root / "policy", dtype=torch.float32)
+        # A copy in its own memory, as TRL's create_reference_model makes (a second zero-copy load of the same
+        # checkpoint would share the policy's page cache on CPU, which no GPU setup does).
+        ref = copy.deepcopy(AutoModelForCausalLM.from_pretrained(root / "policy", dtype=torch.float32))
     value = AutoModelForSequenceClassification.from_pretrained(root / "scalar")
     reward = AutoModelForSequenceClassification.from_pretrained(root / "scalar")
     config = config_kwargs(batch=2, response_length=8, updates=a.updates, micro_batch=2, mini_batches=1)
@@ -152,25 +155,32 @@ def child(a):
 
 
 def mapped_checkpoint_bytes(models) -> int:
-    """Bytes of the models' tensors that live in a mapped *.safetensors file (zero-copy loading), not in anonymous
-    memory: /proc/self/maps gives the mappings, each storage counted once."""
-    ranges = []
+    """Bytes of the models' frozen tensors that live in a mapped *.safetensors file (zero-copy loading) rather than
+    in anonymous memory. Each file page range is counted once (two models mapping the same checkpoint share its page
+    cache); trainable tensors are left out (the optimizer's writes copy their pages into anonymous memory)."""
+    maps = []
     with open("/proc/self/maps") as f:
         for line in f:
-            if line.rstrip().endswith(".safetensors"):
-                lo, hi = line.split()[0].split("-")
-                ranges.append((int(lo, 16), int(hi, 16)))
+            fields = line.split()
+            if len(fields) >= 6 and fields[-1].endswith(".safetensors"):
+                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                maps.append((lo, hi, int(fields[2], 16), fields[-1]))
     seen, total = set(), 0
     for model in models:
         if model is None:
             continue
         for tensor in list(model.parameters()) + list(model.buffers()):
+            if tensor.requires_grad:
+                continue
             storage = tensor.untyped_storage()
             ptr = storage.data_ptr()
-            if ptr in seen or not any(lo <= ptr < hi for lo, hi in ranges):
-                continue
-            seen.add(ptr)
-            total += storage.nbytes()
+            for lo, hi, offset, path in maps:
+                if lo <= ptr < hi:
+                    key = (path, ptr - lo + offset)
+                    if key not in seen:
+                        seen.add(key)
+                        total += storage.nbytes()
+                    break
     return total
 
 
