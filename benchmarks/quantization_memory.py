@@ -24,6 +24,10 @@ response 8, 4 PPO epochs). Measured per variant:
 Peak RSS: `getrusage` maxima only grow, so the child resets VmHWM (/proc/self/clear_refs) at each stage, after
 handing freed heap memory back to the OS (glibc malloc_trim), so that RSS reads live memory.
 
+Anonymous memory also holds freed heap that glibc keeps: its mmap threshold rises after large frees, so the
+per-matmul dequantization buffers of CPU bitsandbytes end up reused heap rather than returned mappings. Run with
+`MALLOC_MMAP_THRESHOLD_=131072` (a fixed threshold; children inherit it) to see live memory instead.
+
     python benchmarks/quantization_memory.py              # about 3-4 minutes on 2 busy CPU cores
     python benchmarks/quantization_memory.py --quick      # smaller policy (hidden 512, 6 layers), 1 update
 
