@@ -19,8 +19,8 @@ objects alive after setup to the permanent generation (gc.freeze(); `--no-gc-fre
 Memory: each configuration runs once more in a fresh child process (`--child`), where the peak RSS (VmHWM) is reset
 right before train() and read after it; reported: that train-time peak growth and the process's whole peak.
 
-    python benchmarks/ppo_overhead.py            # about 2-3 minutes on 2 busy CPU cores
-    python benchmarks/ppo_overhead.py --quick    # under a minute: 3 repeats of 4 updates, no memory children
+    python benchmarks/ppo_overhead.py            # about 75 s on 2 busy CPU cores
+    python benchmarks/ppo_overhead.py --quick    # about 20 s: 3 repeats of 4 updates, no memory children
 
 Prints a table and writes benchmarks/results/ppo_overhead.json.
 """

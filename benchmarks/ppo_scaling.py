@@ -9,8 +9,8 @@ each trains `--updates` updates and the first is left out. Per update the traine
 logging, callbacks, the garbage collector). Growth = median over repeats of t(setting) / t(base) within a repeat;
 linear growth reads 2 and 4, the exponent is log2(growth 4x) / 2 (1 = linear, 0 = constant).
 
-    python benchmarks/ppo_scaling.py             # about 2 minutes on 2 busy CPU cores
-    python benchmarks/ppo_scaling.py --quick     # about 1 minute: 2 repeats of 3 updates
+    python benchmarks/ppo_scaling.py             # about 75 s on 2 busy CPU cores
+    python benchmarks/ppo_scaling.py --quick     # about 30 s: 2 repeats of 3 updates
 
 Prints a table and writes benchmarks/results/ppo_scaling.json.
 """

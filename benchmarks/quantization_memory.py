@@ -28,8 +28,8 @@ Anonymous memory also holds freed heap that glibc keeps: its mmap threshold rise
 per-matmul dequantization buffers of CPU bitsandbytes end up reused heap rather than returned mappings. Run with
 `MALLOC_MMAP_THRESHOLD_=131072` (a fixed threshold; children inherit it) to see live memory instead.
 
-    python benchmarks/quantization_memory.py              # about 3-4 minutes on 2 busy CPU cores
-    python benchmarks/quantization_memory.py --quick      # smaller policy (hidden 512, 6 layers), 1 update
+    python benchmarks/quantization_memory.py              # 1-2 minutes on 2 busy CPU cores (6 children)
+    python benchmarks/quantization_memory.py --quick      # hidden 512, 6 layers, 1 update (~1 min: imports dominate)
 
 Prints a table and writes benchmarks/results/quantization_memory.json.
 """
