@@ -52,6 +52,9 @@ def ptx_texts(n: int = 64, seed: int = 3):
     return Dataset.from_dict({"text": tiny_corpus(n, seed=seed)})
 
 
+_OUTPUT_DIR = tempfile.TemporaryDirectory(prefix="ppo-bench-")  # one per process, removed at exit; nothing is saved
+
+
 def config_kwargs(*, batch: int, response_length: int, updates: int, micro_batch: int = 2, mini_batches: int = 2,
                   ppo_epochs: int = 4, **overrides) -> dict:
     """PPO settings: `batch` episodes per update (TRL: `per_device_train_batch_size * gradient_accumulation_steps`),
@@ -60,7 +63,7 @@ def config_kwargs(*, batch: int, response_length: int, updates: int, micro_batch
     if batch % (micro_batch * mini_batches):
         raise ValueError(f"batch {batch} must be a multiple of micro_batch * mini_batches")
     kwargs = dict(
-        output_dir=tempfile.mkdtemp(prefix="ppo-bench-"),
+        output_dir=_OUTPUT_DIR.name,
         use_cpu=True, bf16=False, report_to="none", disable_tqdm=True,
         per_device_train_batch_size=micro_batch,
         gradient_accumulation_steps=batch // micro_batch,
