@@ -15,9 +15,7 @@ Prints a table and writes benchmarks/results/ranked_reward.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -30,6 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main(argv=None):
@@ -122,13 +121,10 @@ def main(argv=None):
     for r in results:
         print(f"{r['K']:>3} {r['ranked_epoch_s']:>15.2f} {r['pairs_epoch_s']:>18.2f} {r['ratio_median']:>9.2f} "
               f"{r['limit']:>10} {100 * r['ratio_median'] / r['limit']:>10.0f}%")
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"argv": sys.argv[1:], "settings": vars(a), "torch": torch.__version__, "trl": trl.__version__,
-            "machine": platform.machine(), "cpus": os.cpu_count()}
-    out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-    print(f"wrote {out}")
+    # Same JSON convention as the other benchmarks: {"meta": machine, load, versions, commit, settings; "results"}.
+    from _common import write_result
 
+    write_result("ranked_reward", vars(a), results, out=a.out)
 
 if __name__ == "__main__":
     main()

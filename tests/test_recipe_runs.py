@@ -295,15 +295,6 @@ def test_two_process_cpu_run_through_accelerate(tiny_env, demo_reward, tmp_path,
     assert (out / "trainer_state.json").exists() and (out / "trl_ext_recipe.yaml").exists()
 
 
-def _has_ptx():
-    import dataclasses
-
-    import trl_ext
-
-    return "ptx_coef" in {f.name for f in dataclasses.fields(trl_ext.PPOConfig)}
-
-
-@pytest.mark.skipif(not _has_ptx(), reason="needs trl_ext.PPOConfig.ptx_coef (PPO-ptx, issue 3)")
 def test_ppo_recipe_with_ptx_dataset(demo_reward, tmp_path):
     ptx = tmp_path / "ptx.jsonl"
     ptx.write_text("".join(json.dumps({"sentence": f"the {w} is good and the sky is blue"}) + "\n"

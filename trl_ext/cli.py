@@ -13,6 +13,7 @@ update and the quantity.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from . import __version__
@@ -47,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
+    # bitsandbytes logs a warning at import on AVX512-BF16 CPUs (an optional hub kernel it cannot fetch). trl-ext
+    # avoids that code path for training anyway (trl_ext.quantization), so keep it out of the one-line errors.
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     try:
         return _run(args)
     except UserInputError as err:

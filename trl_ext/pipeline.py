@@ -16,10 +16,7 @@ from .data import check_columns, open_split, ptx_texts, tokenize_prompts
 from .errors import UserInputError
 from .recipes import RECIPE_FILENAME, TINY_SCHEME, Recipe
 
-try:  # issue 2's loaders
-    from .models import load_policy, load_scalar_model, load_tokenizer
-except ImportError:  # TEMPORARY: until trl_ext.models is merged (see _models_standin.py)
-    from ._models_standin import load_policy, load_scalar_model, load_tokenizer
+from .models import load_policy, load_scalar_model, load_tokenizer
 
 TINY_DIR_ENV = "TRL_EXT_TINY_DIR"
 
@@ -136,20 +133,7 @@ def _resume_arg(recipe: Recipe):
 def _finish(trainer, recipe: Recipe, tokenizer) -> Path:
     """Save model, tokenizer, resolved recipe and trainer_state.json (log history) into output_dir."""
     out = Path(recipe.training_args.output_dir)
-    if recipe.trainer == "ppo":
-        # TRL 1.12's PPOTrainer.save_model looks for `.policy` on the DDP-wrapped model, misses it and tries to save
-        # policy + value model together (shared-tensor error). Hand it the unwrapped model.
-        # It also skips Trainer.__init__, so transformers 5's `_save` misses an attribute on ranks > 0.
-        if not hasattr(trainer, "is_distributed_loading_by_transformers"):
-            trainer.is_distributed_loading_by_transformers = False
-        wrapped = trainer.model
-        trainer.model = trainer.accelerator.unwrap_model(wrapped)
-        try:
-            trainer.save_model(str(out))
-        finally:
-            trainer.model = wrapped
-    else:
-        trainer.save_model(str(out))
+    trainer.save_model(str(out))  # PPO: the policy only (adapter if LoRA), also under DDP
     if trainer.accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         tokenizer.save_pretrained(str(out))

@@ -203,6 +203,10 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
             if self.ref_adapter_name:
                 policy.set_adapter(self.model_adapter_name or "default")
 
+    # TRL's PPOTrainer skips transformers.Trainer.__init__, which sets this; transformers 5's `_save` reads it on
+    # ranks that do not save (crash under several processes without it).
+    is_distributed_loading_by_transformers = False
+
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
         """Save the policy only (TRL's behaviour), also when the model is wrapped in DistributedDataParallel."""
         backup = self.model

@@ -1,0 +1,285 @@
+"""Shared plumbing of the benchmark scripts: environment, machine description, alternating timed runs, peak RSS,
+child processes, tables and JSON results (written to benchmarks/results/, which git ignores).
+
+Not a test module and not part of the package: the scripts import it as a sibling (`from _common import ...`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+RESULTS = HERE / "results"
+
+
+def setup_env(threads: int = 1) -> None:
+    """Offline, quiet, repository on sys.path; torch limited to `threads` intra-op threads (set before use)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    import warnings
+
+    import torch
+    import transformers
+
+    torch.set_num_threads(threads)
+    transformers.logging.set_verbosity_error()
+    warnings.filterwarnings("ignore")
+
+
+# ---------------------------------------------------------------- machine and load
+
+
+def load_average() -> list[float]:
+    """1, 5 and 15 minute load averages (`uptime`), to read the timings against."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def machine_info() -> dict:
+    """What ran the benchmark: CPU, cores, memory, versions, commit, time and load."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = None
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal"):
+                mem_gib = round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    versions = {}
+    for name in ("torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes"):
+        try:
+            versions[name] = __import__(name).__version__
+        except Exception:  # noqa: BLE001 - a missing optional package is just not listed
+            pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                                check=False).stdout.strip()
+    except OSError:
+        commit = None
+    return {
+        "cpu": cpu, "cpus": os.cpu_count(), "memory_gib": mem_gib, "python": platform.python_version(),
+        "versions": versions, "commit": commit, "utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "load_average": load_average(),
+    }
+
+
+# ---------------------------------------------------------------- garbage collector
+
+
+def gc_collect_seconds() -> float:
+    """Time of one full `gc.collect()` in this process now (it grows with the number of live Python objects)."""
+    import gc
+
+    t = time.perf_counter()
+    gc.collect()
+    return time.perf_counter() - t
+
+
+def freeze_gc() -> dict:
+    """Move every object alive now (the ~500k objects of torch/transformers/TRL imports) to the collector's permanent
+    generation, so the `gc.collect()` that TRL's PPO loop runs twice per update scans only what training creates.
+    Changes no number. Returns one collection's time before and after, in seconds."""
+    import gc
+
+    before = gc_collect_seconds()
+    gc.freeze()
+    return {"gc_collect_s_before_freeze": before, "gc_collect_s_after_freeze": gc_collect_seconds()}
+
+
+class GcTimer:
+    """Within `with GcTimer() as t:`, every `gc.collect()` call (TRL's and trl_ext's PPO call it twice per update) is
+    timed; `t.seconds` is the total, `t.calls` the count."""
+
+    def __enter__(self):
+        import gc
+
+        self.seconds, self.calls, self._orig = 0.0, 0, gc.collect
+
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return self._orig(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t
+                self.calls += 1
+
+        gc.collect = timed
+        return self
+
+    def __exit__(self, *exc):
+        import gc
+
+        gc.collect = self._orig
+
+
+# ---------------------------------------------------------------- timing
+
+
+def alternate(runs: dict, repeats: int) -> dict[str, list]:
+    """Call each of `runs` (name -> zero-argument callable returning a measurement) `repeats` times, rotating the
+    order every repeat (A B C, B C A, C A B, ...), so that slow drifts of the machine's load hit every variant
+    alike. Returns name -> list of measurements, index = repeat."""
+    names = list(runs)
+    out = {name: [] for name in names}
+    for rep in range(repeats):
+        k = rep % len(names)
+        for name in names[k:] + names[:k]:
+            out[name].append(runs[name]())
+    return out
+
+
+def ratios(numerators: list[float], denominators: list[float]) -> list[float]:
+    """Per-repeat ratios (the runs of one repeat ran back to back, under about the same load)."""
+    return [n / d for n, d in zip(numerators, denominators)]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+# ---------------------------------------------------------------- memory
+
+
+def rss_mb() -> float:
+    """Current resident set size of this process (MiB)."""
+    return _status_kb("VmRSS") / 1024
+
+
+def rss_parts_mb() -> dict:
+    """Current RSS split into anonymous memory (heap, tensors) and file-backed pages (mapped libraries and
+    checkpoints: transformers maps safetensors files, and fp32 weights may stay backed by them), MiB."""
+    return {"anon": _status_kb("RssAnon") / 1024, "file": _status_kb("RssFile") / 1024}
+
+
+class AnonPeakSampler:
+    """Peak anonymous RSS (heap and tensors, not mapped files) while the `with` block runs, sampled from
+    /proc/self/status every `interval` seconds by a background thread (the kernel keeps no peak of it; spikes
+    shorter than the interval can be missed). `peak_mb` after the block."""
+
+    def __init__(self, interval: float = 0.005):
+        self.interval = interval
+        self.peak_mb = 0.0
+
+    def __enter__(self):
+        import threading
+
+        self._stop = threading.Event()
+        self.peak_mb = rss_parts_mb()["anon"]
+
+        def sample():
+            while not self._stop.is_set():
+                self.peak_mb = max(self.peak_mb, rss_parts_mb()["anon"])
+                self._stop.wait(self.interval)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak_mb = max(self.peak_mb, rss_parts_mb()["anon"])
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size (VmHWM) of this process since it started or since :func:`reset_peak_rss` (MiB)."""
+    return _status_kb("VmHWM") / 1024
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak RSS to its current RSS (Linux >= 4.0: write 5 to /proc/self/clear_refs).
+
+    `resource.getrusage().ru_maxrss` can only grow, so without this a peak measured after setup would include the
+    setup's own peak. Returns False where the kernel refuses (then the peak counts from process start)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def trim_heap() -> None:
+    """Hand the C heap's free memory back to the OS (glibc `malloc_trim(0)`), so that RSS measures live memory rather
+    than what earlier, freed allocations (e.g. a checkpoint read while loading) left behind. No-op elsewhere."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{key} not in /proc/self/status")
+
+
+def run_child(script: Path, args: list[str], timeout: float = 900) -> dict:
+    """Run `python script *args` in a fresh process (own, clean peak RSS); its last stdout line is a JSON dict."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"child {script.name} {' '.join(args)} failed (rc {proc.returncode}):\n"
+                           f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return json.loads(lines[-1])
+
+
+def child_result(result: dict) -> None:
+    """Print a child's result as the last stdout line (read by :func:`run_child`)."""
+    print(json.dumps(result), flush=True)
+
+
+# ---------------------------------------------------------------- output
+
+
+def print_table(headers: list[str], rows: list[list]) -> None:
+    """A GitHub-markdown table on stdout (paste-able into the benchmark README)."""
+
+    def fmt(value):
+        if isinstance(value, float):
+            return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+        return str(value)
+
+    cells = [[fmt(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in cells:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
+
+
+def write_result(name: str, settings: dict, results, out: str | None = None, **extra) -> Path:
+    """Write `{"meta": machine + argv + settings, "results": ...}` to benchmarks/results/<name>.json (or `out`)."""
+    path = Path(out) if out else RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"script": f"benchmarks/{name}.py", "argv": sys.argv[1:], "settings": settings, **machine_info()}
+    path.write_text(json.dumps({"meta": meta, "results": results, **extra}, indent=2, default=str))
+    print(f"load average (1/5/15 min) at the end: {meta['load_average']}; wrote {path}")
+    return path
