@@ -147,8 +147,7 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
         # Nothing below may touch the global torch/numpy RNGs: the parent left them exactly where its train() expects.
         self._decouple_accumulation_from_dataloaders()
         # HF Trainer.__init__ (which TRL's PPO never calls) sets these; its checkpoint save/load code reads them
-        for name in ("is_distributed_loading_by_transformers", "is_fsdp_xla_enabled", "is_fsdp_xla_v1_enabled",
-                     "is_fsdp_xla_v2_enabled"):
+        for name in ("is_fsdp_xla_enabled", "is_fsdp_xla_v1_enabled", "is_fsdp_xla_v2_enabled"):
             if not hasattr(self, name):
                 setattr(self, name, False)
         self.kl_ctl = (
