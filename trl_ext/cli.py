@@ -4,7 +4,10 @@ Commands:
   train RECIPE [--key value ...]   train a reward, DPO or PPO model from a YAML recipe
   check RECIPE [--key value ...]   validate a recipe without loading any model; print the resolved settings
 
-Bad input exits with code 2 and one line on stderr (no traceback).
+Bad input exits with code 2 and one line on stderr (no traceback). SIGINT (Ctrl-C) or SIGTERM during training saves
+a checkpoint at the end of the current step and exits with 130 / 143 and a line saying where the checkpoint is
+(resume with `--resume_from_checkpoint true`). NaN/inf scores or losses exit with code 3 and a line naming the
+update and the quantity.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from . import __version__
 from .errors import UserInputError
 
 EXIT_USAGE = 2
+EXIT_NONFINITE = 3
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,10 +82,27 @@ def _run(args: argparse.Namespace) -> int:
         print(recipe.to_yaml(), end="")
         return 0
     recipe = resolve_recipe(args.recipe, overrides)
+    from .interruption import TrainingInterrupted
+    from .nonfinite import NonFiniteError
     from .pipeline import run
 
-    run(recipe)
+    try:
+        run(recipe)
+    except TrainingInterrupted as stop:  # raised by every process, after the checkpoint is saved
+        _print_once(f"trl-ext: {stop}")
+        return stop.exit_code
+    except NonFiniteError as err:
+        _print_once(f"trl-ext: error: {err}")
+        return EXIT_NONFINITE
     return 0
+
+
+def _print_once(message: str) -> None:
+    """Print on stderr from the first process only (under `accelerate launch`/`torchrun` every rank gets here)."""
+    import os
+
+    if os.environ.get("RANK", "0") == "0":
+        print(message, file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

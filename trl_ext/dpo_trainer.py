@@ -2,10 +2,13 @@
 
 from trl import DPOTrainer as _TRLDPOTrainer
 
+from .checkpoints import AtomicCheckpointMixin
+from .interruption import InterruptibleTrainMixin
+from .nonfinite import NonFiniteLossGuardMixin
 from .preference_losses import robust_label_smoothing_for_cdpo
 
 
-class DPOTrainer(_TRLDPOTrainer):
+class DPOTrainer(InterruptibleTrainMixin, NonFiniteLossGuardMixin, AtomicCheckpointMixin, _TRLDPOTrainer):
     """[`trl.DPOTrainer`] with trl-ext's extensions.
 
     `label_smoothing > 0` with the default `sigmoid` loss trains conservative DPO (cDPO, see
@@ -14,6 +17,11 @@ class DPOTrainer(_TRLDPOTrainer):
     loss with flip rate `-eps / (1 - 2 eps)` (derivation in
     :func:`trl_ext.preference_losses.robust_label_smoothing_for_cdpo`), so the trainer swaps the loss type and the
     value after TRL's initialisation and keeps all of TRL's logging, reference handling and metrics.
+
+    Reliability (:mod:`trl_ext.checkpoints`, :mod:`trl_ext.interruption`): checkpoints are written atomically;
+    `train(resume_from_checkpoint=True)` takes the latest complete one; SIGINT/SIGTERM save a checkpoint at the end
+    of the current optimizer step and raise :class:`trl_ext.interruption.TrainingInterrupted`; a NaN/inf loss raises
+    :class:`trl_ext.nonfinite.NonFiniteError` after saving the state before the step.
     """
 
     def __init__(self, *args, **kwargs):

@@ -229,13 +229,7 @@ def train_ppo(recipe: Recipe):
     trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=None,
                          reward_model=reward_model, value_model=value_model, train_dataset=train_ds,
                          eval_dataset=eval_ds, **kwargs)
-    resume = _resume_arg(recipe)
-    if resume and "resume_from_checkpoint" in inspect.signature(trainer.train).parameters:
-        trainer.train(resume_from_checkpoint=resume)
-    elif resume:
-        raise UserInputError("resume_from_checkpoint: this trl_ext.PPOTrainer cannot resume yet")
-    else:
-        trainer.train()
+    trainer.train(resume_from_checkpoint=_resume_arg(recipe))
     _finish(trainer, recipe, tokenizer)
     return trainer
 

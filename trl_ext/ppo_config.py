@@ -47,6 +47,11 @@ class PPOConfig(_TRLPPOConfig):
             Per-device number of ptx sequences per micro-batch. Defaults to `per_device_train_batch_size`.
         ptx_max_length (`int`, *optional*, defaults to `512`):
             Length, in tokens, that ptx texts are truncated to when tokenized.
+        reward_clip (`float`, *optional*):
+            Clip each reward-model score (after `missing_eos_penalty`) to `[-reward_clip, reward_clip]` before the
+            KL penalty is added (DeepSpeed-Chat `clip_reward_value`, trlx `cliprange_reward`). The fraction clipped
+            is logged as `objective/scores_clipfrac`. `None` (default) = no clipping. NaN/inf scores are an error
+            either way.
     """
 
     value_clip: Literal["max", "mean", "none"] = field(
@@ -79,6 +84,11 @@ class PPOConfig(_TRLPPOConfig):
         default=512, metadata={"help": "Maximum length in tokens of a ptx sequence (longer texts are truncated)."}
     )
 
+    reward_clip: float | None = field(
+        default=None,
+        metadata={"help": "Clip reward-model scores to [-reward_clip, reward_clip]; None = no clipping."},
+    )
+
     def __post_init__(self):
         super().__post_init__()
         if self.value_clip not in VALUE_CLIP_MODES:
@@ -94,6 +104,8 @@ class PPOConfig(_TRLPPOConfig):
         for name in ("kl_target", "kl_horizon", "ptx_max_length"):
             if not getattr(self, name) > 0:
                 raise UserInputError(f"{name}: must be positive, got {getattr(self, name)!r}")
+        if self.reward_clip is not None and not self.reward_clip > 0:
+            raise UserInputError(f"reward_clip: must be positive (or None for no clipping), got {self.reward_clip!r}")
         if self.ptx_batch_size is not None and not self.ptx_batch_size > 0:
             raise UserInputError(f"ptx_batch_size: must be positive, got {self.ptx_batch_size!r}")
         for name in ("kl_coef", "vf_coef", "ptx_coef", "cliprange", "cliprange_value"):

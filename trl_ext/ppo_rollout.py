@@ -17,7 +17,8 @@ class Rollout:
     ``score_rollouts`` sets ``postprocessed_responses``, ``ref_logprobs``, ``values``, ``scores``,
     ``sequence_lengths``, ``contain_eos_token``, ``padding_mask`` (True after the last response token) and
     ``padding_mask_p1`` (same, one token later, for values); ``compute_rewards`` sets ``kl``, ``non_score_reward``,
-    ``rewards``; ``compute_advantages`` sets ``advantages`` and ``returns``.
+    ``rewards``; ``compute_advantages`` sets ``advantages`` and ``returns``; ``clip_scores`` clips ``scores`` and sets
+    ``scores_clipfrac`` when ``reward_clip`` is on.
     """
 
     queries: torch.Tensor
@@ -38,6 +39,8 @@ class Rollout:
     rewards: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    scores_clipfrac: torch.Tensor | None = None
+    """Fraction of this process's scores clipped by `reward_clip` (set by ``clip_scores``; None when it is off)."""
 
 
 @dataclass

@@ -6,6 +6,8 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
 2. ``generate_rollouts(queries) -> Rollout``: sample responses and their log-probs (torch RNG).
 3. ``score_rollouts(rollout)``: reference log-probs (``compute_ref_logprobs``), values (``compute_values``),
    truncation at the stop token (``postprocess_responses``), scores (``compute_scores``), padding masks.
+   Then ``check_finite("objective/scores", ...)`` (NaN/inf stop training, see ``check_finite``) and ``clip_scores``
+   (``reward_clip``). Each micro-batch loss is checked the same way before its backward.
 4. ``compute_rewards(rollout, kl_coef)``: per-token reward ``-kl_coef * KL`` plus the score at the last token.
 5. ``compute_advantages(rollout)``: GAE (:func:`trl_ext.ppo_advantages.gae_advantages`) and whitening.
 6. ``optimize(rollout) -> UpdateStats``: PPO epochs (numpy permutation per epoch) over mini/micro-batches;
@@ -13,12 +15,16 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
    :mod:`trl_ext.ppo_losses`); separate ptx steps go through ``ptx_step``.
 7. ``update_metrics(...) -> dict`` and ``log_update(metrics)``: TRL's metrics plus ours, then the KL controller
    (``self.kl_ctl``) updates from the update's ``objective/kl``.
+8. Callbacks, sample generations, then the checkpoint if one is due (``save_extra_checkpoint_files`` adds the value
+   model and the trl-ext state; ``load_checkpoint`` restores them on ``train(resume_from_checkpoint=...)``).
 """
 
 from __future__ import annotations
 
 import gc
 import math
+import os
+import random
 import time
 import warnings
 from contextlib import contextmanager, nullcontext
@@ -31,6 +37,7 @@ from transformers import GenerationConfig
 from trl.experimental.ppo import PPOTrainer as _TRLPPOTrainer
 from trl.experimental.ppo.ppo_trainer import (
     INVALID_LOGPROB,
+    OnlineTrainerState,
     batch_generation,
     forward,
     masked_whiten,
@@ -40,18 +47,30 @@ from trl.experimental.utils import empty_cache, first_true_indices
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import selective_log_softmax
 
+from .checkpoints import AtomicCheckpointMixin, latest_checkpoint, load_weights_in_place, resolve_checkpoint
 from .errors import UserInputError
+from .interruption import raise_if_interrupted, watch_signals
 from .kl_controllers import KLController, build_kl_controller
+from .nonfinite import NonFiniteError, count_nonfinite
+from .prompt_stream import PromptStream
 from .ppo_advantages import gae_advantages
 from .ppo_losses import policy_loss, ptx_lm_loss, value_loss
 from .ppo_rollout import MicroBatchOutput, Rollout, UpdateStats
 from .ptx_data import PtxStream, tokenize_ptx_dataset
 from .scalar_heads import scalar_model_outputs
 
-__all__ = ["PPOConfig", "PPOTrainer"]
+__all__ = ["PPOConfig", "PPOTrainer", "VALUE_MODEL_DIR", "ppo_state_file"]
+
+VALUE_MODEL_DIR = "value_model"
+"""Sub-folder of a PPO checkpoint that holds the value model (`save_pretrained`: full weights or its adapter)."""
 
 
-class PPOTrainer(_TRLPPOTrainer):
+def ppo_state_file(checkpoint_dir: str, process_index: int) -> str:
+    """Path of one process's trl-ext PPO state in a checkpoint (KL controller, prompt and ptx stream positions)."""
+    return os.path.join(checkpoint_dir, f"trl_ext_ppo_state_{process_index}.pt")
+
+
+class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
     """[`trl.experimental.ppo.PPOTrainer`] with value-clip modes, KL controllers, PPO-ptx and overridable steps.
 
     Takes every argument of TRL's trainer (same order), plus:
@@ -68,9 +87,14 @@ class PPOTrainer(_TRLPPOTrainer):
     `objective/kl_coef` and `time/rollout`, `time/scoring`, `time/optimization` (seconds per update), and
     `loss/ptx_avg` when ptx is on.
 
-    State that a resume must restore: `self.state` (global_step, episode), `self.kl_ctl.state_dict()`,
-    `self.ptx_stream.state_dict()` (if ptx is on), the position of `self.prompt_iterator` (= `global_step`
-    batches of `self.dataloader`), the torch RNG (generation) and numpy's global RNG (PPO-epoch permutations).
+    Checkpoints (`save_strategy`/`save_steps`/`save_total_limit`, as in HF Trainer) are complete and atomic (written
+    under `tmp-checkpoint-N`, then renamed): the policy (or its adapter) via `save_model`, the value model in
+    `value_model/`, optimizer, LR scheduler, RNG states (`rng_state*.pth`), `trainer_state.json` (global step,
+    episode, log history) and per process `trl_ext_ppo_state_{rank}.pt` (KL controller, prompt and ptx stream
+    positions). `train(resume_from_checkpoint=...)` restores all of it, so a resumed run logs the same numbers as
+    an uninterrupted one. SIGINT/SIGTERM during `train()` save a checkpoint at the end of the current update and
+    raise :class:`trl_ext.interruption.TrainingInterrupted`. NaN/inf scores or losses raise
+    :class:`trl_ext.nonfinite.NonFiniteError` after saving the state before the update (see `check_finite`).
     """
 
     _tag_names = ["trl", "ppo", "trl-ext"]
@@ -121,6 +145,11 @@ class PPOTrainer(_TRLPPOTrainer):
             peft_config=peft_config,
         )
         # Nothing below may touch the global torch/numpy RNGs: the parent left them exactly where its train() expects.
+        self._decouple_accumulation_from_dataloaders()
+        # HF Trainer.__init__ (which TRL's PPO never calls) sets these; its checkpoint save/load code reads them
+        for name in ("is_fsdp_xla_enabled", "is_fsdp_xla_v1_enabled", "is_fsdp_xla_v2_enabled"):
+            if not hasattr(self, name):
+                setattr(self, name, False)
         self.kl_ctl = (
             kl_controller
             if kl_controller is not None
@@ -139,8 +168,25 @@ class PPOTrainer(_TRLPPOTrainer):
                 rank=self.accelerator.process_index,
             )
         self.prompt_iterator = None
+        self._update_start_state = None
+        self._optimizer_stepped = False
 
     # ------------------------------------------------------------------ parent fixes
+
+    def _decouple_accumulation_from_dataloaders(self) -> None:
+        """Let gradient accumulation depend on the micro-batch count alone (accelerate's `sync_with_dataloader=False`,
+        as HF Trainer sets it).
+
+        With TRL's setting (True), `accelerator.accumulate` steps the optimizer on *every* micro-batch whenever the
+        most recently started accelerate DataLoader is at its last batch: the prompt DataLoader at the end of each
+        epoch, or the sample-generation DataLoader that `generate_completions` leaves half-read (its iterators are
+        never closed, so they pile up in accelerate's process-wide GradientState, even across trainers). That
+        silently turns accumulation off for some updates and makes the run depend on history a checkpoint cannot
+        hold, so resumed runs would differ. Runs where none of this happens (the parent-equivalence tests) are
+        unchanged.
+        """
+        gradient_state = self.accelerator.gradient_state
+        gradient_state.plugin_kwargs = {**gradient_state.plugin_kwargs, "sync_with_dataloader": False}
 
     @contextmanager
     def null_ref_context(self):
@@ -170,29 +216,65 @@ class PPOTrainer(_TRLPPOTrainer):
         finally:
             self.model = backup
 
+    def create_model_card(self, *args, **kwargs):
+        """TRL's model card (written with each checkpoint), also when the model is wrapped in DistributedDataParallel
+        (TRL reads `self.model.config`, which the wrapper does not have: checkpoints crashed under DDP)."""
+        backup = self.model
+        self.model = self.accelerator.unwrap_model(self.model)
+        try:
+            return super().create_model_card(*args, **kwargs)
+        finally:
+            self.model = backup
+
     # ------------------------------------------------------------------ the loop
 
-    def train(self):
-        """Run PPO for `args.num_total_batches` updates (from `self.state.global_step + 1`)."""
+    def train(self, resume_from_checkpoint: str | bool | None = None):
+        """Run PPO for `args.num_total_batches` updates (from `self.state.global_step + 1`).
+
+        Args:
+            resume_from_checkpoint (`str` or `bool`, *optional*):
+                A checkpoint folder to continue from, or `True` for the latest complete `checkpoint-N` in
+                `args.output_dir`. Restores weights, optimizer, scheduler, KL controller, data positions and RNGs.
+
+        Raises:
+            TrainingInterrupted: on SIGINT/SIGTERM, after saving a checkpoint at the end of the current update.
+            NonFiniteError: on NaN/inf scores or losses, after saving the state before the update when possible.
+        """
+        checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
         args = self.args
         self.model.train()
-        self.init_train_state()
+        self.init_train_state(checkpoint)
         self.init_data_streams()
+        if checkpoint is not None:
+            self.load_checkpoint(checkpoint)
         self.accelerator.print("===training policy===")
         self.start_time = time.time()
-        for update in range(self.state.global_step + 1, args.num_total_batches + 1):
-            self.run_update(update)
-        # HF trainer specifics
-        self.control = self.callback_handler.on_train_end(args, self.state, self.control)
-        if self.control.should_save:
-            self._save_checkpoint(self.model, trial=None)
-            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+        with watch_signals(self) as interruption:
+            for update in range(self.state.global_step + 1, args.num_total_batches + 1):
+                self.run_update(update)
+                if self.control.should_training_stop:
+                    break
+            # HF trainer specifics
+            self.control = self.callback_handler.on_train_end(args, self.state, self.control)
+            if self.control.should_save:
+                self._save_checkpoint(self.model, trial=None)
+                self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+        raise_if_interrupted(self, interruption)
 
-    def init_train_state(self) -> None:
-        """Reset `self.state` (global step 0, episode 0, logging/eval/save steps) and call `on_train_begin`."""
+    def init_train_state(self, checkpoint: str | None = None) -> None:
+        """Reset `self.state` (global step 0, episode 0, logging/eval/save steps) and call `on_train_begin`.
+
+        With a `checkpoint`, the state (global step, episode, log history) comes from its `trainer_state.json`.
+        """
         args = self.args
-        self.state.global_step = 0
-        self.state.episode = 0
+        if checkpoint is not None:
+            state = OnlineTrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
+            state.is_local_process_zero = self.is_local_process_zero()
+            state.is_world_process_zero = self.is_world_process_zero()
+            self.state = state
+        else:
+            self.state.global_step = 0
+            self.state.episode = 0
         self.state.max_steps = args.num_total_batches
         self.state.num_train_epochs = args.total_episodes / self.train_dataset_len
         # Compute absolute values for logging, eval, and save if given as ratio
@@ -206,8 +288,8 @@ class PPOTrainer(_TRLPPOTrainer):
             self.model_wrapped = self.model
 
     def init_data_streams(self) -> None:
-        """Create `self.prompt_iterator` (endless, over `self.dataloader`) and the generation config."""
-        self.prompt_iterator = self._repeat(self.dataloader)
+        """Create `self.prompt_iterator` (endless and resumable, over `self.dataloader`) and the generation config."""
+        self.prompt_iterator = PromptStream(self.dataloader)
         self.generation_kwargs = {
             "max_new_tokens": self.args.response_length,
             "temperature": (self.args.temperature + 1e-7),
@@ -217,14 +299,11 @@ class PPOTrainer(_TRLPPOTrainer):
         }
         self.generation_config = GenerationConfig(**self.generation_kwargs)
 
-    @staticmethod
-    def _repeat(dataloader):
-        while True:
-            yield from dataloader
-
     def run_update(self, update: int) -> None:
-        """One PPO update: rollouts, scoring, rewards, advantages, optimisation, logging, callbacks."""
+        """One PPO update: rollouts, scoring, rewards, advantages, optimisation, logging, callbacks, checkpoint."""
         args = self.args
+        self._update_start_state = self.capture_update_start()
+        self._optimizer_stepped = False
         self.state.episode += 1 * args.batch_size
         data = self.next_prompt_batch()
         t0 = time.perf_counter()
@@ -232,6 +311,8 @@ class PPOTrainer(_TRLPPOTrainer):
             rollout = self.generate_rollouts(data["input_ids"].to(self.accelerator.device))
             t1 = time.perf_counter()
             self.score_rollouts(rollout)
+            self.check_finite("objective/scores", rollout.scores, "rollouts")
+            self.clip_scores(rollout)
             kl_coef = float(self.kl_ctl.value)
             self.compute_rewards(rollout, kl_coef)
             self.compute_advantages(rollout)
@@ -246,9 +327,6 @@ class PPOTrainer(_TRLPPOTrainer):
 
         self.lr_scheduler.step()
         self.control = self.callback_handler.on_step_end(args, self.state, self.control)
-        if self.control.should_save:
-            self._save_checkpoint(self.model, trial=None)
-            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
         del stats, metrics
         empty_cache()
         gc.collect()
@@ -258,6 +336,133 @@ class PPOTrainer(_TRLPPOTrainer):
             empty_cache()
         del rollout
         empty_cache()
+        # After the sample generations (TRL saves before them): they draw from the torch RNG, and the checkpoint's
+        # RNG state must be the one the next update starts from.
+        if self.control.should_save:
+            self._save_checkpoint(self.model, trial=None)
+            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+
+    # ------------------------------------------------------------------ checkpoints and resume
+
+    def save_extra_checkpoint_files(self, checkpoint_dir: str) -> None:
+        """Add to a checkpoint what HF's `_save_checkpoint` leaves out for PPO: the value model (main process) and
+        each process's trl-ext state (KL controller, prompt and ptx stream positions)."""
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        if self.args.should_save:
+            unwrapped.value_model.save_pretrained(os.path.join(checkpoint_dir, VALUE_MODEL_DIR))
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        state = {
+            "world_size": self.accelerator.num_processes,
+            "kl_controller": self.kl_ctl.state_dict() if hasattr(self.kl_ctl, "state_dict") else None,
+            "prompt_stream": self.prompt_iterator.state_dict() if self.prompt_iterator is not None else None,
+            "ptx_stream": self.ptx_stream.state_dict() if self.ptx_stream is not None else None,
+        }
+        torch.save(state, ppo_state_file(checkpoint_dir, self.accelerator.process_index))
+
+    def load_checkpoint(self, checkpoint: str) -> None:
+        """Restore weights, optimizer, LR scheduler, KL controller, data stream positions and RNG states.
+
+        Called by `train(resume_from_checkpoint=...)` after `init_train_state` (which restored `self.state`) and
+        `init_data_streams`.
+        """
+        state_path = ppo_state_file(checkpoint, self.accelerator.process_index)
+        if not os.path.isfile(state_path):
+            raise UserInputError(
+                f"resume_from_checkpoint: {checkpoint} has no {os.path.basename(state_path)}; it was not written by "
+                "trl_ext.PPOTrainer or by a run with as many processes as this one"
+            )
+        extra = torch.load(state_path, weights_only=True)
+        if extra["world_size"] != self.accelerator.num_processes:
+            raise UserInputError(
+                f"resume_from_checkpoint: {checkpoint} was written by {extra['world_size']} processes, this run has "
+                f"{self.accelerator.num_processes}; resume with the same number of processes"
+            )
+        if not self.is_deepspeed_enabled and not os.path.isfile(os.path.join(checkpoint, "optimizer.pt")):
+            raise UserInputError(
+                f"resume_from_checkpoint: {checkpoint} has no optimizer.pt (saved with save_only_model=True?); "
+                "resume from a full checkpoint"
+            )
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        load_weights_in_place(unwrapped.policy, checkpoint)
+        load_weights_in_place(unwrapped.value_model, os.path.join(checkpoint, VALUE_MODEL_DIR))
+        self._load_optimizer_and_scheduler(checkpoint)
+        if extra["kl_controller"] is not None and hasattr(self.kl_ctl, "load_state_dict"):
+            self.kl_ctl.load_state_dict(extra["kl_controller"])
+        elif not isinstance(self.kl_ctl, KLController):
+            warnings.warn("kl_controller has no state_dict/load_state_dict: its state was not restored", stacklevel=2)
+        if (extra["ptx_stream"] is None) != (self.ptx_stream is None):
+            raise UserInputError(
+                f"resume_from_checkpoint: {checkpoint} was saved with ptx "
+                f"{'off' if extra['ptx_stream'] is None else 'on'}; resume with the same ptx_coef/ptx_dataset"
+            )
+        if self.ptx_stream is not None:
+            self.ptx_stream.load_state_dict(extra["ptx_stream"])
+        if extra["prompt_stream"] is not None:
+            self.prompt_iterator.load_state_dict(extra["prompt_stream"])
+        self._load_rng_state(checkpoint)
+
+    def capture_update_start(self) -> dict:
+        """What an update changes before its first optimizer step: episode count, RNG states, data positions.
+
+        Together with the (not yet changed) weights, optimizer, scheduler and KL controller this is the state
+        before the update; `save_update_start_checkpoint` writes it when the update turns out to be bad.
+        """
+        return {
+            "episode": self.state.episode,
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "prompt_stream": self.prompt_iterator.state_dict(),
+            "ptx_stream": self.ptx_stream.state_dict() if self.ptx_stream is not None else None,
+        }
+
+    def save_update_start_checkpoint(self) -> str:
+        """Rewind episode, RNGs and data positions to the start of the current update and save `checkpoint-N`
+        (N = completed updates). Only valid before the update's first optimizer step."""
+        start = self._update_start_state
+        self.state.episode = start["episode"]
+        random.setstate(start["python"])
+        np.random.set_state(start["numpy"])
+        torch.set_rng_state(start["torch"])
+        if start["cuda"] is not None:
+            torch.cuda.set_rng_state_all(start["cuda"])
+        self.prompt_iterator.load_state_dict(start["prompt_stream"])
+        if start["ptx_stream"] is not None:
+            self.ptx_stream.load_state_dict(start["ptx_stream"])
+        self._save_checkpoint(self.model, trial=None)
+        return self.last_checkpoint
+
+    def check_finite(self, quantity: str, tensor: torch.Tensor, unit: str, where: str = "") -> None:
+        """Raise :class:`~trl_ext.nonfinite.NonFiniteError` if `tensor` holds NaN/inf on any process.
+
+        Runs on the scores right after scoring (before rewards, clipping and any optimizer step) and on each
+        micro-batch loss before its backward. If no optimizer step was taken in this update yet, the state before
+        the update is saved first (`checkpoint-N`, N = completed updates; resume from it once the cause is fixed).
+        Otherwise the weights have already moved within the update; nothing is saved and the error names the
+        latest complete checkpoint instead.
+        """
+        counts = count_nonfinite(tensor, self.accelerator)
+        if counts.ok:
+            return
+        update = self.state.global_step + 1
+        if not self._optimizer_stepped and self._update_start_state is not None:
+            checkpoint, saved = self.save_update_start_checkpoint(), True
+        else:
+            checkpoint, saved = latest_checkpoint(self.args.output_dir), False
+        raise NonFiniteError(update, quantity, counts, unit, checkpoint, saved=saved, where=where)
+
+    def clip_scores(self, rollout: Rollout) -> None:
+        """With `args.reward_clip = c`, clip the scores to `[-c, c]` (DeepSpeed-Chat's `clip_reward_value`, trlx's
+        `cliprange_reward`) and keep the clipped fraction in `rollout.scores_clipfrac`. Runs after the
+        `missing_eos_penalty` and before the rewards are built."""
+        clip = self.args.reward_clip
+        if clip is None:
+            return
+        rollout.scores_clipfrac = (rollout.scores.abs() > clip).float().mean()
+        rollout.scores = rollout.scores.clamp(-clip, clip)
+
+    # ------------------------------------------------------------------ data
 
     def next_prompt_batch(self) -> dict:
         """The next batch of `args.local_batch_size` tokenized prompts (cycles over the train set forever)."""
@@ -425,8 +630,15 @@ class PPOTrainer(_TRLPPOTrainer):
                     with accelerator.accumulate(model):
                         ptx_batch = self.next_ptx_batch() if ptx_joint else None
                         out = self.compute_micro_batch_loss(model, rollout, micro_batch_inds, ptx_batch)
+                        self.check_finite(
+                            "loss/total", out.loss, "processes",
+                            where=f" (PPO epoch {ppo_epoch_idx + 1}, mini-batch {minibatch_idx + 1}, "
+                            f"micro-batch {gradient_accumulation_idx + 1})",
+                        )
                         accelerator.backward(out.loss)
                         self.optimizer.step()
+                        if accelerator.sync_gradients:
+                            self._optimizer_stepped = True
                         self.optimizer.zero_grad()
                         if ptx_separate and accelerator.sync_gradients:
                             stats.ptx_losses.append(self.ptx_step())
@@ -493,6 +705,7 @@ class PPOTrainer(_TRLPPOTrainer):
         forward does not go through the DistributedDataParallel wrapper.
         """
         lm_loss = self.compute_ptx_loss(self.next_ptx_batch())
+        self.check_finite("loss/ptx", lm_loss, "processes")
         # accelerator.backward divides by gradient_accumulation_steps; this is one whole step, so undo it.
         self.accelerator.backward(self.args.ptx_coef * lm_loss * self.accelerator.gradient_accumulation_steps)
         if self.accelerator.num_processes > 1:
@@ -531,6 +744,8 @@ class PPOTrainer(_TRLPPOTrainer):
         metrics["val/ratio_var"] = gather(stats.ratio).var().item()
         metrics["val/num_eos_tokens"] = (rollout.responses == self.processing_class.eos_token_id).sum().item()
         metrics["objective/kl_coef"] = kl_coef
+        if rollout.scores_clipfrac is not None:
+            metrics["objective/scores_clipfrac"] = gather(rollout.scores_clipfrac).mean().item()
         if stats.ptx_losses:
             metrics["loss/ptx_avg"] = gather(torch.stack(stats.ptx_losses).mean()).mean().item()
         metrics.update(timings)

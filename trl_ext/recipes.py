@@ -409,9 +409,13 @@ def resolve_recipe(
         value = getattr(owner, key, None)
         if isinstance(value, str):
             _check_path(key, value)
+    # resume_from_checkpoint: true (latest complete checkpoint-N in output_dir) or a checkpoint folder
     resume = getattr(training_args, "resume_from_checkpoint", None)
-    if isinstance(resume, str) and resume.lower() not in ("true", "false"):
-        _check_path("resume_from_checkpoint", resume)
+    resuming = resume is not None and str(resume).strip().lower() not in ("", "false", "no", "none")
+    if resuming:
+        from .checkpoints import resolve_checkpoint
+
+        resolve_checkpoint(resume, training_args.output_dir)  # UserInputError naming the key if there is none
 
     reward_args = value_args = None
     if trainer == "ppo":
@@ -427,7 +431,7 @@ def resolve_recipe(
 
     # The output directory: never overwrite a non-empty one unless asked (or resuming into it).
     out = Path(training_args.output_dir)
-    if out.is_dir() and any(out.iterdir()) and not pipeline.overwrite_output_dir and not resume:
+    if out.is_dir() and any(out.iterdir()) and not pipeline.overwrite_output_dir and not resuming:
         raise UserInputError(
             f"recipe: output_dir '{out}' exists and is not empty; set overwrite_output_dir: true or choose another"
         )

@@ -9,6 +9,9 @@ from trl import RewardTrainer as _TRLRewardTrainer
 from trl.data_utils import get_dataset_column_names
 from trl.trainer.utils import get_config_model_id, pad
 
+from .checkpoints import AtomicCheckpointMixin
+from .interruption import InterruptibleTrainMixin
+from .nonfinite import NonFiniteLossGuardMixin
 from .preference_losses import pairwise_reward_loss, ranked_pair_indices, ranked_reward_loss
 from .ranked_preference_data import (
     DataCollatorForRankedPreference,
@@ -19,7 +22,7 @@ from .reward_centering import check_centering_supported, fold_reward_offset
 from .reward_config import RewardConfig
 
 
-class RewardTrainer(_TRLRewardTrainer):
+class RewardTrainer(InterruptibleTrainMixin, NonFiniteLossGuardMixin, AtomicCheckpointMixin, _TRLRewardTrainer):
     """[`trl.RewardTrainer`] with trl-ext's extensions (all off by default: then the numbers are TRL's).
 
     - `args.label_smoothing`: label-smoothed pair loss (:func:`trl_ext.preference_losses.pairwise_reward_loss`).
@@ -29,6 +32,10 @@ class RewardTrainer(_TRLRewardTrainer):
       train and eval independently; one dataset holds one format. `per_device_train_batch_size` counts examples,
       so a batch holds `sum K` sequences.
     - `args.center_rewards_after_training`: after `train()`, :meth:`center_rewards` on `center_rewards_dataset`.
+    - Reliability (:mod:`trl_ext.checkpoints`, :mod:`trl_ext.interruption`): checkpoints are written atomically;
+      `train(resume_from_checkpoint=True)` takes the latest complete one; SIGINT/SIGTERM save a checkpoint at the
+      end of the current optimizer step and raise :class:`trl_ext.interruption.TrainingInterrupted`; a NaN/inf
+      loss raises :class:`trl_ext.nonfinite.NonFiniteError` after saving the state before the step.
 
     Args:
         *args, **kwargs: as for [`trl.RewardTrainer`].

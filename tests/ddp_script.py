@@ -1,0 +1,131 @@
+"""Run by test_ddp.py under `torchrun --nproc_per_node 2`: the three trainers with LoRA and the extensions on.
+
+Usage: ddp_script.py TINY_MODELS_DIR OUT_DIR. In order: a reward model (ranked data + label smoothing), DPO (cDPO),
+PPO (adaptive KL + joint ptx) for 3 updates with a checkpoint at update 2, and PPO resumed from that checkpoint.
+Each rank writes OUT_DIR/rank{N}.json: per run, a checksum of its trainable weights and what the test compares.
+"""
+
+import hashlib
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+from ppo_helpers import config_kwargs, left_tokenizer, load_models, prompt_dataset, ptx_dataset, seed_all  # noqa: E402
+
+
+def checksum(model) -> str:
+    params = [p for p in model.parameters() if p.requires_grad]
+    assert params
+    return hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in params)).hexdigest()
+
+
+def lora(task_type):
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type=task_type)
+
+
+def hf_args(out):
+    return dict(output_dir=str(out), use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False,
+                max_steps=3, per_device_train_batch_size=2, logging_steps=1, save_strategy="no", learning_rate=1e-2,
+                seed=0, max_length=64, disable_tqdm=True)
+
+
+def rows(kind, n, seed):
+    from trl_ext.testing import tiny_corpus
+
+    words = tiny_corpus(40, seed=21)
+    rng = random.Random(seed)
+    if kind == "ranked":
+        return [{"prompt": rng.choice(words)[:20], "responses": [" " + rng.choice(words) for _ in range(2 + i % 3)]}
+                for i in range(n)]
+    return [{"prompt": rng.choice(words)[:20], "chosen": " " + rng.choice(words), "rejected": " " + rng.choice(words)}
+            for _ in range(n)]
+
+
+def run_reward(tiny, tok, out):
+    from datasets import Dataset
+    from transformers import AutoModelForSequenceClassification
+
+    from trl_ext import RewardConfig, RewardTrainer
+
+    trainer = RewardTrainer(
+        model=AutoModelForSequenceClassification.from_pretrained(tiny.reward),
+        args=RewardConfig(**hf_args(out / "reward"), label_smoothing=0.1),
+        train_dataset=Dataset.from_list(rows("ranked", 12, seed=1)), processing_class=tok,
+        peft_config=lora("SEQ_CLS"),
+    )
+    trainer.train()
+    return {"checksum": checksum(trainer.model), "world_size": trainer.accelerator.num_processes,
+            "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h]}
+
+
+def run_dpo(tiny, tok, out):
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+
+    from trl_ext import DPOConfig, DPOTrainer
+
+    trainer = DPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(tiny.policy),
+        args=DPOConfig(**hf_args(out / "dpo"), label_smoothing=0.1, beta=0.5),
+        train_dataset=Dataset.from_list(rows("pairs", 12, seed=2)), processing_class=tok,
+        peft_config=lora("CAUSAL_LM"),
+    )
+    trainer.train()
+    return {"checksum": checksum(trainer.model), "world_size": trainer.accelerator.num_processes,
+            "loss_types": trainer.loss_types, "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h]}
+
+
+def run_ppo(tiny, tok, out, resume=None):
+    from trl_ext import PPOConfig, PPOTrainer
+
+    seed_all(0)
+    policy, value, reward = load_models(tiny)
+    kwargs = config_kwargs(out / "ppo", gradient_accumulation_steps=1, total_episodes=12, num_sample_generations=0,
+                           kl_controller="adaptive", kl_target=0.01, kl_horizon=8, ptx_coef=0.5, ptx_max_length=16,
+                           save_strategy="steps", save_steps=2)
+    trainer = PPOTrainer(
+        args=PPOConfig(**kwargs), processing_class=tok, model=policy, ref_model=None, reward_model=reward,
+        train_dataset=prompt_dataset(tok), value_model=value, peft_config=lora(None), ptx_dataset=ptx_dataset(),
+    )
+    trainer.train(resume_from_checkpoint=resume)
+    logs = [e for e in trainer.state.log_history if "objective/kl" in e]
+    return {
+        "checksum": checksum(trainer.accelerator.unwrap_model(trainer.model)),
+        "world_size": trainer.accelerator.num_processes,
+        "kl": [e["objective/kl"] for e in logs],
+        "kl_coef": [e["objective/kl_coef"] for e in logs],
+        "final_kl_coef": trainer.kl_ctl.value,
+        "ptx": [e["loss/ptx_avg"] for e in logs],
+        "checkpoint_files": sorted(os.listdir(out / "ppo" / "checkpoint-2")),
+    }
+
+
+def main():
+    from trl_ext.testing import TinyModels
+
+    root, out = Path(sys.argv[1]), Path(sys.argv[2])
+    tiny = TinyModels(root, root / "tokenizer", root / "policy", root / "reward")
+    from transformers import AutoTokenizer
+
+    result = {"reward": run_reward(tiny, AutoTokenizer.from_pretrained(tiny.tokenizer), out),
+              "dpo": run_dpo(tiny, AutoTokenizer.from_pretrained(tiny.tokenizer), out)}
+    tok = left_tokenizer(tiny)
+    result["ppo"] = run_ppo(tiny, tok, out)
+    result["ppo_resumed"] = run_ppo(tiny, tok, out, resume=str(out / "ppo" / "checkpoint-2"))
+    result["rank"] = int(os.environ.get("RANK", "0"))
+    (out / f"rank{result['rank']}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""Two CPU processes (gloo), one launch: reward, DPO and PPO with LoRA and the extensions on; PPO checkpoint+resume."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def ranks(tiny_models, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp")
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(ROOT / "tests" / "ddp_script.py"), str(tiny_models.root), str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads((out / f"rank{i}.json").read_text()) for i in range(2)]
+
+
+@pytest.mark.parametrize("run", ["reward", "dpo", "ppo", "ppo_resumed"])
+def test_ranks_end_with_identical_weights(ranks, run):
+    assert [r[run]["world_size"] for r in ranks] == [2, 2]
+    assert ranks[0][run]["checksum"] == ranks[1][run]["checksum"]
+
+
+def test_extensions_were_on(ranks):
+    rank0 = ranks[0]
+    assert rank0["dpo"]["loss_types"] == ["robust"]  # cDPO (label smoothing) through TRL's robust loss
+    assert rank0["dpo"]["losses"][0] == pytest.approx(0.693147, abs=1e-5)  # LoRA: policy == reference at step 1
+    assert len(rank0["reward"]["losses"]) == 3 and len(rank0["ppo"]["ptx"]) == 3
+
+
+def test_kl_controller_sees_the_kl_averaged_over_processes(ranks):
+    """Both ranks log the same (gathered) KL and keep the same adaptive coefficient, which follows the formula."""
+    a, b = ranks[0]["ppo"], ranks[1]["ppo"]
+    assert a["kl"] == b["kl"] and a["kl_coef"] == b["kl_coef"] and a["final_kl_coef"] == b["final_kl_coef"]
+    beta = 0.05
+    for kl, logged in zip(a["kl"], a["kl_coef"]):
+        assert logged == pytest.approx(beta)
+        beta *= 1 + min(max(kl / 0.01 - 1, -0.2), 0.2) * 4 / 8  # target 0.01, horizon 8, 4 episodes per update
+    assert a["final_kl_coef"] == pytest.approx(beta)
+
+
+def test_ppo_resume_under_two_processes(ranks):
+    """Per-process RNG and PPO state files; resuming from checkpoint-2 ends with the uninterrupted run's weights."""
+    files = ranks[0]["ppo"]["checkpoint_files"]
+    for name in ("rng_state_0.pth", "rng_state_1.pth", "trl_ext_ppo_state_0.pt", "trl_ext_ppo_state_1.pt",
+                 "adapter_model.safetensors", "value_model", "optimizer.pt"):
+        assert name in files
+    for rank in ranks:
+        assert rank["ppo_resumed"]["checksum"] == rank["ppo"]["checksum"]
+        assert rank["ppo_resumed"]["kl"] == pytest.approx(rank["ppo"]["kl"], abs=1e-6)
+        assert rank["ppo_resumed"]["final_kl_coef"] == pytest.approx(rank["ppo"]["final_kl_coef"], rel=1e-9)

@@ -1,0 +1,186 @@
+"""Atomic checkpoints and checkpoint discovery for trl-ext's trainers.
+
+Transformers 5.23's ``Trainer._save_checkpoint`` writes straight into ``output_dir/checkpoint-N``: a run killed
+mid-save leaves a half-written ``checkpoint-N`` that ``resume_from_checkpoint=True`` (``get_last_checkpoint``)
+would take for a whole one. :class:`AtomicCheckpointMixin` lets the parent write everything into
+``output_dir/tmp-checkpoint-N/checkpoint-N`` (a name that neither HF's ``get_last_checkpoint`` nor checkpoint rotation
+matches), adds the subclass's extra files (:meth:`~AtomicCheckpointMixin.save_extra_checkpoint_files`), waits for
+every process, and only then renames the folder to ``output_dir/checkpoint-N`` (one ``os.replace``, atomic on
+POSIX file systems). Rotation (``save_total_limit``) runs after the rename.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+
+from .errors import UserInputError
+
+STAGING_PREFIX = "tmp-"
+"""Prefix of the folder a checkpoint is written into before it is renamed (``tmp-checkpoint-N``)."""
+
+COMPLETE_MARKER = "trainer_state.json"
+"""A checkpoint folder without this file is not a checkpoint (HF writes it last)."""
+
+_CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+
+
+def latest_checkpoint(output_dir: str) -> str | None:
+    """The highest-numbered complete ``checkpoint-N`` folder in ``output_dir``, or None.
+
+    Skips ``tmp-checkpoint-N`` staging folders (an interrupted save) and any ``checkpoint-N`` without
+    ``trainer_state.json`` (a folder written by something that does not save atomically).
+    """
+    if not os.path.isdir(output_dir):
+        return None
+    steps = []
+    for name in os.listdir(output_dir):
+        match = _CHECKPOINT_NAME.match(name)
+        if match and os.path.isfile(os.path.join(output_dir, name, COMPLETE_MARKER)):
+            steps.append((int(match.group(1)), name))
+    return os.path.join(output_dir, max(steps)[1]) if steps else None
+
+
+def resolve_checkpoint(resume_from_checkpoint: str | bool | None, output_dir: str) -> str | None:
+    """Turn a ``resume_from_checkpoint`` argument into a checkpoint folder (or None for a fresh start).
+
+    ``True`` (or the strings ``"true"``/``"latest"``) means the latest complete ``checkpoint-N`` in ``output_dir``;
+    a path must be a complete checkpoint folder. ``False``/``None``/``"false"``/``""`` mean no resume.
+    Raises :class:`~trl_ext.errors.UserInputError` naming the folder when there is nothing to resume from.
+    """
+    if isinstance(resume_from_checkpoint, str):
+        lowered = resume_from_checkpoint.strip().lower()
+        if lowered in ("", "false", "no", "none"):
+            return None
+        if lowered in ("true", "yes", "latest"):
+            resume_from_checkpoint = True
+    if resume_from_checkpoint is None or resume_from_checkpoint is False:
+        return None
+    if resume_from_checkpoint is True:
+        found = latest_checkpoint(output_dir)
+        if found is None:
+            raise UserInputError(
+                f"resume_from_checkpoint: no complete checkpoint-N folder in output_dir {output_dir!r}; "
+                "give a checkpoint path or start without resume_from_checkpoint"
+            )
+        return found
+    path = os.fspath(resume_from_checkpoint)
+    if not os.path.isfile(os.path.join(path, COMPLETE_MARKER)):
+        raise UserInputError(
+            f"resume_from_checkpoint: {path!r} is not a complete checkpoint folder (no {COMPLETE_MARKER}); "
+            "give a checkpoint-N folder or true for the latest one"
+        )
+    return path
+
+
+class AtomicCheckpointMixin:
+    """Mixin for HF ``Trainer`` subclasses (TRL's PPO, reward and DPO trainers): checkpoints appear whole or not at all.
+
+    Put it before the trainer class in the bases. ``self.last_checkpoint`` holds the path of the last checkpoint
+    this trainer published. Subclasses add files to a checkpoint by overriding :meth:`save_extra_checkpoint_files`;
+    they are written into the staging folder, so they are part of the same atomic rename.
+    """
+
+    _checkpoint_staging_dir: str | None = None
+    last_checkpoint: str | None = None
+
+    def _get_output_dir(self, trial) -> str:
+        if self._checkpoint_staging_dir is not None:
+            return self._checkpoint_staging_dir
+        return super()._get_output_dir(trial)
+
+    def save_extra_checkpoint_files(self, checkpoint_dir: str) -> None:
+        """Write extra files into ``checkpoint_dir`` (the staging folder). Runs on every process; default: none."""
+
+    def _save_checkpoint(self, model, trial) -> None:
+        run_dir = self._get_output_dir(trial)
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        final_dir = os.path.join(run_dir, name)
+        staging_root = os.path.join(run_dir, STAGING_PREFIX + name)
+        staged_dir = os.path.join(staging_root, name)
+        accelerator = self.accelerator
+        if self.args.should_save and os.path.exists(staging_root):  # left over from a save that was killed
+            shutil.rmtree(staging_root)
+        accelerator.wait_for_everyone()
+        self._checkpoint_staging_dir = staging_root
+        try:
+            super()._save_checkpoint(model, trial)
+            self.save_extra_checkpoint_files(staged_dir)
+        finally:
+            self._checkpoint_staging_dir = None
+        if self.state.best_model_checkpoint and self.state.best_model_checkpoint.startswith(staging_root):
+            self.state.best_model_checkpoint = final_dir
+            if self.args.should_save:  # the saved state named the staging folder
+                self.state.save_to_json(os.path.join(staged_dir, COMPLETE_MARKER))
+        accelerator.wait_for_everyone()
+        if self.args.should_save:
+            _publish(staged_dir, final_dir)
+            shutil.rmtree(staging_root, ignore_errors=True)
+            rotate_checkpoints(
+                output_dir=run_dir,
+                save_total_limit=self.args.save_total_limit,
+                best_model_checkpoint=self.state.best_model_checkpoint,
+                use_mtime=True,
+            )
+        accelerator.wait_for_everyone()
+        self.last_checkpoint = final_dir
+
+
+def _publish(staged_dir: str, final_dir: str) -> None:
+    """Rename ``staged_dir`` to ``final_dir``; an existing ``final_dir`` (same step saved again) is replaced."""
+    if os.path.exists(final_dir):
+        old = os.path.join(os.path.dirname(staged_dir), "replaced")
+        os.replace(final_dir, old)
+        os.replace(staged_dir, final_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staged_dir, final_dir)
+
+
+def load_weights_in_place(model, directory: str) -> None:
+    """Copy the weights saved by ``model.save_pretrained(directory)`` into ``model``'s existing parameters.
+
+    In place, so an optimizer built over the parameters stays valid (HF's ``Trainer._load_from_checkpoint`` would
+    also load every sub-folder holding an adapter as an extra adapter, which a PPO checkpoint has: the value model).
+    A PEFT model gets each of its adapters back (``default`` from ``directory``, others from ``directory/NAME``);
+    a plain model its full state dict (``model.safetensors`` or a sharded index). Raises ``FileNotFoundError``
+    naming the folder when the weights are missing.
+    """
+    from peft import PeftModel
+    from peft.utils import load_peft_weights, set_peft_model_state_dict
+    from transformers.trainer_utils import load_sharded_checkpoint
+    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
+
+    if isinstance(model, PeftModel):
+        for name in model.peft_config:
+            path = directory if name == "default" else os.path.join(directory, name)
+            if not os.path.isfile(os.path.join(path, "adapter_model.safetensors")):
+                raise FileNotFoundError(f"checkpoint has no weights for adapter {name!r} in {path}")
+            set_peft_model_state_dict(model, load_peft_weights(path, device="cpu"), adapter_name=name)
+        return
+    safe = os.path.join(directory, SAFE_WEIGHTS_NAME)
+    if os.path.isfile(safe):
+        import safetensors.torch
+
+        result = model.load_state_dict(safetensors.torch.load_file(safe, device="cpu"), strict=False)
+        unexpected = list(result.unexpected_keys)
+        missing = [k for k in result.missing_keys if k not in _tied_keys(model)]
+        if unexpected or missing:
+            raise RuntimeError(
+                f"weights in {directory} do not fit the model: missing {missing}, unexpected {unexpected}"
+            )
+    elif os.path.isfile(os.path.join(directory, SAFE_WEIGHTS_INDEX_NAME)):
+        load_sharded_checkpoint(model, directory, strict=False)
+    else:
+        raise FileNotFoundError(f"checkpoint has no model weights in {directory}")
+
+
+def _tied_keys(model) -> set[str]:
+    """Names of parameters that share storage with another one (``save_pretrained`` keeps only one of them)."""
+    by_storage: dict[int, list[str]] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        by_storage.setdefault(tensor.data_ptr(), []).append(name)
+    return {name for names in by_storage.values() if len(names) > 1 for name in names}
