@@ -348,3 +348,25 @@ def test_config_parses_from_the_command_line(tmp_path):
         HfArgumentParser(trl_ext.PPOConfig).parse_args_into_dataclasses(
             ["--output_dir", str(tmp_path), "--value_clip", "min"]
         )
+
+
+def test_defaults_match_trl_at_epoch_end_with_accumulation(tiny_models, tok, data, tmp_path):
+    """TRL's PPO does not accumulate in the update that takes an epoch's last prompt batch (accelerate's
+    `sync_with_dataloader`); at the defaults we do the same, and `sync_with_dataloader=False` accumulates there."""
+    from trl.experimental.ppo import PPOConfig, PPOTrainer
+
+    kwargs = dict(total_episodes=16, num_sample_generations=0)  # 4 updates of 4 prompts: the 4th ends the epoch
+    _, parent = run(PPOTrainer, PPOConfig, tiny_models, tok, data, tmp_path / "trl", **kwargs)
+    _, child = run_ext(tiny_models, tok, data, tmp_path / "ext", **kwargs)
+    _, fixed = run_ext(tiny_models, tok, data, tmp_path / "fixed", sync_with_dataloader=False, **kwargs)
+    assert len(parent) == len(child) == len(fixed) == 4
+    for p, c in zip(parent, child):
+        for key in p:
+            if key not in EXCLUDED:
+                assert c[key] == pytest.approx(p[key], abs=1e-6, rel=1e-6), (p["step"], key)
+    for p, f in zip(parent[:3], fixed[:3]):  # accumulation is the same until the epoch's last batch...
+        assert f["loss/value_avg"] == pytest.approx(p["loss/value_avg"], abs=1e-6, rel=1e-6)
+    # ...where TRL takes one optimizer step per micro-batch (2 instead of 1 per mini-batch): the policy moves
+    # between micro-batches, so the ratio of the second micro-batch is no longer 1 in the first PPO epoch
+    assert fixed[3]["loss/value_avg"] != pytest.approx(parent[3]["loss/value_avg"], abs=1e-4)
+    assert fixed[3]["policy/approxkl_avg"] < parent[3]["policy/approxkl_avg"]

@@ -52,6 +52,13 @@ class PPOConfig(_TRLPPOConfig):
             KL penalty is added (DeepSpeed-Chat `clip_reward_value`, trlx `cliprange_reward`). The fraction clipped
             is logged as `objective/scores_clipfrac`. `None` (default) = no clipping. NaN/inf scores are an error
             either way.
+        sync_with_dataloader (`bool`, *optional*, defaults to `True`):
+            accelerate's setting of that name, which TRL's PPO keeps: with `gradient_accumulation_steps > 1`, an update
+            during which the most recently opened accelerate DataLoader is at its last batch (the prompt DataLoader at
+            the end of each epoch, or the sample-generation DataLoader when it has one batch) steps the optimizer on
+            every micro-batch instead of accumulating. `False` accumulates over `gradient_accumulation_steps`
+            micro-batches always, as HF Trainer does; it changes numbers against TRL only in those updates.
+            Resuming is exact either way (the DataLoader state is saved in checkpoints).
     """
 
     value_clip: Literal["max", "mean", "none"] = field(
@@ -87,6 +94,14 @@ class PPOConfig(_TRLPPOConfig):
     reward_clip: float | None = field(
         default=None,
         metadata={"help": "Clip reward-model scores to [-reward_clip, reward_clip]; None = no clipping."},
+    )
+
+    sync_with_dataloader: bool = field(
+        default=True,
+        metadata={
+            "help": "TRL/accelerate default (True): no gradient accumulation in updates where the last opened "
+            "DataLoader is at its end. False: always accumulate gradient_accumulation_steps micro-batches."
+        },
     )
 
     def __post_init__(self):

@@ -47,6 +47,7 @@ from trl.experimental.utils import empty_cache, first_true_indices
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import selective_log_softmax
 
+from .accumulation_state import dataloader_stack, restore_dataloader_stack
 from .checkpoints import AtomicCheckpointMixin, latest_checkpoint, load_weights_in_place, resolve_checkpoint
 from .errors import UserInputError
 from .interruption import raise_if_interrupted, watch_signals
@@ -145,7 +146,8 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
             peft_config=peft_config,
         )
         # Nothing below may touch the global torch/numpy RNGs: the parent left them exactly where its train() expects.
-        self._decouple_accumulation_from_dataloaders()
+        if not args.sync_with_dataloader:
+            self._decouple_accumulation_from_dataloaders()
         # HF Trainer.__init__ (which TRL's PPO never calls) sets these; its checkpoint save/load code reads them
         for name in ("is_fsdp_xla_enabled", "is_fsdp_xla_v1_enabled", "is_fsdp_xla_v2_enabled"):
             if not hasattr(self, name):
@@ -168,23 +170,15 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
                 rank=self.accelerator.process_index,
             )
         self.prompt_iterator = None
+        self._resumed_dataloader_stack = None
         self._update_start_state = None
         self._optimizer_stepped = False
 
     # ------------------------------------------------------------------ parent fixes
 
     def _decouple_accumulation_from_dataloaders(self) -> None:
-        """Let gradient accumulation depend on the micro-batch count alone (accelerate's `sync_with_dataloader=False`,
-        as HF Trainer sets it).
-
-        With TRL's setting (True), `accelerator.accumulate` steps the optimizer on *every* micro-batch whenever the
-        most recently started accelerate DataLoader is at its last batch: the prompt DataLoader at the end of each
-        epoch, or the sample-generation DataLoader that `generate_completions` leaves half-read (its iterators are
-        never closed, so they pile up in accelerate's process-wide GradientState, even across trainers). That
-        silently turns accumulation off for some updates and makes the run depend on history a checkpoint cannot
-        hold, so resumed runs would differ. Runs where none of this happens (the parent-equivalence tests) are
-        unchanged.
-        """
+        """`sync_with_dataloader=False`: gradient accumulation depends on the micro-batch count alone, as in HF
+        Trainer (see :mod:`trl_ext.accumulation_state` for what TRL's setting does)."""
         gradient_state = self.accelerator.gradient_state
         gradient_state.plugin_kwargs = {**gradient_state.plugin_kwargs, "sync_with_dataloader": False}
 
@@ -306,6 +300,8 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
         self._optimizer_stepped = False
         self.state.episode += 1 * args.batch_size
         data = self.next_prompt_batch()
+        if self._resumed_dataloader_stack is not None:
+            self._restore_dataloader_stack()
         t0 = time.perf_counter()
         with torch.no_grad():
             rollout = self.generate_rollouts(data["input_ids"].to(self.accelerator.device))
@@ -356,6 +352,7 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
             "kl_controller": self.kl_ctl.state_dict() if hasattr(self.kl_ctl, "state_dict") else None,
             "prompt_stream": self.prompt_iterator.state_dict() if self.prompt_iterator is not None else None,
             "ptx_stream": self.ptx_stream.state_dict() if self.ptx_stream is not None else None,
+            "dataloader_stack": dataloader_stack(self.accelerator.gradient_state, self._accelerate_dataloaders()),
         }
         torch.save(state, ppo_state_file(checkpoint_dir, self.accelerator.process_index))
 
@@ -399,6 +396,8 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
             self.ptx_stream.load_state_dict(extra["ptx_stream"])
         if extra["prompt_stream"] is not None:
             self.prompt_iterator.load_state_dict(extra["prompt_stream"])
+            # rebuilt once the resumed prompt stream has re-opened its DataLoader (in `run_update`)
+            self._resumed_dataloader_stack = (extra["dataloader_stack"], extra["prompt_stream"]["epoch"])
         self._load_rng_state(checkpoint)
 
     def capture_update_start(self) -> dict:
@@ -415,7 +414,23 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             "prompt_stream": self.prompt_iterator.state_dict(),
             "ptx_stream": self.ptx_stream.state_dict() if self.ptx_stream is not None else None,
+            "dataloader_stack": dataloader_stack(self.accelerator.gradient_state, self._accelerate_dataloaders()),
         }
+
+    def _accelerate_dataloaders(self) -> dict:
+        return {"prompt": self.dataloader, "eval": self.eval_dataloader}
+
+    def _restore_dataloader_stack(self) -> None:
+        """After the first prompt batch of a resumed run: accelerate's open DataLoaders as the uninterrupted run
+        has them at this point (the checkpoint's, with the prompt DataLoader re-opened on top if a new epoch just
+        began), so gradient accumulation follows the same `sync_with_dataloader` history."""
+        stack, epoch = self._resumed_dataloader_stack
+        self._resumed_dataloader_stack = None
+        if self.prompt_iterator.epoch > epoch:
+            stack = [entry for entry in stack if entry[0] != "prompt"] + [("prompt", False)]
+        restore_dataloader_stack(
+            self.accelerator.gradient_state, self._accelerate_dataloaders(), stack, keep_flags=("prompt",)
+        )
 
     def save_update_start_checkpoint(self) -> str:
         """Rewind episode, RNGs and data positions to the start of the current update and save `checkpoint-N`
@@ -430,6 +445,9 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
         self.prompt_iterator.load_state_dict(start["prompt_stream"])
         if start["ptx_stream"] is not None:
             self.ptx_stream.load_state_dict(start["ptx_stream"])
+        restore_dataloader_stack(
+            self.accelerator.gradient_state, self._accelerate_dataloaders(), start["dataloader_stack"]
+        )
         self._save_checkpoint(self.model, trial=None)
         return self.last_checkpoint
 
