@@ -202,6 +202,20 @@ def test_trl_config_errors_become_one_line(tmp_path):
     assert "load_best_model_at_end" in msg
 
 
+def test_bf16_without_a_gpu_names_the_key_and_the_fix(tmp_path):
+    import torch
+
+    keys = reward_keys(tmp_path)
+    del keys["use_cpu"]  # TRL's configs default to bf16: true
+    path = write_recipe(tmp_path, **keys)
+    if torch.cuda.is_available():  # a bf16-capable GPU runs it; CI and these machines have none
+        assert resolve_recipe(path).training_args.bf16
+        return
+    msg = error_of(path)
+    assert msg.startswith("recipe: key 'bf16'/'fp16'") and "use_cpu: true" in msg
+    assert resolve_recipe(path, ["--use_cpu", "true"]).training_args.use_cpu
+
+
 def test_ptx_keys_are_consistent(tmp_path):
     import dataclasses
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import warnings
 import sys
 
 from . import __version__
@@ -51,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     # bitsandbytes logs a warning at import on AVX512-BF16 CPUs (an optional hub kernel it cannot fetch). trl-ext
     # avoids that code path for training anyway (trl_ext.quantization), so keep it out of the one-line errors.
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    # transformers 5 deprecates `gradient_checkpointing`, which TRL 1.12's configs set by default: not the user's.
+    warnings.filterwarnings("ignore", message="`gradient_checkpointing` is deprecated", category=FutureWarning)
     try:
         return _run(args)
     except UserInputError as err:

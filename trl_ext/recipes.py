@@ -391,7 +391,12 @@ def resolve_recipe(
     except ValueError as err:
         msg = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
         precision = any(k in msg for k in ("bf16", "fp16", "gpu", "GPU"))
-        if not (for_check and precision):
+        if precision and not for_check:
+            raise UserInputError(
+                f"recipe: key 'bf16'/'fp16': this machine cannot train in that precision ({msg}); TRL's configs "
+                "default to bf16: true, so on CPU set use_cpu: true (or bf16: false)"
+            ) from None
+        if not for_check:
             raise UserInputError(f"recipe: {msg}") from None
         # `check` on a machine without a GPU: validate the rest with fp32 and say so.
         notes.append(f"this machine cannot run the recipe's precision ({msg}); checked the rest with fp32")
