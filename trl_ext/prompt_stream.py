@@ -6,8 +6,10 @@ from typing import Any
 
 import torch
 
+from .epoch_stream import EpochStream
 
-class PromptStream:
+
+class PromptStream(EpochStream):
     """Yields the prompt DataLoader's batches epoch after epoch, like TRL's ``repeat_generator``, and can resume.
 
     A shuffling DataLoader draws its epoch's order when its iterator starts: from the global torch RNG (one
@@ -20,32 +22,18 @@ class PromptStream:
     """
 
     def __init__(self, dataloader):
+        super().__init__()
         self.dataloader = dataloader
-        self.epoch = 0
-        self.batches_in_epoch = 0
         self.epoch_rng_state: dict[str, Any] | None = None
-        self._iterator = None
         self._pending_fast_forward = False
 
-    def __iter__(self):
-        return self
-
-    def __next__(self):
+    def open_epoch(self):
         if self._pending_fast_forward:
-            self._fast_forward()
-        while True:
-            if self._iterator is None:
-                self.epoch_rng_state = self._rng_state()
-                self._iterator = iter(self.dataloader)
-            try:
-                batch = next(self._iterator)
-            except StopIteration:
-                self._iterator = None
-                self.epoch += 1
-                self.batches_in_epoch = 0
-                continue
-            self.batches_in_epoch += 1
-            return batch
+            self._pending_fast_forward = False
+            if self.epoch_rng_state is not None:  # None: saved before the first batch, nothing to replay
+                return self._replay_epoch()
+        self.epoch_rng_state = self._rng_state()
+        return iter(self.dataloader)
 
     def _generator(self) -> torch.Generator | None:
         return getattr(self.dataloader, "synchronized_generator", None)
@@ -67,18 +55,16 @@ class PromptStream:
         if "iteration" in state and hasattr(self.dataloader, "iteration"):
             self.dataloader.iteration = state["iteration"]
 
-    def _fast_forward(self) -> None:
-        self._pending_fast_forward = False
-        if self.epoch_rng_state is None:  # saved before the first batch: nothing to replay
-            return
+    def _replay_epoch(self):
         current = torch.get_rng_state()  # restored by the resume from the checkpoint's rng_state.pth
         self._set_rng_state(self.epoch_rng_state)
-        self._iterator = iter(self.dataloader)
+        iterator = iter(self.dataloader)
         for _ in range(self.batches_in_epoch):
-            next(self._iterator)
+            next(iterator)
         # The epoch's draws are replayed; the sampler generator stays where they left it (as in the original run),
         # the global RNG goes back to the checkpoint's state.
         torch.set_rng_state(current)
+        return iterator
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "batches_in_epoch": self.batches_in_epoch, "epoch_rng_state": self.epoch_rng_state}

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
+from .epoch_stream import EpochStream
 from .errors import UserInputError
 
 
@@ -43,7 +44,7 @@ def tokenize_ptx_dataset(dataset, tokenizer, max_length: int):
     return dataset
 
 
-class PtxStream:
+class PtxStream(EpochStream):
     """Endless stream of padded ptx batches, cycled epoch after epoch, independent of every other RNG.
 
     Each process reads its own shard of a permutation that depends only on ``seed`` and the epoch
@@ -53,6 +54,7 @@ class PtxStream:
     """
 
     def __init__(self, dataset, tokenizer, batch_size: int, seed: int, num_replicas: int = 1, rank: int = 0):
+        super().__init__()
         self.sampler = DistributedSampler(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.loader = DataLoader(
@@ -62,29 +64,13 @@ class PtxStream:
             collate_fn=lambda rows: _pad_right(rows, pad_id),
             generator=torch.Generator().manual_seed(seed),
         )
-        self.epoch = 0
-        self.batches_in_epoch = 0
-        self._iterator = None
 
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> dict[str, torch.Tensor]:
-        while True:
-            if self._iterator is None:
-                self.sampler.set_epoch(self.epoch)
-                self._iterator = iter(self.loader)
-                for _ in range(self.batches_in_epoch):  # after load_state_dict
-                    next(self._iterator)
-            try:
-                batch = next(self._iterator)
-            except StopIteration:
-                self._iterator = None
-                self.epoch += 1
-                self.batches_in_epoch = 0
-                continue
-            self.batches_in_epoch += 1
-            return batch
+    def open_epoch(self):
+        self.sampler.set_epoch(self.epoch)
+        iterator = iter(self.loader)
+        for _ in range(self.batches_in_epoch):  # after load_state_dict
+            next(iterator)
+        return iterator
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "batches_in_epoch": self.batches_in_epoch}
