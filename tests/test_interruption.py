@@ -8,7 +8,6 @@ import signal
 
 import pytest
 from datasets import Dataset
-from transformers import TrainerCallback
 
 from trl_ext.checkpoints import latest_checkpoint, resolve_checkpoint
 from trl_ext.errors import UserInputError
@@ -16,17 +15,10 @@ from trl_ext.interruption import SignalWatcher, TrainingInterrupted
 from trl_ext.nonfinite import NonFiniteError
 from trl_ext.testing import build_causal_lm, tiny_corpus
 
+from signal_callbacks import SendSignalAfterStep
+
 WORDS = tiny_corpus(40, seed=21)
 MAX_STEPS = 4
-
-
-class SendSignalAfterStep(TrainerCallback):
-    def __init__(self, signum, step):
-        self.signum, self.step = signum, step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            os.kill(os.getpid(), self.signum)
 
 
 def ranked_rows(ks, seed=0):

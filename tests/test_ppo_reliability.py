@@ -12,6 +12,7 @@ import torch
 from transformers import TrainerCallback
 
 from ppo_helpers import config_kwargs, left_tokenizer, load_models, prompt_dataset, ptx_dataset, seed_all, update_logs
+from signal_callbacks import SendSignalAfterStep
 
 EXCLUDED_PREFIXES = ("eps", "time/")  # wall clock
 N_UPDATES = 5  # 8 prompts, 4 per update: an epoch is 2 updates, so resumes land mid-epoch and at an epoch's end
@@ -121,15 +122,6 @@ def test_checkpoints_are_complete_and_rotated(reference_runs):
     assert extra["prompt_stream"]["epoch"] == 1 and extra["prompt_stream"]["batches_in_epoch"] == 1
     assert extra["kl_controller"]["value"] == pytest.approx(reference_runs["full"][1][3]["objective/kl_coef"])
     assert extra["ptx_stream"] == {"epoch": 1, "batches_in_epoch": 4}  # 16 texts, 2 per batch, 4 per update
-
-
-class SendSignalAfterStep(TrainerCallback):
-    def __init__(self, signum, step):
-        self.signum, self.step = signum, step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            os.kill(os.getpid(), self.signum)
 
 
 def test_sigterm_saves_a_checkpoint_that_resumes(tiny_models, tok, data, tmp_path, reference_runs):
