@@ -150,9 +150,11 @@ def test_value_outside_its_choices(tmp_path, key, value):
         ("model_name_or_path", "/no/such/model"),
         ("reward_model_path", "outputs/no-such-dir/reward"),
         ("value_model_path", "./no-such-value"),
+        ("model_name_or_path", "recipes/no-such-model"),  # one slash, but under an existing ./recipes
     ],
 )
-def test_local_path_that_does_not_exist(tmp_path, key, value):
+def test_local_path_that_does_not_exist(tmp_path, key, value, monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
     msg = error_of(write_recipe(tmp_path, **ppo_keys(tmp_path, **{key: value})))
     assert f"key '{key}'" in msg and value in msg and "does not exist" in msg
 

@@ -68,7 +68,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "check":
         recipe = resolve_recipe(args.recipe, overrides, for_check=True)
         from .data import check_columns, open_split
-        from .recipes import looks_local
+        from .paths import looks_local
 
         s = recipe.script_args
         if s.dataset_name and looks_local(s.dataset_name):  # local data: check columns too (no network)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import UserInputError
 from .lora import check_lora_targets, lora_config_for
+from .paths import looks_local
 from .quantization import (
     check_quantization_request,
     disable_bnb_cpu_weight_repacking,
@@ -40,16 +41,6 @@ _DTYPES = ("auto", "bfloat16", "float16", "float32")
 # Paths and configs
 
 
-def _looks_local(path: str) -> bool:
-    """Whether ``path`` is meant as a local path rather than a Hub id (``name`` or ``org/name``)."""
-    if path.startswith((".", "/", "~", "\\")) or os.path.isabs(path) or os.path.splitdrive(path)[0]:
-        return True
-    parts = path.replace("\\", "/").split("/")
-    if len(parts) > 2:  # Hub ids have at most one slash
-        return True
-    return len(parts) == 2 and os.path.isdir(parts[0])  # e.g. "models/my-run" where ./models exists
-
-
 def _resolve_model_path(name_or_path: str | os.PathLike | None) -> str:
     """The checkpoint location to load from; refuses a local path that does not exist, naming it."""
     if name_or_path is None or str(name_or_path).strip() == "":
@@ -60,7 +51,7 @@ def _resolve_model_path(name_or_path: str | os.PathLike | None) -> str:
         return path
     if os.path.exists(path):
         raise UserInputError(f"model_name_or_path {raw!r} is a file; it must be a checkpoint directory")
-    if _looks_local(raw):
+    if looks_local(raw):
         raise UserInputError(f"model_name_or_path {raw!r}: no such directory (resolved to {os.path.abspath(path)})")
     return raw  # a Hub id; loading its config tells whether it exists
 

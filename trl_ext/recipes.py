@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .errors import UserInputError
+from .paths import looks_local
 
 TRAINERS = ("reward", "dpo", "ppo")
 RECIPE_FILENAME = "trl_ext_recipe.yaml"
@@ -277,15 +278,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     return str(value)
-
-
-def looks_local(value: str) -> bool:
-    """Whether a model/dataset name is meant as a local path (a hub id is ``name`` or ``org/name``)."""
-    if value.startswith(TINY_SCHEME):
-        return False
-    if os.path.exists(value) or value.startswith(("/", "./", "../", "~", ".")):
-        return True
-    return value.count("/") > 1 or Path(value).suffix.lower() in (".json", ".jsonl", ".csv", ".parquet", ".yaml")
 
 
 def _check_path(key: str, value: Optional[str]) -> None:
