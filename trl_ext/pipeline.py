@@ -8,7 +8,6 @@ resolved recipe (``trl_ext_recipe.yaml``) and ``trainer_state.json`` with the lo
 
 from __future__ import annotations
 
-import inspect
 import os
 from pathlib import Path
 
@@ -40,10 +39,11 @@ def resolve_model_path(path: str | None) -> str | None:
     return str(getattr(models, path[len(TINY_SCHEME):]))
 
 
-def _with_path(model_args, path):
+def _resolved(model_args):
+    """``model_args`` with a ``tiny://`` model name replaced by its directory."""
     import dataclasses
 
-    return dataclasses.replace(model_args, model_name_or_path=resolve_model_path(path))
+    return dataclasses.replace(model_args, model_name_or_path=resolve_model_path(model_args.model_name_or_path))
 
 
 def apply_environment(recipe: Recipe) -> None:
@@ -61,19 +61,29 @@ def apply_environment(recipe: Recipe) -> None:
             os.environ[env] = value
 
 
-def open_datasets(recipe: Recipe, *, kind: str | None = None):
-    """Open the train split (and the eval split when the trainer evaluates) and check their columns."""
+def open_datasets(recipe: Recipe):
+    """Open the train split and, when the run uses one, the eval split, and check their columns.
+
+    The eval split is read when ``eval_strategy`` is not ``no`` (a missing split is then an error) and, for PPO, for
+    TRL's sample generations when ``num_sample_generations > 0`` and the dataset has one.
+    """
     s, args = recipe.script_args, recipe.training_args
-    kind = kind or recipe.trainer
     train = open_split(s.dataset_name, s.dataset_train_split, config=s.dataset_config,
                        streaming=s.dataset_streaming)
-    check_columns(train, kind, name=s.dataset_name, split=s.dataset_train_split)
-    evaluate = str(getattr(args, "eval_strategy", "no")).split(".")[-1].lower() != "no"
-    eval_ds = None
-    if evaluate:
+    check_columns(train, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split)
+    required = str(getattr(args, "eval_strategy", "no")).split(".")[-1].lower() != "no"
+    sample_generations = recipe.trainer == "ppo" and args.num_sample_generations > 0
+    evaluate, optional = required or sample_generations, not required
+    if not evaluate:
+        return train, None
+    try:
         eval_ds = open_split(s.dataset_name, s.dataset_test_split, config=s.dataset_config,
                              split_key="dataset_test_split", streaming=s.dataset_streaming)
-        check_columns(eval_ds, kind, name=s.dataset_name, split=s.dataset_test_split)
+    except UserInputError as err:
+        if optional and "has no split" in str(err):
+            return train, None
+        raise
+    check_columns(eval_ds, recipe.trainer, name=s.dataset_name, split=s.dataset_test_split)
     return train, eval_ds
 
 
@@ -153,7 +163,7 @@ def train_reward(recipe: Recipe):
     from trl_ext import RewardTrainer
 
     train_ds, eval_ds = open_datasets(recipe)
-    model_args = _with_path(recipe.model_args, recipe.model_args.model_name_or_path)
+    model_args = _resolved(recipe.model_args)
     tokenizer = load_tokenizer(model_args)
     model = load_scalar_model(model_args, reinit_head=recipe.pipeline.reinit_score_head, tokenizer=tokenizer)
     trainer = RewardTrainer(model=model, args=recipe.training_args, train_dataset=train_ds, eval_dataset=eval_ds,
@@ -171,7 +181,7 @@ def train_dpo(recipe: Recipe):
     from trl_ext import DPOTrainer
 
     train_ds, eval_ds = open_datasets(recipe)
-    model_args = _with_path(recipe.model_args, recipe.model_args.model_name_or_path)
+    model_args = _resolved(recipe.model_args)
     tokenizer = load_tokenizer(model_args)
     model = load_policy(model_args, tokenizer=tokenizer)
     trainer = DPOTrainer(model=model, ref_model=None, args=recipe.training_args, train_dataset=train_ds,
@@ -191,20 +201,11 @@ def train_ppo(recipe: Recipe):
     """
     from trl_ext import PPOTrainer
 
-    s, args = recipe.script_args, recipe.training_args
-    train_ds, _ = open_datasets(recipe)
-    eval_ds = None
-    if args.num_sample_generations > 0:
-        try:
-            eval_ds = open_split(s.dataset_name, s.dataset_test_split, config=s.dataset_config,
-                                 split_key="dataset_test_split")
-            check_columns(eval_ds, "ppo", name=s.dataset_name, split=s.dataset_test_split)
-        except UserInputError as err:
-            if "has no split" not in str(err):
-                raise
+    args = recipe.training_args
+    train_ds, eval_ds = open_datasets(recipe)
     ptx = open_ptx_dataset(recipe)
 
-    model_args = _with_path(recipe.model_args, recipe.model_args.model_name_or_path)
+    model_args = _resolved(recipe.model_args)
     tokenizer = load_tokenizer(model_args)
     tokenizer.padding_side = "left"  # generation needs left padding (as TRL's PPO example)
     train_ds = tokenize_prompts(train_ds, tokenizer, num_proc=args.dataset_num_proc)
@@ -212,23 +213,18 @@ def train_ppo(recipe: Recipe):
         eval_ds = tokenize_prompts(eval_ds, tokenizer, num_proc=args.dataset_num_proc)
 
     policy = load_policy(model_args, tokenizer=tokenizer)
-    reward_args = _with_path(recipe.reward_model_args, recipe.reward_model_args.model_name_or_path)
+    reward_args = _resolved(recipe.reward_model_args)
     reward_model = load_scalar_checkpoint(reward_args, trainable=False, tokenizer=tokenizer)
     reward_model.eval()
     for p in reward_model.parameters():
         p.requires_grad_(False)
-    value_args = _with_path(recipe.value_model_args, recipe.value_model_args.model_name_or_path)
+    value_args = _resolved(recipe.value_model_args)
     value_model = load_scalar_checkpoint(value_args, trainable=True, tokenizer=tokenizer,
                                          reinit_head=recipe.pipeline.value_reinit_score_head)
 
-    kwargs = {}
-    if ptx is not None:
-        if "ptx_dataset" not in inspect.signature(PPOTrainer.__init__).parameters:
-            raise UserInputError("ptx_dataset_name: this trl_ext.PPOTrainer has no PPO-ptx support")
-        kwargs["ptx_dataset"] = ptx
     trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=None,
                          reward_model=reward_model, value_model=value_model, train_dataset=train_ds,
-                         eval_dataset=eval_ds, **kwargs)
+                         eval_dataset=eval_ds, ptx_dataset=ptx)
     trainer.train(resume_from_checkpoint=_resume_arg(recipe))
     _finish(trainer, recipe, tokenizer)
     return trainer
