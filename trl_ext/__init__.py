@@ -1,5 +1,16 @@
 """trl-ext: extensions to Hugging Face TRL's PPO, reward and DPO trainers.
 
+The package, one subpackage per role (each ``__init__.py`` says what it holds):
+
+* :mod:`trl_ext.ppo`: ``PPOTrainer``/``PPOConfig`` and their math (losses, GAE, KL controllers) and data streams.
+* :mod:`trl_ext.preference`: ``RewardTrainer``/``RewardConfig``, ``DPOTrainer``/``DPOConfig``, preference losses,
+  ranked data, reward centering.
+* :mod:`trl_ext.models`: loading tokenizer, policy and reward/value models (quantization, LoRA, scalar heads).
+* :mod:`trl_ext.recipes`: YAML recipes, their data, the pipeline that runs them and the ``trl-ext`` command.
+* :mod:`trl_ext.runtime`: atomic checkpoints, interruption, NaN guards: what every trainer shares.
+* ``errors.py`` (:class:`~trl_ext.errors.UserInputError`, used everywhere) and ``testing.py`` (tiny offline models
+  for tests, the demo and the benchmarks).
+
 Heavy imports (torch, transformers, trl) are deferred until a trainer or config is first used, so that
 ``import trl_ext`` and ``trl-ext --help`` stay fast.
 """
@@ -9,26 +20,30 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from . import _moved_modules
+
 __version__ = "0.1.0"
 
+_moved_modules.install()  # trl-ext 0.1.0's flat module paths (e.g. in pickled checkpoints) still import
+
 _LAZY = {
-    "PPOConfig": "trl_ext.ppo_config",
-    "PPOTrainer": "trl_ext.ppo_trainer",
-    "RewardConfig": "trl_ext.reward_config",
-    "RewardTrainer": "trl_ext.reward_trainer",
-    "DPOConfig": "trl_ext.dpo_config",
-    "DPOTrainer": "trl_ext.dpo_trainer",
+    "PPOConfig": "trl_ext.ppo.config",
+    "PPOTrainer": "trl_ext.ppo.trainer",
+    "RewardConfig": "trl_ext.preference.reward_config",
+    "RewardTrainer": "trl_ext.preference.reward_trainer",
+    "DPOConfig": "trl_ext.preference.dpo_config",
+    "DPOTrainer": "trl_ext.preference.dpo_trainer",
 }
 
 __all__ = ["__version__", *_LAZY]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .dpo_config import DPOConfig
-    from .dpo_trainer import DPOTrainer
-    from .ppo_config import PPOConfig
-    from .ppo_trainer import PPOTrainer
-    from .reward_config import RewardConfig
-    from .reward_trainer import RewardTrainer
+    from .ppo.config import PPOConfig
+    from .ppo.trainer import PPOTrainer
+    from .preference.dpo_config import DPOConfig
+    from .preference.dpo_trainer import DPOTrainer
+    from .preference.reward_config import RewardConfig
+    from .preference.reward_trainer import RewardTrainer
 
 
 def __getattr__(name: str):

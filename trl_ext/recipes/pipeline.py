@@ -11,11 +11,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..errors import UserInputError
+from ..models.loaders import load_policy, load_scalar_model, load_tokenizer
 from .data import check_columns, open_split, ptx_texts, tokenize_prompts
-from .errors import UserInputError
-from .recipes import RECIPE_FILENAME, TINY_SCHEME, Recipe
-
-from .models import load_policy, load_scalar_model, load_tokenizer
+from .loader import RECIPE_FILENAME, TINY_SCHEME, Recipe
 
 TINY_DIR_ENV = "TRL_EXT_TINY_DIR"
 
@@ -32,7 +31,7 @@ def resolve_model_path(path: str | None) -> str | None:
         return path
     from accelerate import PartialState
 
-    from .testing import build_tiny_models
+    from ..testing import build_tiny_models
 
     with PartialState().main_process_first():
         models = build_tiny_models(tiny_models_dir())

@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 
 from trl import DPOConfig as _TRLDPOConfig
 
-from .errors import UserInputError
+from ..errors import UserInputError
 
 #: Loss types for which `label_smoothing` means something: cDPO for `sigmoid` (trl-ext), TRL's own meaning for
 #: the others.

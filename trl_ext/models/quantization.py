@@ -12,7 +12,7 @@ import dataclasses
 import importlib
 import warnings
 
-from .errors import UserInputError
+from ..errors import UserInputError
 
 
 def bitsandbytes_unavailable_reason() -> str | None:

@@ -17,7 +17,7 @@ import shutil
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
-from .errors import UserInputError
+from ..errors import UserInputError
 
 STAGING_PREFIX = "tmp-"
 """Prefix of the folder a checkpoint is written into before it is renamed (``tmp-checkpoint-N``)."""

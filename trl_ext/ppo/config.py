@@ -9,9 +9,9 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from trl.experimental.ppo import PPOConfig as _TRLPPOConfig
 
-from .errors import UserInputError
+from ..errors import UserInputError
 from .kl_controllers import KL_CONTROLLERS
-from .ppo_losses import VALUE_CLIP_MODES
+from .losses import VALUE_CLIP_MODES
 
 PTX_MODES = ("joint", "separate")
 

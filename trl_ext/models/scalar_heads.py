@@ -23,7 +23,7 @@ def scalar_model_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.n
     backbone = getattr(inner, prefix, None) if prefix else None
     head = getattr(inner, "score", None)
     if backbone is None or head is None:
-        from .errors import UserInputError
+        from ..errors import UserInputError
 
         raise UserInputError(
             f"reward/value model: {type(inner).__name__} has no backbone `{prefix}` and `score` head; load it with "

@@ -2,26 +2,26 @@
 
 from trl import DPOTrainer as _TRLDPOTrainer
 
-from .checkpoints import AtomicCheckpointMixin
-from .interruption import InterruptibleTrainMixin
-from .nonfinite import NonFiniteLossGuardMixin
-from .preference_losses import robust_label_smoothing_for_cdpo
+from ..runtime.checkpoints import AtomicCheckpointMixin
+from ..runtime.interruption import InterruptibleTrainMixin
+from ..runtime.nonfinite import NonFiniteLossGuardMixin
+from .losses import robust_label_smoothing_for_cdpo
 
 
 class DPOTrainer(InterruptibleTrainMixin, NonFiniteLossGuardMixin, AtomicCheckpointMixin, _TRLDPOTrainer):
     """[`trl.DPOTrainer`] with trl-ext's extensions.
 
     `label_smoothing > 0` with the default `sigmoid` loss trains conservative DPO (cDPO, see
-    :func:`trl_ext.preference_losses.cdpo_loss`); TRL 1.12 silently ignores the value there. Every other loss type
+    :func:`trl_ext.preference.losses.cdpo_loss`); TRL 1.12 silently ignores the value there. Every other loss type
     runs TRL's code unchanged. cDPO runs through TRL's own loss code: cDPO with `eps` is exactly TRL's `robust`
     loss with flip rate `-eps / (1 - 2 eps)` (derivation in
-    :func:`trl_ext.preference_losses.robust_label_smoothing_for_cdpo`), so the trainer swaps the loss type and the
+    :func:`trl_ext.preference.losses.robust_label_smoothing_for_cdpo`), so the trainer swaps the loss type and the
     value after TRL's initialisation and keeps all of TRL's logging, reference handling and metrics.
 
-    Reliability (:mod:`trl_ext.checkpoints`, :mod:`trl_ext.interruption`): checkpoints are written atomically;
+    Reliability (:mod:`trl_ext.runtime.checkpoints`, :mod:`trl_ext.runtime.interruption`): checkpoints are written atomically;
     `train(resume_from_checkpoint=True)` takes the latest complete one; SIGINT/SIGTERM save a checkpoint at the end
-    of the current optimizer step and raise :class:`trl_ext.interruption.TrainingInterrupted`; a NaN/inf loss raises
-    :class:`trl_ext.nonfinite.NonFiniteError` after saving the state before the step.
+    of the current optimizer step and raise :class:`trl_ext.runtime.interruption.TrainingInterrupted`; a NaN/inf loss raises
+    :class:`trl_ext.runtime.nonfinite.NonFiniteError` after saving the state before the step.
     """
 
     def __init__(self, *args, **kwargs):

@@ -26,7 +26,7 @@ from trl.data_utils import _tokenize, get_dataset_column_names
 from trl.trainer.reward_trainer import DataCollatorForPreference
 from trl.trainer.utils import pad
 
-from .errors import UserInputError
+from ..errors import UserInputError
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from . import biased_score_model
-from .errors import UserInputError
+from ..errors import UserInputError
+from ..models import biased_score_model
 
 
 def _is_peft(model) -> bool:
@@ -63,7 +63,7 @@ def fold_reward_offset(model, offset: float) -> None:
 
     A head without a bias (transformers' `GenericForSequenceClassification`: Llama, Qwen2, Mistral, ...) is
     replaced by an identical `nn.Linear` with a bias, and the model becomes an instance of
-    :func:`trl_ext.biased_score_model.biased_score_class` of its class: same forward, and `save_pretrained` also
+    :func:`trl_ext.models.biased_score_model.biased_score_class` of its class: same forward, and `save_pretrained` also
     writes the loader file and `config.auto_map`, so the saved model reloads with its bias through
     `AutoModelForSequenceClassification.from_pretrained(path, trust_remote_code=True)`.
     """

@@ -9,10 +9,10 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
    Then ``check_finite("objective/scores", ...)`` (NaN/inf stop training, see ``check_finite``) and ``clip_scores``
    (``reward_clip``). Each micro-batch loss is checked the same way before its backward.
 4. ``compute_rewards(rollout, kl_coef)``: per-token reward ``-kl_coef * KL`` plus the score at the last token.
-5. ``compute_advantages(rollout)``: GAE (:func:`trl_ext.ppo_advantages.gae_advantages`) and whitening.
+5. ``compute_advantages(rollout)``: GAE (:func:`trl_ext.ppo.advantages.gae_advantages`) and whitening.
 6. ``optimize(rollout) -> UpdateStats``: PPO epochs (numpy permutation per epoch) over mini/micro-batches;
    each micro-batch calls ``compute_micro_batch_loss`` (policy, value and joint ptx losses from
-   :mod:`trl_ext.ppo_losses`); separate ptx steps go through ``ptx_step``.
+   :mod:`trl_ext.ppo.losses`); separate ptx steps go through ``ptx_step``.
 7. ``update_metrics(...) -> dict`` and ``log_update(metrics)``: TRL's metrics plus ours, then the KL controller
    (``self.kl_ctl``) updates from the update's ``objective/kl``.
 8. Callbacks, sample generations, then the checkpoint if one is due (``save_extra_checkpoint_files`` adds the value
@@ -29,7 +29,7 @@ import time
 import warnings
 from contextlib import contextmanager, nullcontext
 
-from .ppo_config import PPOConfig  # first: it silences TRL's experimental-import warning
+from .config import PPOConfig  # first: it silences TRL's experimental-import warning
 
 import numpy as np
 import torch
@@ -47,18 +47,18 @@ from trl.experimental.utils import empty_cache, first_true_indices
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import selective_log_softmax
 
+from ..errors import UserInputError
+from ..models.scalar_heads import scalar_model_outputs
+from ..runtime.checkpoints import AtomicCheckpointMixin, latest_checkpoint, load_weights_in_place, resolve_checkpoint
+from ..runtime.interruption import raise_if_interrupted, watch_signals
+from ..runtime.nonfinite import NonFiniteError, count_nonfinite
 from .accumulation_state import dataloader_stack, restore_dataloader_stack
-from .checkpoints import AtomicCheckpointMixin, latest_checkpoint, load_weights_in_place, resolve_checkpoint
-from .errors import UserInputError
-from .interruption import raise_if_interrupted, watch_signals
+from .advantages import gae_advantages
 from .kl_controllers import KLController, build_kl_controller
-from .nonfinite import NonFiniteError, count_nonfinite
+from .losses import policy_loss, ptx_lm_loss, value_loss
 from .prompt_stream import PromptStream
-from .ppo_advantages import gae_advantages
-from .ppo_losses import policy_loss, ptx_lm_loss, value_loss
-from .ppo_rollout import MicroBatchOutput, Rollout, UpdateStats
 from .ptx_data import PtxStream, tokenize_ptx_dataset
-from .scalar_heads import scalar_model_outputs
+from .rollout import MicroBatchOutput, Rollout, UpdateStats
 
 __all__ = ["PPOConfig", "PPOTrainer", "VALUE_MODEL_DIR", "ppo_state_file"]
 
@@ -80,7 +80,7 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
         ptx_dataset ([`~datasets.Dataset`], *optional*):
             Pretraining-mix data for PPO-ptx: plain text in a `text` column, or tokenized `input_ids`. Required
             when `args.ptx_coef > 0`; ignored with a warning when `args.ptx_coef == 0`.
-        kl_controller ([`trl_ext.kl_controllers.KLController`], *optional*):
+        kl_controller ([`trl_ext.ppo.kl_controllers.KLController`], *optional*):
             Your own KL controller (any object with a float `value` and `update(kl, n_steps)`); overrides
             `args.kl_controller`. Its `value` is the coefficient of the next update's rewards.
 
@@ -94,8 +94,8 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
     episode, log history) and per process `trl_ext_ppo_state_{rank}.pt` (KL controller, prompt and ptx stream
     positions). `train(resume_from_checkpoint=...)` restores all of it, so a resumed run logs the same numbers as
     an uninterrupted one. SIGINT/SIGTERM during `train()` save a checkpoint at the end of the current update and
-    raise :class:`trl_ext.interruption.TrainingInterrupted`. NaN/inf scores or losses raise
-    :class:`trl_ext.nonfinite.NonFiniteError` after saving the state before the update (see `check_finite`).
+    raise :class:`trl_ext.runtime.interruption.TrainingInterrupted`. NaN/inf scores or losses raise
+    :class:`trl_ext.runtime.nonfinite.NonFiniteError` after saving the state before the update (see `check_finite`).
     """
 
     _tag_names = ["trl", "ppo", "trl-ext"]
@@ -178,7 +178,7 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
 
     def _decouple_accumulation_from_dataloaders(self) -> None:
         """`sync_with_dataloader=False`: gradient accumulation depends on the micro-batch count alone, as in HF
-        Trainer (see :mod:`trl_ext.accumulation_state` for what TRL's setting does)."""
+        Trainer (see :mod:`trl_ext.ppo.accumulation_state` for what TRL's setting does)."""
         gradient_state = self.accelerator.gradient_state
         gradient_state.plugin_kwargs = {**gradient_state.plugin_kwargs, "sync_with_dataloader": False}
 
@@ -452,7 +452,7 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
         return self.last_checkpoint
 
     def check_finite(self, quantity: str, tensor: torch.Tensor, unit: str, where: str = "") -> None:
-        """Raise :class:`~trl_ext.nonfinite.NonFiniteError` if `tensor` holds NaN/inf on any process.
+        """Raise :class:`~trl_ext.runtime.nonfinite.NonFiniteError` if `tensor` holds NaN/inf on any process.
 
         Runs on the scores right after scoring (before rewards, clipping and any optimizer step) and on each
         micro-batch loss before its backward. If no optimizer step was taken in this update yet, the state before
@@ -705,7 +705,7 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
         return next(self.ptx_stream)
 
     def compute_ptx_loss(self, batch: dict) -> torch.Tensor:
-        """The policy's LM loss on a ptx batch (:func:`trl_ext.ppo_losses.ptx_lm_loss`)."""
+        """The policy's LM loss on a ptx batch (:func:`trl_ext.ppo.losses.ptx_lm_loss`)."""
         policy = self.accelerator.unwrap_model(self.model).policy
         input_ids = batch["input_ids"].to(self.accelerator.device)
         attention_mask = batch["attention_mask"].to(self.accelerator.device)

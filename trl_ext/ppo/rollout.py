@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .ppo_losses import PolicyLoss, ValueLoss
+from .losses import PolicyLoss, ValueLoss
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import re
 
-from .errors import UserInputError
+from ..errors import UserInputError
 
 
 def lora_config_for(model_args, *, task_type: str, modules_to_save: list[str] | None = None):

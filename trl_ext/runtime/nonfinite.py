@@ -77,7 +77,7 @@ class NonFiniteLossGuardMixin:
     The loss is checked after each micro-batch's backward and before the optimizer step, so the weights and the
     optimizer are still those before the failing step: they are saved as ``checkpoint-N`` (N = completed steps;
     resuming replays the failing step's batches) before the error is raised. Needs
-    :class:`trl_ext.checkpoints.AtomicCheckpointMixin` (for ``last_checkpoint``).
+    :class:`trl_ext.runtime.checkpoints.AtomicCheckpointMixin` (for ``last_checkpoint``).
     """
 
     def training_step(self, model, inputs, *args, **kwargs):

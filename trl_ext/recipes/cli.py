@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import warnings
 import sys
+import warnings
 
-from . import __version__
-from .errors import UserInputError
+from .. import __version__
+from ..errors import UserInputError
 
 EXIT_USAGE = 2
 EXIT_NONFINITE = 3
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     # bitsandbytes logs a warning at import on AVX512-BF16 CPUs (an optional hub kernel it cannot fetch). trl-ext
-    # avoids that code path for training anyway (trl_ext.quantization), so keep it out of the one-line errors.
+    # avoids that code path for training anyway (trl_ext.models.quantization), so keep it out of the one-line errors.
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     # transformers 5 deprecates `gradient_checkpointing`, which TRL 1.12's configs set by default: not the user's.
     warnings.filterwarnings("ignore", message="`gradient_checkpointing` is deprecated", category=FutureWarning)
@@ -62,13 +62,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .recipes import resolve_recipe
+    from .loader import resolve_recipe
 
     overrides = [tok for tok in args.overrides if tok != "--"]
     if args.command == "check":
         recipe = resolve_recipe(args.recipe, overrides, for_check=True)
+        from ..models.paths import looks_local
         from .data import check_columns, open_split
-        from .paths import looks_local
 
         s = recipe.script_args
         if s.dataset_name and looks_local(s.dataset_name):  # local data: check columns too (no network)
@@ -85,8 +85,8 @@ def _run(args: argparse.Namespace) -> int:
         print(recipe.to_yaml(), end="")
         return 0
     recipe = resolve_recipe(args.recipe, overrides)
-    from .interruption import TrainingInterrupted
-    from .nonfinite import NonFiniteError
+    from ..runtime.interruption import TrainingInterrupted
+    from ..runtime.nonfinite import NonFiniteError
     from .pipeline import run
 
     try:

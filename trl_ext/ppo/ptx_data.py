@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from .epoch_stream import EpochStream
-from .errors import UserInputError
+from ..errors import UserInputError
+from ..runtime.epoch_stream import EpochStream
 
 
 def tokenize_ptx_dataset(dataset, tokenizer, max_length: int):

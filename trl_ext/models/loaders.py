@@ -18,7 +18,7 @@ import copy
 import os
 from typing import TYPE_CHECKING, Any
 
-from .errors import UserInputError
+from ..errors import UserInputError
 from .lora import check_lora_targets, lora_config_for
 from .paths import looks_local
 from .quantization import (
@@ -253,7 +253,7 @@ def load_policy(
 
     Returns:
         A ``transformers`` model, or a ``peft.PeftModel`` when ``use_peft``. Quantized 4-bit layers have
-        :func:`~trl_ext.quantization.disable_bnb_cpu_weight_repacking` applied.
+        :func:`~trl_ext.models.quantization.disable_bnb_cpu_weight_repacking` applied.
 
     Raises:
         UserInputError: missing path, both 4- and 8-bit, bitsandbytes unusable, unknown LoRA targets.
@@ -328,7 +328,7 @@ def _quiet_causal_to_seqcls_load():
 
 
 def _is_centred_checkpoint(config) -> bool:
-    """Whether the checkpoint was saved by reward centering (see :mod:`trl_ext.biased_score_model`)."""
+    """Whether the checkpoint was saved by reward centering (see :mod:`trl_ext.models.biased_score_model`)."""
     from .biased_score_model import AUTO_MAP
 
     auto_map = getattr(config, "auto_map", None) or {}

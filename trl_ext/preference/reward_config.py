@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 
 from trl import RewardConfig as _TRLRewardConfig
 
-from .errors import UserInputError
+from ..errors import UserInputError
 
 
 @dataclass

@@ -9,14 +9,14 @@ from trl import RewardTrainer as _TRLRewardTrainer
 from trl.data_utils import get_dataset_column_names
 from trl.trainer.utils import get_config_model_id, pad
 
-from .checkpoints import AtomicCheckpointMixin
-from .interruption import InterruptibleTrainMixin
-from .nonfinite import NonFiniteLossGuardMixin
-from .preference_losses import pairwise_reward_loss, ranked_pair_indices, ranked_reward_loss
-from .ranked_preference_data import (
+from ..runtime.checkpoints import AtomicCheckpointMixin
+from ..runtime.interruption import InterruptibleTrainMixin
+from ..runtime.nonfinite import NonFiniteLossGuardMixin
+from .losses import pairwise_reward_loss, ranked_pair_indices, ranked_reward_loss
+from .ranked_data import (
     DataCollatorForRankedPreference,
-    prepare_ranked_dataset,
     preference_dataset_kind,
+    prepare_ranked_dataset,
 )
 from .reward_centering import check_centering_supported, fold_reward_offset
 from .reward_config import RewardConfig
@@ -25,17 +25,17 @@ from .reward_config import RewardConfig
 class RewardTrainer(InterruptibleTrainMixin, NonFiniteLossGuardMixin, AtomicCheckpointMixin, _TRLRewardTrainer):
     """[`trl.RewardTrainer`] with trl-ext's extensions (all off by default: then the numbers are TRL's).
 
-    - `args.label_smoothing`: label-smoothed pair loss (:func:`trl_ext.preference_losses.pairwise_reward_loss`).
+    - `args.label_smoothing`: label-smoothed pair loss (:func:`trl_ext.preference.losses.pairwise_reward_loss`).
     - Ranked data: a dataset with a `responses` column (K >= 2 responses, best first; see
-      :mod:`trl_ext.ranked_preference_data`) trains on all C(K, 2) pairs of each example, every response scored
-      once (:func:`trl_ext.preference_losses.ranked_reward_loss`). Pairwise and ranked datasets can be used for
+      :mod:`trl_ext.preference.ranked_data`) trains on all C(K, 2) pairs of each example, every response scored
+      once (:func:`trl_ext.preference.losses.ranked_reward_loss`). Pairwise and ranked datasets can be used for
       train and eval independently; one dataset holds one format. `per_device_train_batch_size` counts examples,
       so a batch holds `sum K` sequences.
     - `args.center_rewards_after_training`: after `train()`, :meth:`center_rewards` on `center_rewards_dataset`.
-    - Reliability (:mod:`trl_ext.checkpoints`, :mod:`trl_ext.interruption`): checkpoints are written atomically;
+    - Reliability (:mod:`trl_ext.runtime.checkpoints`, :mod:`trl_ext.runtime.interruption`): checkpoints are written atomically;
       `train(resume_from_checkpoint=True)` takes the latest complete one; SIGINT/SIGTERM save a checkpoint at the
-      end of the current optimizer step and raise :class:`trl_ext.interruption.TrainingInterrupted`; a NaN/inf
-      loss raises :class:`trl_ext.nonfinite.NonFiniteError` after saving the state before the step.
+      end of the current optimizer step and raise :class:`trl_ext.runtime.interruption.TrainingInterrupted`; a NaN/inf
+      loss raises :class:`trl_ext.runtime.nonfinite.NonFiniteError` after saving the state before the step.
 
     Args:
         *args, **kwargs: as for [`trl.RewardTrainer`].
@@ -171,7 +171,7 @@ class RewardTrainer(InterruptibleTrainMixin, NonFiniteLossGuardMixin, AtomicChec
 
     def center_rewards(self, dataset=None) -> float:
         """Subtract the mean reward on `dataset` (default: chosen/best responses of the train set) from the score
-        head's bias (:func:`trl_ext.reward_centering.fold_reward_offset`); log and return the offset."""
+        head's bias (:func:`trl_ext.preference.reward_centering.fold_reward_offset`); log and return the offset."""
         offset = self.reference_rewards(dataset).mean().item()
         fold_reward_offset(self.accelerator.unwrap_model(self.model), offset)
         self.log({"reward/center_offset": offset})

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .errors import UserInputError
-from .paths import looks_local
+from ..errors import UserInputError
+from ..models.paths import looks_local
 
 TRAINERS = ("reward", "dpo", "ppo")
 RECIPE_FILENAME = "trl_ext_recipe.yaml"
@@ -410,7 +410,7 @@ def resolve_recipe(
     resume = getattr(training_args, "resume_from_checkpoint", None)
     resuming = resume is not None and str(resume).strip().lower() not in ("", "false", "no", "none")
     if resuming:
-        from .checkpoints import resolve_checkpoint
+        from ..runtime.checkpoints import resolve_checkpoint
 
         resolve_checkpoint(resume, training_args.output_dir)  # UserInputError naming the key if there is none
 

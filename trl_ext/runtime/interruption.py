@@ -155,7 +155,7 @@ class InterruptibleTrainMixin:
     """Mixin for HF ``Trainer`` subclasses (reward, DPO): ``train()`` saves and raises on SIGINT/SIGTERM.
 
     ``train(resume_from_checkpoint=True)`` resumes from the latest *complete* checkpoint (see
-    :func:`trl_ext.checkpoints.resolve_checkpoint`). Combine with :class:`trl_ext.checkpoints.AtomicCheckpointMixin`.
+    :func:`trl_ext.runtime.checkpoints.resolve_checkpoint`). Combine with :class:`trl_ext.runtime.checkpoints.AtomicCheckpointMixin`.
     """
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):

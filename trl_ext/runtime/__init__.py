@@ -1,0 +1,12 @@
+"""What all three trainers share that is neither math nor model loading: keeping a run safe and resumable.
+
+* ``checkpoints.py``: atomic checkpoints (written under ``tmp-checkpoint-N``, then renamed), finding the latest
+  complete one, loading weights back in place.
+* ``interruption.py``: SIGINT/SIGTERM stop training at the next safe point with a checkpoint
+  (:class:`~trl_ext.runtime.interruption.TrainingInterrupted`).
+* ``nonfinite.py``: NaN/inf guards that stop training with a clear error
+  (:class:`~trl_ext.runtime.nonfinite.NonFiniteError`), after saving the last good state.
+* ``epoch_stream.py``: endless, resumable iteration over a DataLoader (the base of PPO's prompt and ptx streams).
+
+The trainers in :mod:`trl_ext.ppo` and :mod:`trl_ext.preference` mix these in; nothing here imports them.
+"""
