@@ -9,10 +9,10 @@ import signal
 import pytest
 from datasets import Dataset
 
-from trl_ext.checkpoints import latest_checkpoint, resolve_checkpoint
+from trl_ext.runtime.checkpoints import latest_checkpoint, resolve_checkpoint
 from trl_ext.errors import UserInputError
-from trl_ext.interruption import SignalWatcher, TrainingInterrupted
-from trl_ext.nonfinite import NonFiniteError
+from trl_ext.runtime.interruption import SignalWatcher, TrainingInterrupted
+from trl_ext.runtime.nonfinite import NonFiniteError
 from trl_ext.testing import build_causal_lm, tiny_corpus
 
 from signal_callbacks import SendSignalAfterStep

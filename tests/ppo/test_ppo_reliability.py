@@ -125,7 +125,7 @@ def test_checkpoints_are_complete_and_rotated(reference_runs):
 
 
 def test_sigterm_saves_a_checkpoint_that_resumes(tiny_models, tok, data, tmp_path, reference_runs):
-    from trl_ext.interruption import TrainingInterrupted
+    from trl_ext.runtime.interruption import TrainingInterrupted
 
     handler_before = signal.getsignal(signal.SIGTERM)
     trainer = make_trainer(tiny_models, tok, data, tmp_path, "full", save_strategy="no",
@@ -155,7 +155,7 @@ class PoisonAfterStep(TrainerCallback):
 
 
 def test_nan_scores_stop_with_the_state_before_the_update(tiny_models, tok, data, tmp_path, reference_runs):
-    from trl_ext.nonfinite import NonFiniteError
+    from trl_ext.runtime.nonfinite import NonFiniteError
 
     reward = load_models(tiny_models)[2]
     # poisoned after update 2, where no sample generation runs (they are at updates 1, 3, 5)
@@ -174,7 +174,7 @@ def test_nan_scores_stop_with_the_state_before_the_update(tiny_models, tok, data
 
 def test_nan_loss_is_caught_before_backward(tiny_models, tok, data, tmp_path):
     """A NaN value head makes the first loss of update 2 NaN: caught before any optimizer step of that update."""
-    from trl_ext.nonfinite import NonFiniteError
+    from trl_ext.runtime.nonfinite import NonFiniteError
 
     trainer = make_trainer(tiny_models, tok, data, tmp_path, "full", save_strategy="no", total_episodes=8)
     value_model = trainer.accelerator.unwrap_model(trainer.model).value_model
@@ -188,7 +188,7 @@ def test_nan_loss_is_caught_before_backward(tiny_models, tok, data, tmp_path):
 
 def test_nan_loss_after_an_optimizer_step_names_the_last_checkpoint(tiny_models, tok, data, tmp_path):
     import trl_ext
-    from trl_ext.nonfinite import NonFiniteError
+    from trl_ext.runtime.nonfinite import NonFiniteError
 
     class NaNOnSecondStep(trl_ext.PPOTrainer):
         def compute_micro_batch_loss(self, model, rollout, micro_batch_inds, ptx_batch=None):

@@ -134,7 +134,7 @@ def test_kl_controller_follows_its_formula_in_the_logs(tiny_models, tok, data, t
 
 def test_custom_controller_object_and_one_overridden_step(tiny_models, tok, data, tmp_path):
     import trl_ext
-    from trl_ext.kl_controllers import KLController
+    from trl_ext.ppo.kl_controllers import KLController
 
     class Decay(KLController):
         def update(self, kl, n_steps):
@@ -169,8 +169,8 @@ def test_value_clip_none_and_mean(tiny_models, tok, data, tmp_path):
 
 
 def lm_loss_on(trainer, dataset) -> float:
-    from trl_ext.ppo_losses import ptx_lm_loss
-    from trl_ext.ptx_data import _pad_right
+    from trl_ext.ppo.losses import ptx_lm_loss
+    from trl_ext.ppo.ptx_data import _pad_right
 
     policy = trainer.accelerator.unwrap_model(trainer.model).policy
     batch = _pad_right(list(dataset), trainer.processing_class.pad_token_id)
@@ -230,7 +230,7 @@ def test_scalar_outputs_use_the_peft_adapter(tiny_models):
     from transformers import AutoModelForSequenceClassification
     from trl.experimental.utils import get_reward
 
-    from trl_ext.scalar_heads import scalar_model_outputs
+    from trl_ext.models.scalar_heads import scalar_model_outputs
 
     base = AutoModelForSequenceClassification.from_pretrained(tiny_models.reward)
     plain = AutoModelForSequenceClassification.from_pretrained(tiny_models.reward)
@@ -310,7 +310,7 @@ def test_scalar_outputs_of_a_4bit_lora_model(tiny_models):
     from peft import get_peft_model, prepare_model_for_kbit_training
     from transformers import AutoModelForSequenceClassification, BitsAndBytesConfig
 
-    from trl_ext.scalar_heads import scalar_model_outputs
+    from trl_ext.models.scalar_heads import scalar_model_outputs
 
     model = AutoModelForSequenceClassification.from_pretrained(
         tiny_models.reward,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "recipes" / "demo"
 
 
@@ -31,7 +31,7 @@ def tiny_env(tiny_models):
 
 
 def train(recipe, *overrides):
-    from trl_ext.pipeline import run
+    from trl_ext.recipes.pipeline import run
     from trl_ext.recipes import resolve_recipe
 
     return run(resolve_recipe(recipe, [str(o) for o in overrides]))
@@ -130,7 +130,7 @@ def test_ppo_with_a_lora_reward_checkpoint(tiny_env, tmp_path):
 
 
 def test_tiny_scheme_builds_models_on_the_fly(tmp_path, monkeypatch):
-    from trl_ext.pipeline import resolve_model_path
+    from trl_ext.recipes.pipeline import resolve_model_path
 
     monkeypatch.setenv("TRL_EXT_TINY_DIR", str(tmp_path / "tiny"))
     path = resolve_model_path("tiny://policy")

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_lora_policy_ppo_under_ddp_with_ptx_and_adaptive_kl(tiny_models, tmp_path):
@@ -14,7 +14,7 @@ def test_lora_policy_ppo_under_ddp_with_ptx_and_adaptive_kl(tiny_models, tmp_pat
            "OMP_NUM_THREADS": "1"}
     # ptx_mode="separate" also exercises the hand-made gradient all-reduce of the separate ptx step
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(ROOT / "tests" / "ppo_ddp_script.py"), str(tiny_models.root), str(tmp_path), "separate"]
+           str(ROOT / "tests" / "ppo" / "ppo_ddp_script.py"), str(tiny_models.root), str(tmp_path), "separate"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from trl_ext.preference_losses import (
+from trl_ext.preference.losses import (
     cdpo_loss,
     pairwise_reward_loss,
     ranked_pair_indices,

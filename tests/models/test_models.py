@@ -12,7 +12,7 @@ from trl import ModelConfig
 
 from trl_ext.errors import UserInputError
 from trl_ext.models import load_policy, load_scalar_model, load_tokenizer
-from trl_ext.quantization import (
+from trl_ext.models.quantization import (
     check_quantization_request,
     disable_bnb_cpu_weight_repacking,
     quantization_config_for,

@@ -183,7 +183,7 @@ def test_ranked_tokenization_is_trls_chosen_tokenization(scalar_path, tokenizer,
 
 def test_max_length_drops_long_responses_keeps_order(scalar_path, tokenizer, tmp_path, caplog):
     rows = [{"responses": ["a", "the cat " * 40, "b"]}, {"responses": ["c", "the dog " * 40]}]
-    with caplog.at_level("WARNING", logger="trl_ext.ranked_preference_data"):
+    with caplog.at_level("WARNING", logger="trl_ext.preference.ranked_data"):
         t = RewardTrainer(model=load(scalar_path), args=config(tmp_path, max_length=16),
                           train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
     assert "dropped 3 of 5 responses and 1 of 2 rows" in caplog.text

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trl_ext.cli import main
+from trl_ext.recipes.cli import main
 from trl_ext.errors import UserInputError
 from trl_ext.recipes import resolve_recipe, valid_keys
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "recipes" / "demo"
 PAIRS = DEMO / "data" / "preferences.jsonl"
 PROMPTS = DEMO / "data" / "prompts.jsonl"
@@ -93,7 +93,7 @@ def test_new_config_fields_are_recipe_keys_automatically():
 
 
 def test_env_and_wandb_keys(tmp_path, monkeypatch):
-    from trl_ext.pipeline import apply_environment
+    from trl_ext.recipes.pipeline import apply_environment
 
     for var in ("WANDB_PROJECT", "WANDB_TAGS", "TRL_EXT_TEST_VAR"):
         monkeypatch.delenv(var, raising=False)
@@ -154,7 +154,7 @@ def test_value_outside_its_choices(tmp_path, key, value):
     ],
 )
 def test_local_path_that_does_not_exist(tmp_path, key, value, monkeypatch):
-    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    monkeypatch.chdir(ROOT)
     msg = error_of(write_recipe(tmp_path, **ppo_keys(tmp_path, **{key: value})))
     assert f"key '{key}'" in msg and value in msg and "does not exist" in msg
 
@@ -274,7 +274,7 @@ def _jsonl(path, rows):
     ],
 )
 def test_missing_dataset_columns(tmp_path, trainer, rows, column):
-    from trl_ext.pipeline import open_datasets
+    from trl_ext.recipes.pipeline import open_datasets
 
     data = _jsonl(tmp_path / "data.jsonl", rows)
     keys = ppo_keys(tmp_path) if trainer == "ppo" else reward_keys(tmp_path, trainer=trainer)
@@ -290,7 +290,7 @@ def test_missing_dataset_columns(tmp_path, trainer, rows, column):
 def test_dataset_formats_and_splits(tmp_path):
     import datasets
 
-    from trl_ext.data import open_split
+    from trl_ext.recipes.data import open_split
 
     rows = [{"prompt": "p", "chosen": "a", "rejected": "b"}] * 3
     ds = datasets.Dataset.from_list(rows)
@@ -298,7 +298,7 @@ def test_dataset_formats_and_splits(tmp_path):
     ds.to_csv(str(tmp_path / "d.csv"))
     ds.save_to_disk(str(tmp_path / "single"))
     datasets.DatasetDict({"train": ds, "test": ds.select([0])}).save_to_disk(str(tmp_path / "dict"))
-    from trl_ext.data import check_columns
+    from trl_ext.recipes.data import check_columns
 
     streamed = ds.to_iterable_dataset().map(lambda x: x)  # features unknown after map: columns read from row 1
     check_columns(streamed, "dpo", name="streamed", split="train")
