@@ -9,9 +9,12 @@ run to compare against: TRL's trainer run live where the installed TRL ships it 
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import json
 import math
 import sys
+import typing
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +101,41 @@ def plain_logs(logs: list[dict]) -> list[dict]:
 
 def table_records(table) -> list[dict]:
     return [{k: (float(v) if k == "score" else v) for k, v in row.items()} for row in table.to_dict("records")]
+
+
+def _jsonable(value):
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def _field_default(f):
+    if f.default is not dataclasses.MISSING:
+        return _jsonable(f.default)
+    if f.default_factory is not dataclasses.MISSING:
+        return _jsonable(f.default_factory())
+    return None
+
+
+def config_fields(config_cls) -> dict:
+    """Every field name of `config_cls`, and default, type and help of the fields it does not inherit unchanged
+    from transformers' TrainingArguments."""
+    from transformers import TrainingArguments
+
+    hf = {f.name: f for f in dataclasses.fields(TrainingArguments)}
+    types = typing.get_type_hints(config_cls)
+    declared = {}
+    for f in dataclasses.fields(config_cls):
+        if f.name in hf and _field_default(hf[f.name]) == _field_default(f):
+            continue
+        declared[f.name] = {"default": _field_default(f), "type": str(types[f.name]), "help": f.metadata.get("help")}
+    return {"names": [f.name for f in dataclasses.fields(config_cls)], "declared": declared}
 
 
 @contextmanager

@@ -14,8 +14,6 @@ and check it against TRL's live runs where it has one.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import json
 import os
 import sys
@@ -31,40 +29,6 @@ for name, value in {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFOR
 import torch  # noqa: E402
 
 torch.set_num_threads(1)  # as in tests/conftest.py
-
-
-def jsonable(value):
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return str(value)
-
-
-def field_default(f):
-    if f.default is not dataclasses.MISSING:
-        return jsonable(f.default)
-    if f.default_factory is not dataclasses.MISSING:
-        return jsonable(f.default_factory())
-    return None
-
-
-def config_fields(config_cls) -> dict:
-    """Every field name of `config_cls`; default, type and help of those not inherited unchanged from
-    transformers' TrainingArguments."""
-    from transformers import TrainingArguments
-
-    hf = {f.name: f for f in dataclasses.fields(TrainingArguments)}
-    declared = {}
-    for f in dataclasses.fields(config_cls):
-        if f.name in hf and field_default(hf[f.name]) == field_default(f):
-            continue
-        declared[f.name] = {"default": field_default(f), "type": str(f.type), "help": f.metadata.get("help")}
-    return {"names": [f.name for f in dataclasses.fields(config_cls)], "declared": declared}
 
 
 def main() -> None:
@@ -85,6 +49,7 @@ def main() -> None:
         REFERENCE_PATH,
         SCENARIOS,
         checkpoint_files,
+        config_fields,
         plain_logs,
         recorded_sample_tables,
         run_scenario,

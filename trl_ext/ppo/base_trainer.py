@@ -165,7 +165,7 @@ class PPOBaseTrainer(_BaseTrainer):
         "citation": textwrap.dedent("""\
             @article{mziegler2019fine-tuning,
                 title        = {{Fine-Tuning Language Models from Human Preferences}},
-                author       = {Daniel M. Ziegler and Nisan Stiennon and Jeffrey Wu and Tom B. Brown and Alec Radford and Dario Amodei and Paul F. Christiano and Geoffrey Irving},  # noqa: E501
+                author       = {Daniel M. Ziegler and Nisan Stiennon and Jeffrey Wu and Tom B. Brown and Alec Radford and Dario Amodei and Paul F. Christiano and Geoffrey Irving},
                 year         = 2019,
                 eprint       = {arXiv:1909.08593}
             }"""),
