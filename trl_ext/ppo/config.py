@@ -13,8 +13,9 @@ PTX_MODES = ("joint", "separate")
 
 @dataclass
 class PPOConfig(ParentPPOConfig):
-    r"""Configuration for [`trl_ext.PPOTrainer`]: every field of TRL's `experimental.ppo.PPOConfig`, plus the
-    extensions below (all of them default to TRL's behaviour).
+    r"""Configuration for [`trl_ext.PPOTrainer`]: every field of TRL 1.12's `experimental.ppo.PPOConfig` (TRL's class
+    on TRL 1.10-1.12, trl-ext's copy from 1.13 on, see :mod:`trl_ext.ppo.base`), plus the extensions below (all of
+    them default to TRL's behaviour).
 
     Parameters:
         value_clip (`str`, *optional*, defaults to `"max"`):

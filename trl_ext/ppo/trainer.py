@@ -1,5 +1,8 @@
 """PPO trainer: TRL 1.12's `experimental.ppo.PPOTrainer` with extensions and a training loop made of named steps.
 
+The parent is TRL's trainer on TRL 1.10-1.12 and trl-ext's own copy of its behaviour from TRL 1.13 on
+(:mod:`trl_ext.ppo.base` chooses); nothing below depends on which.
+
 One update of :meth:`PPOTrainer.train` runs these methods in order; override one to change one step:
 
 1. ``next_prompt_batch()``: the next batch of prompts from ``self.prompt_iterator``.
@@ -65,7 +68,7 @@ def ppo_state_file(checkpoint_dir: str, process_index: int) -> str:
 
 
 class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
-    """[`trl.experimental.ppo.PPOTrainer`] with value-clip modes, KL controllers, PPO-ptx and overridable steps.
+    """TRL's PPO trainer (see :mod:`trl_ext.ppo.base`) with value-clip modes, KL controllers, PPO-ptx and steps.
 
     Takes every argument of TRL's trainer (same order), plus:
 
