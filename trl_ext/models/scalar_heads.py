@@ -11,7 +11,8 @@ with ``modules_to_save=["score"]`` (or ``task_type="SEQ_CLS"``) is PEFT's wrappe
 from __future__ import annotations
 
 import torch
-from trl.experimental.utils import first_true_indices
+
+from ..ppo.sequences import first_true_indices
 
 
 def scalar_model_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:

@@ -3,8 +3,12 @@
 * ``trainer.py``: the training loop as named, overridable steps (rollout, score, rewards, advantages, losses,
   logging), checkpoints and resume. It orchestrates; the math lives in the modules below.
 * ``config.py``: ``PPOConfig``, TRL's PPO fields plus the extensions, validated in ``__post_init__``.
+* ``base.py``: what those two extend, depending on the installed TRL: TRL's ``experimental.ppo`` classes (TRL
+  1.10-1.12) or trl-ext's own base, ``base_trainer.py`` and ``base_config.py`` (TRL 1.13+, which has no PPO).
 * ``losses.py`` (clipped policy loss, value loss in three clip modes, ptx LM loss), ``advantages.py`` (GAE),
   ``kl_controllers.py`` (fixed, adaptive, doubling): pure functions and small classes, each with its source.
+* ``sequences.py`` (sampling responses, truncation at the stop token, padded forward passes) and
+  ``masked_stats.py`` (masked mean, variance, whitening): the tensor helpers of the steps, the same on every TRL.
 * ``rollout.py``: the containers passed between the steps of one update.
 * ``prompt_stream.py`` and ``ptx_data.py``: endless, resumable prompt and pretraining-mix streams (built on
   :mod:`trl_ext.runtime.epoch_stream`); ``accumulation_state.py``: accelerate's DataLoader state that decides when

@@ -1,5 +1,8 @@
 """PPO trainer: TRL 1.12's `experimental.ppo.PPOTrainer` with extensions and a training loop made of named steps.
 
+The parent is TRL's trainer on TRL 1.10-1.12 and trl-ext's own copy of its behaviour from TRL 1.13 on
+(:mod:`trl_ext.ppo.base` chooses); nothing below depends on which.
+
 One update of :meth:`PPOTrainer.train` runs these methods in order; override one to change one step:
 
 1. ``next_prompt_batch()``: the next batch of prompts from ``self.prompt_iterator``.
@@ -29,36 +32,29 @@ import time
 import warnings
 from contextlib import contextmanager, nullcontext
 
-from .config import PPOConfig  # first: it silences TRL's experimental-import warning
-
 import numpy as np
 import torch
 from transformers import GenerationConfig
-from trl.experimental.ppo import PPOTrainer as _TRLPPOTrainer
-from trl.experimental.ppo.ppo_trainer import (
-    INVALID_LOGPROB,
-    OnlineTrainerState,
-    batch_generation,
-    forward,
-    masked_whiten,
-    truncate_response,
-)
-from trl.experimental.utils import empty_cache, first_true_indices
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import selective_log_softmax
 
 from ..errors import UserInputError
 from ..models.scalar_heads import scalar_model_outputs
 from ..runtime.checkpoints import AtomicCheckpointMixin, latest_checkpoint, load_weights_in_place, resolve_checkpoint
+from ..runtime.devices import empty_cache
 from ..runtime.interruption import raise_if_interrupted, watch_signals
 from ..runtime.nonfinite import NonFiniteError, count_nonfinite
 from .accumulation_state import dataloader_stack, restore_dataloader_stack
 from .advantages import gae_advantages
+from .base import OnlineTrainerState, ParentPPOTrainer
+from .config import PPOConfig
 from .kl_controllers import KLController, build_kl_controller
 from .losses import policy_loss, ptx_lm_loss, value_loss
+from .masked_stats import masked_whiten
 from .prompt_stream import PromptStream
 from .ptx_data import PtxStream, tokenize_ptx_dataset
 from .rollout import MicroBatchOutput, Rollout, UpdateStats
+from .sequences import INVALID_LOGPROB, batch_generation, first_true_indices, forward, truncate_response
 
 __all__ = ["PPOConfig", "PPOTrainer", "VALUE_MODEL_DIR", "ppo_state_file"]
 
@@ -71,8 +67,8 @@ def ppo_state_file(checkpoint_dir: str, process_index: int) -> str:
     return os.path.join(checkpoint_dir, f"trl_ext_ppo_state_{process_index}.pt")
 
 
-class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
-    """[`trl.experimental.ppo.PPOTrainer`] with value-clip modes, KL controllers, PPO-ptx and overridable steps.
+class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
+    """TRL's PPO trainer (see :mod:`trl_ext.ppo.base`) with value-clip modes, KL controllers, PPO-ptx and steps.
 
     Takes every argument of TRL's trainer (same order), plus:
 
