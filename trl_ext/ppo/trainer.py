@@ -59,6 +59,7 @@ from .losses import policy_loss, ptx_lm_loss, value_loss
 from .prompt_stream import PromptStream
 from .ptx_data import PtxStream, tokenize_ptx_dataset
 from .rollout import MicroBatchOutput, Rollout, UpdateStats
+from .rollout_logprobs import generate_with_logprobs, sampling_plan
 
 __all__ = ["PPOConfig", "PPOTrainer", "VALUE_MODEL_DIR", "ppo_state_file"]
 
@@ -489,7 +490,12 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
     # ------------------------------------------------------------------ rollout and scoring
 
     def generate_rollouts(self, queries: torch.Tensor) -> Rollout:
-        """Sample one response per query with the policy; keep their log-probs under the sampling temperature."""
+        """Sample one response per query with the policy; keep their log-probs under the sampling distribution.
+
+        The log-probs are taken as the tokens are sampled (:mod:`trl_ext.ppo.rollout_logprobs`): peak memory holds
+        one step's `(batch, vocab)` scores, not TRL's `(batch, response_length, vocab)` tensor; the numbers are
+        TRL's. Generation configs that module cannot rebuild keep TRL's path (with a one-time warning).
+        """
         args = self.args
         context_length = queries.shape[1]
         with unwrap_model_for_generation(
@@ -498,6 +504,27 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
             gather_deepspeed3_params=args.ds3_gather_for_generation,
             generation_kwargs=self.generation_kwargs,  # fixes transformers#42762, as TRL does
         ) as unwrapped_model:
+            plan = sampling_plan(unwrapped_model.policy, self.generation_config)
+            if plan is not None:
+                query_responses, logprobs = generate_with_logprobs(
+                    unwrapped_model.policy,
+                    queries,
+                    args.local_rollout_forward_batch_size,
+                    self.processing_class.pad_token_id,
+                    plan,
+                )
+                return Rollout(
+                    queries=queries,
+                    context_length=context_length,
+                    query_responses=query_responses,
+                    responses=query_responses[:, context_length:].contiguous(),
+                    logprobs=logprobs,
+                )
+            warnings.warn(
+                "generate_rollouts: trl_ext.ppo.rollout_logprobs does not rebuild this generation config's sampling; "
+                "keeping TRL's (batch, response_length, vocab) scores tensor",
+                stacklevel=2,
+            )
             query_responses, logitss = batch_generation(
                 unwrapped_model.policy,
                 queries,
