@@ -49,6 +49,12 @@ from trl.trainer.utils import selective_log_softmax
 
 from ..errors import UserInputError
 from ..models.scalar_heads import scalar_model_outputs
+from ..models.shared_base import (
+    adapter_switch,
+    check_shared_base_roles,
+    saving_policy_adapters_only,
+    scalar_adapter_names,
+)
 from ..runtime.checkpoints import AtomicCheckpointMixin, latest_checkpoint, load_weights_in_place, resolve_checkpoint
 from ..runtime.interruption import raise_if_interrupted, watch_signals
 from ..runtime.nonfinite import NonFiniteError, count_nonfinite
@@ -131,6 +137,7 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
             hasattr(kl_controller, "value") and callable(getattr(kl_controller, "update", None))
         ):
             raise UserInputError("kl_controller: needs a `value` attribute and an `update(kl, n_steps)` method")
+        self.shared_base = check_shared_base_roles(model, reward_model, value_model, peft_config, args)
 
         super().__init__(
             args=args,
@@ -190,6 +197,11 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
         TRL looks up `self.model.policy`, which a DistributedDataParallel wrapper does not have; we unwrap first.
         """
         policy = self.accelerator.unwrap_model(self.model).policy
+        if scalar_adapter_names(policy):
+            # Shared base: peft's disable_adapter/set_adapter would set requires_grad=False on the value adapter.
+            with adapter_switch(policy).use(self.ref_adapter_name):
+                yield
+            return
         with policy.disable_adapter() if self.is_peft_model and not self.ref_adapter_name else nullcontext():
             if self.ref_adapter_name:
                 policy.set_adapter(self.ref_adapter_name)
@@ -202,12 +214,14 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
     is_distributed_loading_by_transformers = False
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
-        """Save the policy only (TRL's behaviour), also when the model is wrapped in DistributedDataParallel."""
+        """Save the policy only (TRL's behaviour), also when the model is wrapped in DistributedDataParallel. With a
+        shared base, the policy's adapter only (the value adapter is saved with the value model)."""
         backup = self.model
         if not self.is_deepspeed_enabled:
             self.model = self.accelerator.unwrap_model(self.model)
         try:
-            super().save_model(output_dir, _internal_call)
+            with saving_policy_adapters_only(self.accelerator.unwrap_model(backup).policy):
+                super().save_model(output_dir, _internal_call)
         finally:
             self.model = backup
 
