@@ -76,7 +76,7 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 def _adapter_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
-    """peft's LoRA layers and auxiliary wrappers (``modules_to_save``) inside ``module``: what an adapter switch sets."""
+    """peft's LoRA layers and auxiliary wrappers (``modules_to_save``) in ``module``: what an adapter switch sets."""
     from peft.tuners.tuners_utils import BaseTunerLayer
     from peft.utils.other import AuxiliaryTrainingWrapper
 
@@ -271,8 +271,8 @@ def read_scalar_adapter(path: str, *, policy_base: str | None = None, key: str =
     config_file = os.path.join(path, ADAPTER_CONFIG)
     if os.path.isfile(os.path.join(path, "config.json")) or not os.path.isfile(config_file):
         raise UserInputError(
-            f"{key} '{path}' is not a LoRA adapter directory (a reward recipe with use_peft: true writes one): a shared "
-            "base needs the reward and value models as LoRA adapters on the policy's base, not full models"
+            f"{key} '{path}' is not a LoRA adapter directory (a reward recipe with use_peft: true writes one): a "
+            "shared base needs the reward and value models as LoRA adapters on the policy's base, not full models"
         )
     try:
         with open(config_file) as f:
