@@ -55,6 +55,7 @@ __all__ = [
     "check_shared_base_roles",
     "policy_adapter_names",
     "read_scalar_adapter",
+    "same_model_name",
     "saving_policy_adapters_only",
     "scalar_adapter_names",
 ]
@@ -235,7 +236,8 @@ class ScalarAdapterSource:
     """The score head's module name (``score`` for Llama, Qwen2, Mistral, ...)."""
 
 
-def _same_model_name(a: str, b: str) -> bool:
+def same_model_name(a: str, b: str) -> bool:
+    """Whether two model names are the same model: the same directory (resolved) or the same Hub id."""
     if os.path.isdir(os.path.expanduser(a)) and os.path.isdir(os.path.expanduser(b)):
         return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
     return a.rstrip("/") == b.rstrip("/")
@@ -245,7 +247,7 @@ def check_same_base(adapter_base: str | None, policy_base: str, *, key: str, pat
     """Refuse an adapter whose ``base_model_name_or_path`` is not the policy's base (local paths compared resolved)."""
     if not adapter_base:
         raise UserInputError(f"{key} '{path}': adapter_config.json names no base_model_name_or_path")
-    if not _same_model_name(adapter_base, policy_base):
+    if not same_model_name(adapter_base, policy_base):
         raise UserInputError(
             f"{key} '{path}' is a LoRA adapter trained on base '{adapter_base}', but the policy's base is "
             f"'{policy_base}': with a shared base the reward and value adapters must be trained on the policy's own "
