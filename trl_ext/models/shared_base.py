@@ -329,7 +329,7 @@ class SharedBaseScalarModel(torch.nn.Module):
 
     Build it with :func:`add_scalar_adapter`. It quacks like a ``*ForSequenceClassification`` model for PPO:
     ``base_model_prefix`` is ``"backbone"``, ``model.backbone(**inputs)`` runs the policy's decoder with this
-    adapter active (returning its hidden states), and ``model.score`` is the head. Calling the model returns the
+    adapter active, and ``model.score`` is the head. Calling the model returns the
     head's output at each sequence's last non-pad token (``.logits``, shape ``(batch, 1)``), as HF's sequence
     classifiers do. Only the head is a registered submodule; the base and the adapter belong to the policy (so
     ``.to()``, ``.eval()`` or ``.parameters()`` here see only the head).
@@ -358,11 +358,10 @@ class SharedBaseScalarModel(torch.nn.Module):
         return getattr(lm, lm.base_model_prefix)
 
     def backbone(self, **kwargs):
-        """The policy's decoder, run with this model's adapter active (``output_hidden_states`` is forced on)."""
+        """The policy's decoder, run with this model's adapter active."""
         switch = adapter_switch(self.policy)
         if torch.is_grad_enabled():
             switch.protect_checkpointing()
-        kwargs["output_hidden_states"] = True
         with switch.use(self.adapter_name):
             return self.decoder()(**kwargs)
 
@@ -371,7 +370,7 @@ class SharedBaseScalarModel(torch.nn.Module):
         from transformers.modeling_outputs import SequenceClassifierOutputWithPast
 
         output = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs)
-        logits = self.score(output.hidden_states[-1])
+        logits = self.score(output.last_hidden_state)
         pad = self.config.pad_token_id
         if pad is None:
             last = torch.full((input_ids.shape[0],), input_ids.shape[1] - 1, device=input_ids.device)

@@ -21,6 +21,9 @@ Why not recompute the log-probs with a forward pass after generation (in chunks)
 every query+response, and a full-sequence forward does not reproduce the incremental (KV-cache) logits bit for bit,
 so TRL's numbers would no longer be reproduced exactly.
 
+:func:`sequence_logits` is TRL's ``forward`` helper for the reference pass without the hidden states of every layer
+(same logits, less memory held while scoring).
+
 Generation configs whose sampling this module does not rebuild (beam search, ``min_p``, ``typical_p``,
 ``epsilon_cutoff``, ``eta_cutoff``, ``top_h``, watermarking, ``renormalize_logits``) get ``None`` from
 :func:`sampling_plan`; the trainer then keeps TRL's path (exact, with the big tensor).
@@ -39,7 +42,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-__all__ = ["SampledTokenLogprobs", "SamplingPlan", "sampling_plan", "generate_with_logprobs"]
+__all__ = ["SampledTokenLogprobs", "SamplingPlan", "sampling_plan", "generate_with_logprobs", "sequence_logits"]
 
 
 def token_logprobs(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -186,3 +189,13 @@ def generate_with_logprobs(
         query_responses.append(query_response)
         logprobs.append(chunk_logprobs)
     return torch.cat(query_responses, 0), torch.cat(logprobs, 0)
+
+
+def sequence_logits(model, query_responses: torch.Tensor, pad_token_id: int):
+    """TRL's ``forward`` (pad tokens masked to 0, positions counted over non-pad tokens) without asking for the
+    hidden states of every layer, which TRL's helper keeps alive next to the logits in no-grad passes (the
+    reference log-probs): same logits, ``(layers + 1) x batch x length x hidden`` fewer values held."""
+    attention_mask = query_responses != pad_token_id
+    position_ids = attention_mask.cumsum(1) - attention_mask.long()
+    input_ids = torch.masked_fill(query_responses, ~attention_mask, 0)
+    return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, return_dict=True)

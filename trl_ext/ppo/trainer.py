@@ -65,7 +65,7 @@ from .losses import policy_loss, ptx_lm_loss, value_loss
 from .prompt_stream import PromptStream
 from .ptx_data import PtxStream, tokenize_ptx_dataset
 from .rollout import MicroBatchOutput, Rollout, UpdateStats
-from .rollout_logprobs import generate_with_logprobs, sampling_plan
+from .rollout_logprobs import generate_with_logprobs, sampling_plan, sequence_logits
 
 __all__ = ["PPOConfig", "PPOTrainer", "VALUE_MODEL_DIR", "ppo_state_file"]
 
@@ -611,9 +611,10 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
         pad_token_id = self.processing_class.pad_token_id
         if self.ref_model is None:
             with self.null_ref_context():
-                ref_output = forward(self.accelerator.unwrap_model(self.model).policy, query_response, pad_token_id)
+                ref_output = sequence_logits(self.accelerator.unwrap_model(self.model).policy, query_response,
+                                             pad_token_id)
         else:
-            ref_output = forward(self.ref_model, query_response, pad_token_id)
+            ref_output = sequence_logits(self.ref_model, query_response, pad_token_id)
         ref_logits = ref_output.logits[:, context_length - 1 : -1]
         ref_logits /= self.args.temperature + 1e-7
         return selective_log_softmax(ref_logits, response)
