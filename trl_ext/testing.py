@@ -7,6 +7,9 @@ Nothing here touches a hub. :func:`build_tiny_models` writes, in a few seconds:
 * ``policy/`` is a tiny ``LlamaForCausalLM`` (hidden 64, 2 layers, 4 heads, 2 kv heads) plus the tokenizer;
 * ``reward/`` is a tiny ``LlamaForSequenceClassification`` with one output (``num_labels=1``) plus the tokenizer.
 
+:func:`save_scalar_adapter` writes a LoRA reward adapter (random weights and score head) on a causal LM, as a reward
+recipe with ``use_peft`` would: what a shared-base PPO run loads as reward/value model.
+
 Everything is deterministic given ``seed``.
 """
 

@@ -3,7 +3,8 @@
 One update of :meth:`PPOTrainer.train` runs these methods in order; override one to change one step:
 
 1. ``next_prompt_batch()``: the next batch of prompts from ``self.prompt_iterator``.
-2. ``generate_rollouts(queries) -> Rollout``: sample responses and their log-probs (torch RNG).
+2. ``generate_rollouts(queries) -> Rollout``: sample responses and their log-probs (torch RNG), the log-probs taken
+   as the tokens are sampled (:mod:`trl_ext.ppo.rollout_logprobs`).
 3. ``score_rollouts(rollout)``: reference log-probs (``compute_ref_logprobs``), values (``compute_values``),
    truncation at the stop token (``postprocess_responses``), scores (``compute_scores``), padding masks.
    Then ``check_finite("objective/scores", ...)`` (NaN/inf stop training, see ``check_finite``) and ``clip_scores``
@@ -17,6 +18,10 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
    (``self.kl_ctl``) updates from the update's ``objective/kl``.
 8. Callbacks, sample generations, then the checkpoint if one is due (``save_extra_checkpoint_files`` adds the value
    model and the trl-ext state; ``load_checkpoint`` restores them on ``train(resume_from_checkpoint=...)``).
+
+Reward and value models may be adapters on the policy's own base (:mod:`trl_ext.models.shared_base`): the steps are
+the same; the reference then switches adapters without peft's ``disable_adapter`` (which would freeze the value
+adapter) and ``save_model`` writes the policy's adapter only.
 """
 
 from __future__ import annotations
@@ -90,6 +95,11 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
         kl_controller ([`trl_ext.ppo.kl_controllers.KLController`], *optional*):
             Your own KL controller (any object with a float `value` and `update(kl, n_steps)`); overrides
             `args.kl_controller`. Its `value` is the coefficient of the next update's rewards.
+
+    `reward_model` and `value_model` may be [`trl_ext.models.shared_base.SharedBaseScalarModel`]s made by
+    `add_scalar_adapter(model, ...)`: LoRA adapters with their own score heads on the policy's base (one base for
+    policy, reference, reward and value; `peft_config` must then be None, the policy being a peft model already).
+    The numbers are those of separate models with the same weights (tested).
 
     With every extension at its default it logs the same numbers as TRL's trainer (tested), plus
     `objective/kl_coef` and `time/rollout`, `time/scoring`, `time/optimization` (seconds per update), and

@@ -124,7 +124,9 @@ def load_scalar_checkpoint(model_args, *, trainable: bool, reinit_head: bool = F
             f"value model '{path}' is a LoRA adapter on a quantized base: set value_use_peft: true to train it"
         )
     base_args = dataclasses.replace(model_args, model_name_or_path=resolve_model_path(base), use_peft=False)
-    model = load_scalar_model(base_args, tokenizer=tokenizer)
+    # a trained adapter on a quantized base gets activation checkpointing, as load_scalar_model gives QLoRA models
+    checkpointing = True if trainable and quantized and model_args.use_peft else None
+    model = load_scalar_model(base_args, tokenizer=tokenizer, gradient_checkpointing=checkpointing)
     model = PeftModel.from_pretrained(model, path, is_trainable=trainable and model_args.use_peft)
     if trainable and not model_args.use_peft:
         model = model.merge_and_unload()
