@@ -251,6 +251,8 @@ def test_adapter_directories_that_cannot_share_the_base_are_refused(tiny_models,
     add_scalar_adapter(policy, "reward", source=reward_adapter, trainable=False)
     with pytest.raises(UserInputError, match="already has an adapter named 'reward'"):
         add_scalar_adapter(policy, "reward", source=reward_adapter, trainable=False)
+    with pytest.raises(UserInputError, match="'someone/reward-adapter': no such local directory, and fetching it"):
+        add_scalar_adapter(policy, "value", source="someone/reward-adapter", trainable=True)  # offline in tests
 
 
 def test_trainer_refuses_adapters_of_another_policy(tiny_models, reward_adapter, tokenizer, tmp_path):

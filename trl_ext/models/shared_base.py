@@ -415,6 +415,22 @@ class SharedBaseScalarModel(torch.nn.Module):
                 getattr(self.score, name).copy_(tensor)
 
 
+def _local_adapter_dir(source: str, key: str) -> str:
+    """``source`` itself if it is a directory, else the local snapshot of the Hub repository it names."""
+    from .paths import looks_local
+
+    if os.path.isdir(os.path.expanduser(source)) or looks_local(source):
+        return os.path.expanduser(source)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(source, allow_patterns=[ADAPTER_CONFIG, ADAPTER_WEIGHTS, "config.json"])
+    except Exception as err:  # noqa: BLE001 - offline, unknown repository, no access: one line naming it
+        first_line = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise UserInputError(f"{key} '{source}': no such local directory, and fetching it from the Hub failed: "
+                             f"{first_line}") from None
+
+
 def _set_adapter_weights(policy, lora: dict, adapter_name: str, path: str) -> None:
     from peft.utils import set_peft_model_state_dict
 
@@ -448,8 +464,8 @@ def add_scalar_adapter(
     Args:
         policy: the PPO policy, a LoRA ``PeftModel`` (quantized or not), before it is handed to the trainer.
         adapter_name: ``"reward"`` (:data:`REWARD_ADAPTER`), ``"value"`` (:data:`VALUE_ADAPTER`) or another name.
-        source: a LoRA reward/value adapter directory (what a reward recipe with ``use_peft`` writes, or a PPO
-            checkpoint's ``value_model/``): its LoRA weights and score head. It must have been trained on the
+        source: a LoRA reward/value adapter directory or Hub repository (what a reward recipe with ``use_peft``
+            writes, or a PPO checkpoint's ``value_model/``): its LoRA weights and score head. It must have been trained on the
             policy's base. ``None``: a fresh adapter from ``lora_config`` and a new head (``normal(0,
             initializer_range)``, from torch's RNG).
         lora_config: a ``peft.LoraConfig`` for a fresh adapter (its task type is replaced by the policy's).
@@ -480,7 +496,8 @@ def add_scalar_adapter(
     key = "reward_model_path" if not trainable else "value_model_path"
     head_name, head_weights = "score", None
     if source is not None:
-        found = read_scalar_adapter(os.fspath(source), policy_base=_policy_base_name(policy), key=key)
+        found = read_scalar_adapter(_local_adapter_dir(os.fspath(source), key), policy_base=_policy_base_name(policy),
+                                    key=key)
         head_name = found.head_name
         config = LoraConfig.from_pretrained(found.path)
         config.init_lora_weights = True  # the saved weights replace it; PiSSA-like inits would rewrite the base
