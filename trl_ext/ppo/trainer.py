@@ -98,8 +98,8 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
 
     `reward_model` and `value_model` may be [`trl_ext.models.shared_base.SharedBaseScalarModel`]s made by
     `add_scalar_adapter(model, ...)`: LoRA adapters with their own score heads on the policy's base (one base for
-    policy, reference, reward and value; `peft_config` must then be None, the policy being a peft model already).
-    The numbers are those of separate models with the same weights (tested).
+    policy, reference, reward and value; `peft_config` must then be None, the policy being a peft model already;
+    `trainer.shared_base` is then True). The numbers are those of separate models with the same weights (tested).
 
     With every extension at its default it logs the same numbers as TRL's trainer (tested), plus
     `objective/kl_coef` and `time/rollout`, `time/scoring`, `time/optimization` (seconds per update), and
