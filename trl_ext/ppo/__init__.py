@@ -10,10 +10,15 @@
 * ``sequences.py`` (sampling responses, truncation at the stop token, padded forward passes) and
   ``masked_stats.py`` (masked mean, variance, whitening): the tensor helpers of the steps, the same on every TRL.
 * ``rollout.py``: the containers passed between the steps of one update.
+* ``rollout_logprobs.py``: the sampled tokens' log-probs taken while ``generate`` samples them (no
+  ``(batch, length, vocab)`` scores tensor), and the reference pass's logits without every layer's hidden states.
+* ``memory_budget.py``: the bytes each part of a PPO run holds (weights, adapters, optimizer, rollout, scoring,
+  training), from the model's shape and the run's settings.
 * ``prompt_stream.py`` and ``ptx_data.py``: endless, resumable prompt and pretraining-mix streams (built on
   :mod:`trl_ext.runtime.epoch_stream`); ``accumulation_state.py``: accelerate's DataLoader state that decides when
   TRL's PPO accumulates gradients, saved with each checkpoint.
 
-Scalar (reward/value) outputs come from :mod:`trl_ext.models.scalar_heads`; atomic checkpoints, interruption and
+Scalar (reward/value) outputs come from :mod:`trl_ext.models.scalar_heads`, reward and value adapters on the
+policy's own base from :mod:`trl_ext.models.shared_base`; atomic checkpoints, interruption and
 NaN guards from :mod:`trl_ext.runtime`.
 """
