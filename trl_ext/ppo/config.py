@@ -10,6 +10,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 from trl.experimental.ppo import PPOConfig as _TRLPPOConfig
 
 from ..errors import UserInputError
+from ..runtime.engines import DEEPSPEED, EngineOnCPUArgsMixin, launched_engine
 from .kl_controllers import KL_CONTROLLERS
 from .losses import VALUE_CLIP_MODES
 
@@ -17,7 +18,7 @@ PTX_MODES = ("joint", "separate")
 
 
 @dataclass
-class PPOConfig(_TRLPPOConfig):
+class PPOConfig(EngineOnCPUArgsMixin, _TRLPPOConfig):
     r"""Configuration for [`trl_ext.PPOTrainer`]: every field of TRL's `experimental.ppo.PPOConfig`, plus the
     extensions below (all of them default to TRL's behaviour).
 
@@ -116,6 +117,12 @@ class PPOConfig(_TRLPPOConfig):
             )
         if self.ptx_mode not in PTX_MODES:
             raise UserInputError(f"ptx_mode: unknown value {self.ptx_mode!r}; use one of {', '.join(PTX_MODES)}")
+        if self.ptx_mode == "separate" and self.ptx_coef > 0 and launched_engine() == DEEPSPEED:
+            raise UserInputError(
+                "ptx_mode: 'separate' is not supported under DeepSpeed: ZeRO steps every parameter of the policy and "
+                "value model together, so the separate ptx step would also move the value model (Adam momentum on "
+                "zero gradients); use ptx_mode 'joint'"
+            )
         for name in ("kl_target", "kl_horizon", "ptx_max_length"):
             if not getattr(self, name) > 0:
                 raise UserInputError(f"{name}: must be positive, got {getattr(self, name)!r}")
