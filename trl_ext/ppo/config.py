@@ -10,7 +10,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 from trl.experimental.ppo import PPOConfig as _TRLPPOConfig
 
 from ..errors import UserInputError
-from ..runtime.engines import DEEPSPEED, EngineOnCPUArgsMixin, launched_engine
+from ..runtime.engines import DEEPSPEED, FSDP, EngineOnCPUArgsMixin, launched_engine
 from .kl_controllers import KL_CONTROLLERS
 from .losses import VALUE_CLIP_MODES
 
@@ -106,6 +106,19 @@ class PPOConfig(EngineOnCPUArgsMixin, _TRLPPOConfig):
     )
 
     def __post_init__(self):
+        # engine limits first: before accelerate's state is set up for that engine
+        if launched_engine() == FSDP:
+            raise UserInputError(
+                "PPO does not run under FSDP: TRL's PPO generates with the policy inside the sharded model without "
+                "gathering its FSDP2 shards (RuntimeError: aten.embedding.default got mixed torch.Tensor and DTensor); "
+                "launch PPO with a DeepSpeed config (recipes/accelerate/zero2.yaml or zero3.yaml) or DDP"
+            )
+        if self.ptx_mode == "separate" and self.ptx_coef > 0 and launched_engine() == DEEPSPEED:
+            raise UserInputError(
+                "ptx_mode: 'separate' is not supported under DeepSpeed: ZeRO steps every parameter of the policy and "
+                "value model together, so the separate ptx step would also move the value model (Adam momentum on "
+                "zero gradients); use ptx_mode 'joint'"
+            )
         super().__post_init__()
         if self.value_clip not in VALUE_CLIP_MODES:
             raise UserInputError(
@@ -117,12 +130,6 @@ class PPOConfig(EngineOnCPUArgsMixin, _TRLPPOConfig):
             )
         if self.ptx_mode not in PTX_MODES:
             raise UserInputError(f"ptx_mode: unknown value {self.ptx_mode!r}; use one of {', '.join(PTX_MODES)}")
-        if self.ptx_mode == "separate" and self.ptx_coef > 0 and launched_engine() == DEEPSPEED:
-            raise UserInputError(
-                "ptx_mode: 'separate' is not supported under DeepSpeed: ZeRO steps every parameter of the policy and "
-                "value model together, so the separate ptx step would also move the value model (Adam momentum on "
-                "zero gradients); use ptx_mode 'joint'"
-            )
         for name in ("kl_target", "kl_horizon", "ptx_max_length"):
             if not getattr(self, name) > 0:
                 raise UserInputError(f"{name}: must be positive, got {getattr(self, name)!r}")
