@@ -1,10 +1,11 @@
 """Run by test_engines.py (and benchmarks/engine_matrix.py) under `accelerate launch --config_file CONFIG`: the
 three trainers with LoRA and the extensions on, under whatever engine CONFIG names (DDP, DeepSpeed ZeRO-2/3, FSDP).
 
-Usage: engine_script.py TINY_MODELS_DIR OUT_DIR RUN[,RUN...] with runs from `reward` (ranked data + label
+Usage: engine_script.py TINY_MODELS_DIR OUT_DIR RUN[,RUN...] [--gpu] with runs from `reward` (ranked data + label
 smoothing), `dpo` (cDPO), `ppo` (LoRA policy, adaptive KL, joint ptx; 3 updates, checkpoint at update 2) and
 `ppo_resumed` (PPO resumed from that checkpoint by a fresh trainer), in that order. The settings are those of
-tests/runtime/ddp_script.py, so a DDP launch of this script gives the reference numbers.
+tests/runtime/ddp_script.py, so a DDP launch of this script gives the reference numbers. `--gpu` (used by
+benchmarks/engine_matrix.py) trains on the GPUs: `use_cpu=False` (on CPU the recipes' `use_cpu: true` is kept).
 
 Each rank writes OUT_DIR/rank{N}.json: per run, the engine it saw (accelerate's distributed type, the wrapper and
 optimizer classes, the ZeRO stage, how many trainable values this rank holds), the logged losses/metrics, and a
@@ -33,6 +34,12 @@ from ddp_script import hf_args, lora, rows  # noqa: E402
 from ppo_helpers import config_kwargs, left_tokenizer, load_models, prompt_dataset, ptx_dataset, seed_all  # noqa: E402
 
 RUNS = ("reward", "dpo", "ppo", "ppo_resumed")
+ON_GPU = "--gpu" in sys.argv[4:]
+
+
+def device_args(kwargs: dict) -> dict:
+    """`kwargs` with `use_cpu=False` when running on GPUs (`--gpu`)."""
+    return {**kwargs, "use_cpu": False} if ON_GPU else kwargs
 
 
 def whole_trainable_weights(module, accelerator) -> torch.Tensor:
@@ -90,7 +97,7 @@ def run_reward(tiny, out):
 
     trainer = RewardTrainer(
         model=AutoModelForSequenceClassification.from_pretrained(tiny.reward),
-        args=RewardConfig(**hf_args(out / "reward"), label_smoothing=0.1),
+        args=RewardConfig(**device_args(hf_args(out / "reward")), label_smoothing=0.1),
         train_dataset=Dataset.from_list(rows("ranked", 12, seed=1)),
         processing_class=AutoTokenizer.from_pretrained(tiny.tokenizer), peft_config=lora("SEQ_CLS"),
     )
@@ -108,7 +115,7 @@ def run_dpo(tiny, out):
 
     trainer = DPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(tiny.policy),
-        args=DPOConfig(**hf_args(out / "dpo"), label_smoothing=0.1, beta=0.5),
+        args=DPOConfig(**device_args(hf_args(out / "dpo")), label_smoothing=0.1, beta=0.5),
         train_dataset=Dataset.from_list(rows("pairs", 12, seed=2)),
         processing_class=AutoTokenizer.from_pretrained(tiny.tokenizer), peft_config=lora("CAUSAL_LM"),
     )
@@ -128,7 +135,7 @@ def run_ppo(tiny, out, resume=None):
                            kl_controller="adaptive", kl_target=0.01, kl_horizon=8, ptx_coef=0.5, ptx_max_length=16,
                            save_strategy="steps", save_steps=2)
     trainer = PPOTrainer(
-        args=PPOConfig(**kwargs), processing_class=tok, model=policy, ref_model=None, reward_model=reward,
+        args=PPOConfig(**device_args(kwargs)), processing_class=tok, model=policy, ref_model=None, reward_model=reward,
         train_dataset=prompt_dataset(tok), value_model=value, peft_config=lora(None), ptx_dataset=ptx_dataset(),
     )
     trainer.train(resume_from_checkpoint=resume)
