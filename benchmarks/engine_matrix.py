@@ -4,9 +4,11 @@ processes (the `cpu_*.yaml` configs, as tests/engines does).
 
 One launch of tests/engines/engine_script.py per engine runs, on tiny offline models: reward (ranked data + label
 smoothing), DPO (cDPO), PPO (LoRA policy, adaptive KL, joint ptx; checkpoint at update 2) and PPO resumed from
-that checkpoint (PPO only under DDP and DeepSpeed: trl-ext refuses it under FSDP). Each run passes when every rank
-saw the engine and all processes, the ranks end with identical weights, the numbers equal the DDP run's (same seeds
-and global batch), and a resumed PPO run ends with the uninterrupted run's weights. Prints a pass/fail table, writes
+that checkpoint, and the PPO demo recipe with a full policy (PPO only under DDP and DeepSpeed: trl-ext refuses it
+under FSDP). Each run passes when every rank saw the engine and all processes, the ranks end with identical weights,
+the numbers equal the DDP run's (same seeds and global batch; not for the full-policy recipe, whose gradients
+DeepSpeed clips at norm 1 and DDP does not: there the first update's KL must be 0), and a resumed PPO run ends with
+the uninterrupted run's weights. Prints a pass/fail table, writes
 benchmarks/results/engine_matrix.json, and exits 1 if anything failed.
 
     python benchmarks/engine_matrix.py                      # all GPUs (1 GPU works too: one process per engine)
@@ -31,7 +33,7 @@ from pathlib import Path
 from _common import REPO, print_table, write_result
 
 SCRIPT = REPO / "tests" / "engines" / "engine_script.py"
-ALL_RUNS = ["reward", "dpo", "ppo", "ppo_resumed"]
+ALL_RUNS = ["reward", "dpo", "ppo", "ppo_resumed", "ppo_recipe"]
 # engine -> (GPU config, CPU config, runs, accelerate's distributed type on several processes, sharded?)
 ENGINES = {
     "ddp": ("multi_gpu.yaml", "cpu_2proc.yaml", ALL_RUNS, ("MULTI_GPU", "MULTI_CPU"), False),
@@ -51,7 +53,7 @@ def launch(engine: str, gpu: bool, n: int, tiny: Path, out: Path, timeout: float
            ",".join(runs), *(["--gpu"] if gpu else [])]
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled",
-           "TRL_EXPERIMENTAL_SILENCE": "1"}
+           "TRL_EXPERIMENTAL_SILENCE": "1", "TRL_EXT_TINY_DIR": str(tiny)}
     start = time.monotonic()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
@@ -85,6 +87,9 @@ def check(engine: str, run: str, ranks: list[dict], reference: list[dict] | None
             return "not sharded: a rank holds all trainable values"
     if len({r["checksum"] for r in results}) != 1:
         return "ranks end with different weights"
+    if run == "ppo_recipe":
+        kl = results[0]["kl"]
+        return "" if abs(kl[0]) < 1e-6 else f"policy and reference differ at the start: KL {kl}"
     if reference is not None and engine != "ddp":
         ref = reference[0].get(run, {})
         keys = ("losses",) if run in ("reward", "dpo") else ("kl", "kl_coef", "ptx", "final_kl_coef")

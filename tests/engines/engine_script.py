@@ -3,7 +3,9 @@ three trainers with LoRA and the extensions on, under whatever engine CONFIG nam
 
 Usage: engine_script.py TINY_MODELS_DIR OUT_DIR RUN[,RUN...] [--gpu] with runs from `reward` (ranked data + label
 smoothing), `dpo` (cDPO), `ppo` (LoRA policy, adaptive KL, joint ptx; 3 updates, checkpoint at update 2) and
-`ppo_resumed` (PPO resumed from that checkpoint by a fresh trainer), in that order. The settings are those of
+`ppo_resumed` (PPO resumed from that checkpoint by a fresh trainer), in that order, and `ppo_recipe` (the PPO demo
+recipe through trl_ext.recipes.pipeline, as `trl-ext train` runs it: a full policy, whose reference TRL copies, 2
+updates, fp32; needs TRL_EXT_TINY_DIR and the repository as working directory). The settings are those of
 tests/runtime/ddp_script.py, so a DDP launch of this script gives the reference numbers. `--gpu` (used by
 benchmarks/engine_matrix.py) trains on the GPUs: `use_cpu=False` (on CPU the recipes' `use_cpu: true` is kept).
 
@@ -33,7 +35,7 @@ torch.set_num_threads(1)
 from ddp_script import hf_args, lora, rows  # noqa: E402
 from ppo_helpers import config_kwargs, left_tokenizer, load_models, prompt_dataset, ptx_dataset, seed_all  # noqa: E402
 
-RUNS = ("reward", "dpo", "ppo", "ppo_resumed")
+RUNS = ("reward", "dpo", "ppo", "ppo_resumed", "ppo_recipe")
 ON_GPU = "--gpu" in sys.argv[4:]
 
 
@@ -159,6 +161,19 @@ def run_ppo(tiny, out, resume=None):
     }
 
 
+def run_ppo_recipe(out):
+    from trl_ext.recipes import resolve_recipe
+    from trl_ext.recipes.pipeline import run
+
+    overrides = ["--output_dir", str(out / "ppo_recipe"), "--reward_model_path", "tiny://reward",
+                 "--total_episodes", "32", "--bf16", "false", *(["--use_cpu", "false"] if ON_GPU else [])]
+    trainer = run(resolve_recipe(str(TESTS.parent / "recipes" / "demo" / "ppo.yaml"), overrides))
+    logs = [e for e in trainer.state.log_history if "objective/kl" in e]
+    return {**engine_facts(trainer, trainer.model, trainer.accelerator.unwrap_model(trainer.model)),
+            "kl": [e["objective/kl"] for e in logs], "scores": [e["objective/scores"] for e in logs],
+            "episodes": [e["episode"] for e in logs], "ref_model": type(trainer.ref_model).__name__}
+
+
 def saved_numel(path: Path) -> int | None:
     from safetensors import safe_open
 
@@ -185,6 +200,8 @@ def main():
                 result[run] = run_ppo(tiny, out)
             elif run == "ppo_resumed":
                 result[run] = run_ppo(tiny, out, resume=str(out / "ppo" / "checkpoint-2"))
+            elif run == "ppo_recipe":
+                result[run] = run_ppo_recipe(out)
             else:
                 raise ValueError(f"unknown run {run!r}; use {RUNS}")
         except Exception as err:  # recorded for the matrix; the test fails on it

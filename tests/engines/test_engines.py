@@ -25,7 +25,8 @@ DS_RUNS = ["reward", "dpo", "ppo", "ppo_resumed"]
 # engine -> (accelerate config, runs, accelerate's distributed type, wrapper class, optimizer class, ZeRO stage)
 ENGINES = {
     "zero2": ("cpu_zero2.yaml", DS_RUNS, "DEEPSPEED", "DeepSpeedEngine", "DeepSpeedZeroOptimizer", 2),
-    "zero3": ("cpu_zero3.yaml", DS_RUNS, "DEEPSPEED", "DeepSpeedEngine", "DeepSpeedZeroOptimizer_Stage3", 3),
+    "zero3": ("cpu_zero3.yaml", [*DS_RUNS, "ppo_recipe"], "DEEPSPEED", "DeepSpeedEngine",
+              "DeepSpeedZeroOptimizer_Stage3", 3),
     "fsdp": ("cpu_fsdp.yaml", ["reward", "dpo"], "FSDP", "FSDP", "AdamW", None),  # PPO: refused under FSDP
 }
 SHARDED = {"zero3", "fsdp"}
@@ -99,6 +100,8 @@ def test_the_numbers_are_those_of_ddp(engine, ddp_reference):
         if run in ("reward", "dpo"):
             assert len(a["losses"]) == 3
             assert a["losses"] == pytest.approx(ddp[run]["losses"], **close), run
+        elif run == "ppo_recipe":
+            continue  # a full policy: DeepSpeed clips its gradients at norm 1, DDP does not (README, "Engines")
         else:
             for key in ("kl", "kl_coef", "ptx"):
                 assert a[key] == pytest.approx(ddp[run][key], **close), (run, key)
@@ -121,3 +124,13 @@ def test_ppo_checkpoint_is_complete_and_resume_reproduces_the_run(engine):
         assert resumed["checksum"] == full["checksum"], rank
         assert resumed["kl"] == pytest.approx(full["kl"], abs=1e-6)
         assert resumed["final_kl_coef"] == pytest.approx(full["final_kl_coef"], rel=1e-9)
+
+
+@pytest.mark.parametrize("engine", ["zero3"], indirect=True)
+def test_ppo_recipe_with_a_full_policy_under_zero3(engine):
+    """TRL copies a full policy for its reference, which ZeRO-3 refuses (`create_reference_model`); the recipe
+    pipeline loads the reference from the policy's checkpoint instead. Policy and reference start equal: KL 0."""
+    a, b = dict(runs_of(engine))["ppo_recipe"]
+    assert a["ref_model"] != "NoneType" and a["episodes"] == [16, 32]  # 2 ranks x 8 prompts per update
+    assert abs(a["kl"][0]) < 1e-6 and a["kl"][1] > 1e-3
+    assert a["kl"] == b["kl"] and a["scores"] == b["scores"]
