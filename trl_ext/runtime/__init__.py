@@ -7,6 +7,8 @@
 * ``nonfinite.py``: NaN/inf guards that stop training with a clear error
   (:class:`~trl_ext.runtime.nonfinite.NonFiniteError`), after saving the last good state.
 * ``epoch_stream.py``: endless, resumable iteration over a DataLoader (the base of PPO's prompt and ptx streams).
+* ``engines.py``: DeepSpeed ZeRO and FSDP launched by accelerate on machines without a GPU (what accelerate 1.15
+  leaves out there), and gathering ZeRO-3 shards to save a sub-model.
 
 The trainers in :mod:`trl_ext.ppo` and :mod:`trl_ext.preference` mix these in; nothing here imports them.
 """
