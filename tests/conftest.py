@@ -40,3 +40,23 @@ def reward_adapter(tiny_models, tmp_path_factory):
     from trl_ext.testing import save_scalar_adapter
 
     return save_scalar_adapter(tiny_models.policy, tmp_path_factory.mktemp("reward_adapter") / "adapter")
+
+
+@pytest.fixture(scope="session")
+def ddp_reference(tiny_models, tmp_path_factory):
+    """Per-rank results of tests/runtime/ddp_script.py under 2 CPU processes (DDP over gloo): reward, DPO, PPO and
+    PPO resumed, with LoRA and the extensions on. The reference numbers of the DDP and the engine tests."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path_factory.mktemp("ddp")
+    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(root / "tests" / "runtime" / "ddp_script.py"), str(tiny_models.root), str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads((out / f"rank{i}.json").read_text()) for i in range(2)]

@@ -1,26 +1,11 @@
 """Two CPU processes (gloo), one launch: reward, DPO and PPO with LoRA and the extensions on; PPO checkpoint+resume."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def ranks(tiny_models, tmp_path_factory):
-    out = tmp_path_factory.mktemp("ddp")
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(ROOT / "tests" / "runtime" / "ddp_script.py"), str(tiny_models.root), str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [json.loads((out / f"rank{i}.json").read_text()) for i in range(2)]
+def ranks(ddp_reference):
+    return ddp_reference  # one launch of ddp_script.py per session (tests/conftest.py), shared with tests/engines
 
 
 @pytest.mark.parametrize("run", ["reward", "dpo", "ppo", "ppo_resumed"])

@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..errors import UserInputError
+from ..runtime.engines import DEEPSPEED, FSDP, EngineOnCPUArgsMixin, launched_engine
 from .base import ParentPPOConfig
 from .kl_controllers import KL_CONTROLLERS
 from .losses import VALUE_CLIP_MODES
@@ -12,7 +13,7 @@ PTX_MODES = ("joint", "separate")
 
 
 @dataclass
-class PPOConfig(ParentPPOConfig):
+class PPOConfig(EngineOnCPUArgsMixin, ParentPPOConfig):
     r"""Configuration for [`trl_ext.PPOTrainer`]: every field of TRL 1.12's `experimental.ppo.PPOConfig` (TRL's class
     on TRL 1.10-1.12, trl-ext's copy from 1.13 on, see :mod:`trl_ext.ppo.base`), plus the extensions below (all of
     them default to TRL's behaviour).
@@ -101,6 +102,19 @@ class PPOConfig(ParentPPOConfig):
     )
 
     def __post_init__(self):
+        # engine limits first: before accelerate's state is set up for that engine
+        if launched_engine() == FSDP:
+            raise UserInputError(
+                "PPO does not run under FSDP: TRL's PPO generates with the policy inside the sharded model without "
+                "gathering its FSDP2 shards (RuntimeError: aten.embedding.default got mixed torch.Tensor and DTensor); "
+                "launch PPO with a DeepSpeed config (recipes/accelerate/zero2.yaml or zero3.yaml) or DDP"
+            )
+        if self.ptx_mode == "separate" and self.ptx_coef > 0 and launched_engine() == DEEPSPEED:
+            raise UserInputError(
+                "ptx_mode: 'separate' is not supported under DeepSpeed: ZeRO steps every parameter of the policy and "
+                "value model together, so the separate ptx step would also move the value model (Adam momentum on "
+                "zero gradients); use ptx_mode 'joint'"
+            )
         super().__post_init__()
         if self.value_clip not in VALUE_CLIP_MODES:
             raise UserInputError(

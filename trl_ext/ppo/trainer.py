@@ -30,6 +30,7 @@ adapter) and ``save_model`` writes the policy's adapter only.
 from __future__ import annotations
 
 import gc
+import glob
 import math
 import os
 import random
@@ -40,6 +41,7 @@ from contextlib import contextmanager, nullcontext
 import numpy as np
 import torch
 from transformers import GenerationConfig
+from transformers.integrations.deepspeed import deepspeed_load_checkpoint
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import selective_log_softmax
 
@@ -53,6 +55,7 @@ from ..models.shared_base import (
 )
 from ..runtime.checkpoints import AtomicCheckpointMixin, latest_checkpoint, load_weights_in_place, resolve_checkpoint
 from ..runtime.devices import empty_cache
+from ..runtime.engines import gathered_parameters
 from ..runtime.interruption import raise_if_interrupted, watch_signals
 from ..runtime.nonfinite import NonFiniteError, count_nonfinite
 from .accumulation_state import dataloader_stack, restore_dataloader_stack
@@ -220,11 +223,26 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
     is_distributed_loading_by_transformers = False
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
-        """Save the policy only (TRL's behaviour), also when the model is wrapped in DistributedDataParallel. With a
-        shared base, the policy's adapter only (the value adapter is saved with the value model)."""
+        """Save the policy only (TRL's behaviour), also when the model is wrapped in DistributedDataParallel or a
+        DeepSpeed engine. With a shared base, the policy's adapter only (the value adapter is saved with the value
+        model).
+
+        Under DeepSpeed TRL's own `save_model` crashes (`'LlamaConfig' object has no attribute 'get'`: it hands the
+        policy to transformers as if it were the engine); here the policy is saved with `save_pretrained` like under
+        DDP, its parameters gathered first under ZeRO-3 (every process takes part). Called on every process. (A
+        shared base is refused under DeepSpeed, so this branch never meets one.)
+        """
         backup = self.model
-        if not self.is_deepspeed_enabled:
-            self.model = self.accelerator.unwrap_model(self.model)
+        if self.is_deepspeed_enabled:
+            policy = self.accelerator.unwrap_model(self.model).policy
+            self.model = policy
+            try:
+                with gathered_parameters(policy, self.accelerator):
+                    self._save(output_dir if output_dir is not None else self.args.output_dir)
+            finally:
+                self.model = backup
+            return
+        self.model = self.accelerator.unwrap_model(self.model)
         try:
             with saving_policy_adapters_only(self.accelerator.unwrap_model(backup).policy):
                 super().save_model(output_dir, _internal_call)
@@ -365,8 +383,9 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         """Add to a checkpoint what HF's `_save_checkpoint` leaves out for PPO: the value model (main process) and
         each process's trl-ext state (KL controller, prompt and ptx stream positions)."""
         unwrapped = self.accelerator.unwrap_model(self.model)
-        if self.args.should_save:
-            unwrapped.value_model.save_pretrained(os.path.join(checkpoint_dir, VALUE_MODEL_DIR))
+        with gathered_parameters(unwrapped.value_model, self.accelerator):  # ZeRO-3: whole weights, all processes
+            if self.args.should_save:
+                unwrapped.value_model.save_pretrained(os.path.join(checkpoint_dir, VALUE_MODEL_DIR))
         os.makedirs(checkpoint_dir, exist_ok=True)
         state = {
             "world_size": self.accelerator.num_processes,
@@ -400,9 +419,19 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
                 f"resume_from_checkpoint: {checkpoint} has no optimizer.pt (saved with save_only_model=True?); "
                 "resume from a full checkpoint"
             )
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        load_weights_in_place(unwrapped.policy, checkpoint)
-        load_weights_in_place(unwrapped.value_model, os.path.join(checkpoint, VALUE_MODEL_DIR))
+        if self.is_deepspeed_enabled:
+            # DeepSpeed's own checkpoint (`global_step*/`, written by HF's `_save_checkpoint`) holds the weights of
+            # policy and value model and the (sharded) optimizer state; the LR scheduler is TRL's (scheduler.pt).
+            if not glob.glob(os.path.join(checkpoint, "global_step*")):
+                raise UserInputError(
+                    f"resume_from_checkpoint: {checkpoint} has no DeepSpeed checkpoint (global_step*/); it was not "
+                    "written by a DeepSpeed run; resume with the engine that wrote it"
+                )
+            deepspeed_load_checkpoint(self.model, checkpoint, load_module_strict=True)
+        else:
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            load_weights_in_place(unwrapped.policy, checkpoint)
+            load_weights_in_place(unwrapped.value_model, os.path.join(checkpoint, VALUE_MODEL_DIR))
         self._load_optimizer_and_scheduler(checkpoint)
         if extra["kl_controller"] is not None and hasattr(self.kl_ctl, "load_state_dict"):
             self.kl_ctl.load_state_dict(extra["kl_controller"])

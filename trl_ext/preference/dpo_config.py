@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from trl import DPOConfig as _TRLDPOConfig
 
 from ..errors import UserInputError
+from ..runtime.engines import EngineOnCPUArgsMixin
 
 #: Loss types for which `label_smoothing` means something: cDPO for `sigmoid` (trl-ext), TRL's own meaning for
 #: the others.
@@ -12,7 +13,7 @@ LABEL_SMOOTHING_LOSS_TYPES = ("sigmoid", "robust", "exo_pair", "aot", "aot_unpai
 
 
 @dataclass
-class DPOConfig(_TRLDPOConfig):
+class DPOConfig(EngineOnCPUArgsMixin, _TRLDPOConfig):
     r"""Configuration for [`trl_ext.DPOTrainer`]: every field of TRL's `DPOConfig`; one field changes meaning.
 
     Parameters:

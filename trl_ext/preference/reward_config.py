@@ -5,10 +5,11 @@ from dataclasses import dataclass, field
 from trl import RewardConfig as _TRLRewardConfig
 
 from ..errors import UserInputError
+from ..runtime.engines import EngineOnCPUArgsMixin
 
 
 @dataclass
-class RewardConfig(_TRLRewardConfig):
+class RewardConfig(EngineOnCPUArgsMixin, _TRLRewardConfig):
     r"""Configuration for [`trl_ext.RewardTrainer`]: every field of TRL's `RewardConfig`, plus the extensions
     below (all of them default to TRL's behaviour).
 

@@ -195,11 +195,14 @@ def train_dpo(recipe: Recipe):
 def train_ppo(recipe: Recipe):
     """Train a policy with PPO (``trl_ext.PPOTrainer``) from a resolved recipe; returns the trainer.
 
-    Policy from ``model_name_or_path`` (reference: adapter disabled with LoRA, else a frozen copy), reward model
+    Policy from ``model_name_or_path`` (reference: adapter disabled with LoRA, else a frozen copy; under DeepSpeed
+    ZeRO-3 the reference is loaded from ``model_name_or_path`` too, as TRL asks), reward model
     from ``reward_model_path``, value model from ``value_model_path`` (default: the reward model), each with its own
     ``reward_*``/``value_*`` quantization and LoRA keys. Prompts come from the ``prompt`` column, tokenized as in
     TRL's PPO example; the eval split (if the dataset has one) feeds TRL's sample generations.
     """
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
     from trl_ext import PPOTrainer
 
     args = recipe.training_args
@@ -214,6 +217,10 @@ def train_ppo(recipe: Recipe):
         eval_ds = tokenize_prompts(eval_ds, tokenizer, num_proc=args.dataset_num_proc)
 
     policy = load_policy(model_args, tokenizer=tokenizer)
+    ref_model = None  # TRL: the policy with its adapter disabled (LoRA), else a frozen copy of the policy
+    if not model_args.use_peft and is_deepspeed_zero3_enabled():
+        # TRL's copy (create_reference_model) refuses ZeRO-3's partitioned parameters: load the reference itself
+        ref_model = load_policy(model_args, tokenizer=tokenizer)
     if recipe.pipeline.shared_base:
         reward_model, value_model = shared_base_scalar_models(recipe, policy)
     else:
@@ -226,7 +233,7 @@ def train_ppo(recipe: Recipe):
         value_model = load_scalar_checkpoint(value_args, trainable=True, tokenizer=tokenizer,
                                              reinit_head=recipe.pipeline.value_reinit_score_head)
 
-    trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=None,
+    trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=ref_model,
                          reward_model=reward_model, value_model=value_model, train_dataset=train_ds,
                          eval_dataset=eval_ds, ptx_dataset=ptx)
     trainer.train(resume_from_checkpoint=_resume_arg(recipe))

@@ -8,6 +8,8 @@
   (:class:`~trl_ext.runtime.nonfinite.NonFiniteError`), after saving the last good state.
 * ``epoch_stream.py``: endless, resumable iteration over a DataLoader (the base of PPO's prompt and ptx streams).
 * ``devices.py``: ``empty_cache`` of the current accelerator (PPO calls it between phases).
+* ``engines.py``: DeepSpeed ZeRO and FSDP launched by accelerate on machines without a GPU (what accelerate 1.15
+  leaves out there), and gathering ZeRO-3 shards to save a sub-model.
 
 The trainers in :mod:`trl_ext.ppo` and :mod:`trl_ext.preference` mix these in; nothing here imports them.
 """

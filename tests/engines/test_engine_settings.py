@@ -1,0 +1,89 @@
+"""What trl-ext sets when accelerate launches DeepSpeed or FSDP on a machine without a GPU, and the combinations it
+refuses under an engine (in one process: no launch)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from trl_ext.errors import UserInputError
+from trl_ext.runtime import engines
+
+pytestmark = pytest.mark.engines
+
+
+def cpu_recipe_args():
+    """The fields adapt_to_cpu_engine reads and writes, as a CPU recipe (use_cpu: true) sets them."""
+    return SimpleNamespace(ddp_backend=None, use_cpu=True, dataloader_pin_memory=True)
+
+
+@pytest.fixture
+def no_engine(monkeypatch):
+    for var in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP"):
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+def test_nothing_changes_without_an_engine(no_engine):
+    args = cpu_recipe_args()
+    engines.adapt_to_cpu_engine(args)
+    assert engines.launched_engine() is None
+    assert vars(args) == vars(cpu_recipe_args())
+
+
+def test_deepspeed_on_cpu_gets_gloo_and_accelerate_cpu_mode_off(no_engine):
+    no_engine.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    args = cpu_recipe_args()
+    engines.adapt_to_cpu_engine(args)
+    assert (args.ddp_backend, args.use_cpu, args.dataloader_pin_memory) == ("gloo", False, False)
+    args = SimpleNamespace(ddp_backend="mpi", use_cpu=True, dataloader_pin_memory=True)
+    engines.adapt_to_cpu_engine(args)
+    assert args.ddp_backend == "mpi"  # a backend the user chose stays
+
+
+def test_fsdp_on_cpu_keeps_the_fsdp_plugin(no_engine):
+    from accelerate.state import AcceleratorState
+
+    no_engine.setenv("ACCELERATE_USE_FSDP", "true")
+    args = SimpleNamespace(ddp_backend=None, use_cpu=False, dataloader_pin_memory=True)
+    engines.adapt_to_cpu_engine(args)
+    assert (args.ddp_backend, args.use_cpu) == ("gloo", True)
+    assert getattr(AcceleratorState.__init__, "_trl_ext_fsdp_on_cpu", False)
+    patched = AcceleratorState.__init__
+    engines.enable_fsdp_on_cpu()
+    assert AcceleratorState.__init__ is patched  # idempotent
+
+
+def test_gpu_machines_are_left_alone(no_engine, monkeypatch):
+    no_engine.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setattr(engines, "_has_gpu", lambda: True)
+    args = cpu_recipe_args()
+    engines.adapt_to_cpu_engine(args)
+    assert vars(args) == vars(cpu_recipe_args())
+
+
+def test_configs_adapt_when_accelerate_state_is_created(no_engine, monkeypatch, tmp_path):
+    """The configs call adapt_to_cpu_engine from `_setup_devices`, after validation: a CPU recipe's use_cpu with
+    bf16 (which TRL's configs default to) validates, then DeepSpeed gets use_cpu=False."""
+    from trl_ext import DPOConfig, RewardConfig
+
+    seen = []
+    monkeypatch.setattr(engines, "adapt_to_cpu_engine", lambda args: seen.append(type(args).__name__))
+    for cls in (RewardConfig, DPOConfig):
+        cls(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    assert seen == ["RewardConfig", "DPOConfig"]
+
+
+def test_ppo_is_refused_under_fsdp_before_anything_loads(no_engine, tmp_path):
+    from trl_ext import PPOConfig
+
+    no_engine.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(UserInputError, match="PPO does not run under FSDP.*zero2.yaml or zero3.yaml"):
+        PPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+
+
+def test_separate_ptx_is_refused_under_deepspeed(no_engine, tmp_path):
+    from trl_ext import PPOConfig
+
+    no_engine.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    with pytest.raises(UserInputError, match="ptx_mode: 'separate' is not supported under DeepSpeed.*'joint'"):
+        PPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", ptx_coef=0.1, ptx_mode="separate")

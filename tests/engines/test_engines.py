@@ -1,0 +1,136 @@
+"""DeepSpeed ZeRO-2, ZeRO-3 and FSDP2 on CPU, two processes each, launched as users launch them
+(`accelerate launch --config_file recipes/accelerate/cpu_{zero2,zero3,fsdp}.yaml`): reward (ranked data + label
+smoothing), DPO (cDPO) and, under ZeRO-2/3, PPO (LoRA policy, adaptive KL, joint ptx) with a checkpoint and a resume.
+
+Each engine is one launch of engine_script.py. What proves that the engine really ran, with both ranks: every rank
+reports world size 2, accelerate's distributed type and the engine's wrapper and optimizer classes; under ZeRO-3 and
+FSDP each rank holds only part of the trainable values; and the logged numbers equal those of the same runs under
+DDP (tests/runtime/ddp_script.py, whose global batch needs both ranks). Run alone with `python -m pytest -m engines`.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.engines
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tests" / "engines" / "engine_script.py"
+DS_RUNS = ["reward", "dpo", "ppo", "ppo_resumed"]
+# engine -> (accelerate config, runs, accelerate's distributed type, wrapper class, optimizer class, ZeRO stage)
+ENGINES = {
+    "zero2": ("cpu_zero2.yaml", DS_RUNS, "DEEPSPEED", "DeepSpeedEngine", "DeepSpeedZeroOptimizer", 2),
+    "zero3": ("cpu_zero3.yaml", [*DS_RUNS, "ppo_recipe"], "DEEPSPEED", "DeepSpeedEngine",
+              "DeepSpeedZeroOptimizer_Stage3", 3),
+    "fsdp": ("cpu_fsdp.yaml", ["reward", "dpo"], "FSDP", "FSDP", "AdamW", None),  # PPO: refused under FSDP
+}
+SHARDED = {"zero3", "fsdp"}
+
+
+def require_deepspeed():
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.fail('DeepSpeed is not installed; the engine tests need it: pip install "trl-ext[deepspeed]"')
+
+
+def launch(config: str, args: list, env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
+    """`accelerate launch --config_file recipes/accelerate/CONFIG ARGS...` (the first DeepSpeed launch on a machine
+    compiles DeepSpeed's shared-memory op, a few minutes; hence the long timeout)."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(ROOT / "recipes" / "accelerate" / config), *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+
+
+def launch_env(tiny_models) -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "OMP_NUM_THREADS": "1", "TRL_EXT_TINY_DIR": str(tiny_models.root)}
+
+
+@pytest.fixture(scope="module", params=list(ENGINES))
+def engine(request, tiny_models, tmp_path_factory):
+    """(name, per-rank results) of one launch of engine_script.py under the engine's CPU config."""
+    name = request.param
+    config, runs = ENGINES[name][:2]
+    if ENGINES[name][2] == "DEEPSPEED":
+        require_deepspeed()
+    out = tmp_path_factory.mktemp(name)
+    proc = launch(config, [SCRIPT, tiny_models.root, out, ",".join(runs)], launch_env(tiny_models))
+    ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+    errors = {r["rank"]: {run: r[run]["error"] for run in runs if "error" in r.get(run, {})} for r in ranks}
+    assert proc.returncode == 0 and len(ranks) == 2, (errors, proc.stderr[-4000:])
+    return name, ranks
+
+
+def runs_of(engine):
+    name, ranks = engine
+    return [(run, [r[run] for r in ranks]) for run in ENGINES[name][1]]
+
+
+def test_the_engine_ran_on_both_ranks(engine):
+    name = engine[0]
+    _, _, distributed_type, wrapper, optimizer, stage = ENGINES[name]
+    for run, (a, b) in runs_of(engine):
+        assert "error" not in a and "error" not in b, (run, a.get("error"), b.get("error"))
+        for rank, r in enumerate((a, b)):
+            assert (r["world_size"], r["rank"], r["distributed_type"]) == (2, rank, distributed_type), run
+            assert r["wrapper"].startswith(wrapper) and r["optimizer"] == optimizer, (run, r["wrapper"], r["optimizer"])
+            assert r["zero_stage"] == stage
+        if name in SHARDED:  # each rank holds a part of the trainable values, together all of them
+            assert a["local_trainable_numel"] < a["trainable_numel"], run
+            assert a["local_trainable_numel"] + b["local_trainable_numel"] >= a["trainable_numel"], run
+        else:
+            assert a["local_trainable_numel"] == a["trainable_numel"], run
+
+
+def test_ranks_end_with_identical_weights(engine):
+    for run, (a, b) in runs_of(engine):
+        assert a["checksum"] == b["checksum"], run
+        assert a["trainable_numel"] == b["trainable_numel"]
+
+
+def test_the_numbers_are_those_of_ddp(engine, ddp_reference):
+    """Same seeds and global batch as the DDP runs: the engine changes where values live, not the numbers."""
+    close = dict(rel=1e-5, abs=1e-6)
+    ddp = ddp_reference[0]
+    for run, (a, _) in runs_of(engine):
+        if run in ("reward", "dpo"):
+            assert len(a["losses"]) == 3
+            assert a["losses"] == pytest.approx(ddp[run]["losses"], **close), run
+        elif run == "ppo_recipe":
+            continue  # a full policy: DeepSpeed clips its gradients at norm 1, DDP does not (README, "Engines")
+        else:
+            for key in ("kl", "kl_coef", "ptx"):
+                assert a[key] == pytest.approx(ddp[run][key], **close), (run, key)
+            assert a["final_kl_coef"] == pytest.approx(ddp[run]["final_kl_coef"], **close)
+    if "dpo" in dict(runs_of(engine)):
+        assert dict(runs_of(engine))["dpo"][0]["loss_types"] == ["robust"]  # cDPO through TRL's robust loss
+
+
+@pytest.mark.parametrize("engine", ["zero2", "zero3"], indirect=True)  # PPO is refused under FSDP
+def test_ppo_checkpoint_is_complete_and_resume_reproduces_the_run(engine):
+    results = dict(runs_of(engine))
+    for rank, (full, resumed) in enumerate(zip(results["ppo"], results["ppo_resumed"])):
+        files = set(full["checkpoint_files"])
+        assert {"adapter_model.safetensors", "value_model", "scheduler.pt", "trainer_state.json", "latest",
+                "rng_state_0.pth", "rng_state_1.pth", "trl_ext_ppo_state_0.pt", "trl_ext_ppo_state_1.pt"} <= files
+        assert any(f.startswith("global_step") for f in files)  # DeepSpeed's own (sharded) optimizer state
+        # whole tensors in the saved adapter and value model (not ZeRO-3 shards): together all trainable values
+        assert full["saved_adapter_numel"] + full["saved_value_numel"] == full["trainable_numel"]
+        # a fresh trainer resumed from checkpoint-2 ends where the uninterrupted run ended
+        assert resumed["checksum"] == full["checksum"], rank
+        assert resumed["kl"] == pytest.approx(full["kl"], abs=1e-6)
+        assert resumed["final_kl_coef"] == pytest.approx(full["final_kl_coef"], rel=1e-9)
+
+
+@pytest.mark.parametrize("engine", ["zero3"], indirect=True)
+def test_ppo_recipe_with_a_full_policy_under_zero3(engine):
+    """TRL copies a full policy for its reference, which ZeRO-3 refuses (`create_reference_model`); the recipe
+    pipeline loads the reference from the policy's checkpoint instead. Policy and reference start equal: KL 0."""
+    a, b = dict(runs_of(engine))["ppo_recipe"]
+    assert a["ref_model"] != "NoneType" and a["episodes"] == [16, 32]  # 2 ranks x 8 prompts per update
+    assert abs(a["kl"][0]) < 1e-6 and a["kl"][1] > 1e-3
+    assert a["kl"] == b["kl"] and a["scores"] == b["scores"]

@@ -1,0 +1,136 @@
+"""Sharded engines launched by accelerate (DeepSpeed ZeRO, FSDP), also on machines without a GPU.
+
+`accelerate launch --config_file recipes/accelerate/{zero2,zero3,fsdp}.yaml` tells each process which engine to use
+through environment variables (``ACCELERATE_USE_DEEPSPEED``, ``ACCELERATE_USE_FSDP``). On a GPU machine accelerate
+takes it from there. Without a GPU, accelerate 1.15 drops both engines *silently* (verified with torch 2.13 CPU,
+deepspeed 0.19.8, transformers 5.23):
+
+* DeepSpeed with ``use_cpu=True``: ``AcceleratorState`` only enables DeepSpeed ``if not cpu``; the run is plain DDP.
+  With ``use_cpu=False``, ``PartialState`` finds no backend without CUDA and sets ``num_processes=1`` on every rank
+  while DeepSpeed itself sees 2; DeepSpeed then fails with ``AssertionError: Check batch related parameters.
+  train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size 2 != 2 * 1 * 2``.
+* FSDP: ``AcceleratorState`` only turns the FSDP plugin on for GPU-like distributed types. With ``use_cpu=True`` the
+  run is plain DDP; without it each process trains alone, with no gradient exchange at all.
+
+DeepSpeed's CPU accelerator (gloo unless oneCCL's torch bindings are installed) and torch's FSDP2 (``fully_shard``
+over gloo) both work on CPU; only the routing is missing. :func:`adapt_to_cpu_engine` fills it in, in this one place:
+the gloo backend, ``use_cpu=False`` for DeepSpeed, and for FSDP a patch of ``AcceleratorState``
+(:func:`enable_fsdp_on_cpu`) that keeps the FSDP plugin when accelerate drops it on CPU. trl-ext's configs call it
+through :class:`EngineOnCPUArgsMixin` at the moment accelerate's state is created. Nothing changes when a GPU is
+present or no engine was launched.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from contextlib import nullcontext
+from functools import cached_property
+
+logger = logging.getLogger(__name__)
+
+DEEPSPEED = "deepspeed"
+FSDP = "fsdp"
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "false").strip().lower() in ("1", "true", "yes")
+
+
+def launched_engine() -> str | None:
+    """The engine `accelerate launch` asked for (``"deepspeed"``, ``"fsdp"``) or None (DDP, one process)."""
+    if _env_flag("ACCELERATE_USE_DEEPSPEED"):
+        return DEEPSPEED
+    if _env_flag("ACCELERATE_USE_FSDP"):
+        return FSDP
+    return None
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+
+
+def adapt_to_cpu_engine(args) -> None:
+    """Make a launched DeepSpeed or FSDP engine really run when there is no GPU (see the module docstring).
+
+    ``args`` is a ``TrainingArguments`` whose arguments are validated and whose accelerate state is about to be
+    created (see :class:`EngineOnCPUArgsMixin`). Without a launched engine, or with a GPU, it does nothing.
+    Otherwise: ``ddp_backend`` becomes ``"gloo"`` when unset; for DeepSpeed ``use_cpu`` becomes False (the run still
+    runs on the CPU, through DeepSpeed's CPU accelerator; ``bf16`` keeps its meaning: DeepSpeed's bf16 mode); for
+    FSDP ``use_cpu`` becomes True and :func:`enable_fsdp_on_cpu` is applied.
+    """
+    engine = launched_engine()
+    if engine is None or _has_gpu():
+        return
+    if args.ddp_backend is None:
+        args.ddp_backend = "gloo"
+    args.dataloader_pin_memory = False  # nothing to pin memory for
+    if engine == DEEPSPEED:
+        args.use_cpu = False  # accelerate ignores DeepSpeed under cpu=True
+    if engine == FSDP:
+        args.use_cpu = True  # accelerate's MULTI_CPU processes, which enable_fsdp_on_cpu turns into FSDP ones
+        enable_fsdp_on_cpu()
+    logger.info("trl-ext: %s on CPU: ddp_backend=%s, use_cpu=%s", engine, args.ddp_backend, args.use_cpu)
+
+
+class EngineOnCPUArgsMixin:
+    """Mixin for ``TrainingArguments`` subclasses (trl-ext's configs): :func:`adapt_to_cpu_engine` runs right before
+    accelerate's state is created (``TrainingArguments._setup_devices``, which ``__post_init__`` calls after
+    validating the arguments, so a CPU recipe's ``use_cpu: true`` with ``bf16: true`` still validates)."""
+
+    @cached_property
+    def _setup_devices(self):
+        adapt_to_cpu_engine(self)
+        return super()._setup_devices
+
+
+def enable_fsdp_on_cpu() -> None:
+    """Patch ``accelerate.state.AcceleratorState.__init__`` so that an FSDP plugin is kept on CPU processes.
+
+    accelerate 1.15 sets ``distributed_type = FSDP`` only when the processes are GPU-like (``MULTI_GPU``,
+    ``MULTI_XPU``, ...); for ``MULTI_CPU`` it drops the plugin and the model is wrapped in DDP instead. After the
+    original ``__init__``, the patch sets what that branch would have set (``distributed_type``, ``fsdp_plugin``),
+    only when an FSDP plugin was given and the processes are CPU processes. Idempotent.
+    """
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    if getattr(AcceleratorState.__init__, "_trl_ext_fsdp_on_cpu", False):
+        return
+    original = AcceleratorState.__init__
+
+    @functools.wraps(original)
+    def __init__(self, *args, fsdp_plugin=None, **kwargs):
+        original(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type = DistributedType.FSDP
+            self.fsdp_plugin = fsdp_plugin
+            PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+    __init__._trl_ext_fsdp_on_cpu = True
+    AcceleratorState.__init__ = __init__
+
+
+def zero3_enabled(accelerator) -> bool:
+    """True when ``accelerator`` runs DeepSpeed ZeRO stage 3 (parameters sharded over the processes)."""
+    from accelerate.utils import DistributedType
+
+    if accelerator.distributed_type != DistributedType.DEEPSPEED:
+        return False
+    return accelerator.state.deepspeed_plugin.zero_stage == 3
+
+
+def gathered_parameters(module, accelerator):
+    """Context in which ``module``'s parameters are whole on every process (ZeRO-3 shards them; elsewhere a no-op).
+
+    A collective: every process must enter it. Use it to save a sub-model of a ZeRO-3 engine with
+    ``save_pretrained`` (inside the context its ``state_dict()`` holds the full tensors).
+    """
+    if not zero3_enabled(accelerator):
+        return nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None)
