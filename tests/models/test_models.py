@@ -1,7 +1,6 @@
 """trl_ext.models: tokenizer, policy and scalar-model loading, quantization, LoRA, and the user-input errors."""
 
 import logging
-import os
 import sys
 import warnings
 

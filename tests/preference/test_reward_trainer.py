@@ -1,6 +1,5 @@
 """trl_ext.RewardTrainer: TRL's numbers at defaults, label smoothing, ranked data, centering, LoRA."""
 
-import math
 import random
 
 import pytest
