@@ -1,7 +1,7 @@
 """The ``trl-ext`` command line (also ``python -m trl_ext``).
 
 Commands:
-  train RECIPE [--key value ...]   train a reward, DPO or PPO model from a YAML recipe
+  train RECIPE [--key value ...]   train an SFT, reward, DPO or PPO model from a YAML recipe
   check RECIPE [--key value ...]   validate a recipe without loading any model; print the resolved settings
 
 Bad input exits with code 2 and one line on stderr (no traceback). SIGINT (Ctrl-C) or SIGTERM during training saves
@@ -27,7 +27,7 @@ EXIT_NONFINITE = 3
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trl-ext",
-        description="Train reward, DPO and PPO models with TRL's trainers plus trl-ext's extensions.",
+        description="Train SFT, reward, DPO and PPO models with TRL's trainers plus trl-ext's extensions.",
         epilog="Run `trl-ext COMMAND --help` for a command's options. "
         "Multi-GPU: `accelerate launch -m trl_ext train RECIPE`.",
     )
@@ -73,7 +73,8 @@ def _run(args: argparse.Namespace) -> int:
         s = recipe.script_args
         if s.dataset_name and looks_local(s.dataset_name):  # local data: check columns too (no network)
             ds = open_split(s.dataset_name, s.dataset_train_split, config=s.dataset_config)
-            check_columns(ds, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split)
+            check_columns(ds, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split,
+                          text_column=getattr(recipe.training_args, "dataset_text_field", "text"))
         print(f"# {args.recipe}: OK ({recipe.trainer} recipe, {type(recipe.training_args).__name__})")
         for note in recipe.notes:
             print(f"# note: {note}")

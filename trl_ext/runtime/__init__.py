@@ -8,5 +8,6 @@
   (:class:`~trl_ext.runtime.nonfinite.NonFiniteError`), after saving the last good state.
 * ``epoch_stream.py``: endless, resumable iteration over a DataLoader (the base of PPO's prompt and ptx streams).
 
-The trainers in :mod:`trl_ext.ppo` and :mod:`trl_ext.preference` mix these in; nothing here imports them.
+The trainers in :mod:`trl_ext.ppo`, :mod:`trl_ext.preference` and :mod:`trl_ext.sft` mix these in; nothing here
+imports them.
 """
