@@ -3,6 +3,7 @@
 Commands:
   train RECIPE [--key value ...]   train an SFT, reward, DPO or PPO model from a YAML recipe
   check RECIPE [--key value ...]   validate a recipe without loading any model; print the resolved settings
+  plot OUTPUT_DIR [OUTPUT_DIR ...] draw the runs' logged curves into PNG files (needs matplotlib: trl-ext[plot])
 
 Bad input exits with code 2 and one line on stderr (no traceback). SIGINT (Ctrl-C) or SIGTERM during training saves
 a checkpoint at the end of the current step and exits with 130 / 143 and a line saying where the checkpoint is
@@ -40,6 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, description=help_)
         p.add_argument("recipe", help="path to a YAML recipe")
         p.add_argument("overrides", nargs=argparse.REMAINDER, help="`--key value` pairs overriding recipe keys")
+    help_ = "draw the main curves of finished or running runs (their trainer_state.json) into PNG files"
+    p = sub.add_parser("plot", help=help_, description=help_ + '; needs matplotlib: pip install "trl-ext[plot]"')
+    p.add_argument("runs", nargs="+", metavar="OUTPUT_DIR", help="output_dir of a run (several are overlaid)")
+    p.add_argument("--out", default="plots", help="folder for the PNG files, one per kind of run (default: plots)")
+    p.add_argument("--smoothing", type=float, default=0.0,
+                   help="exponential moving average weight in [0, 1) (as wandb's slider; default 0: raw)")
     return parser
 
 
@@ -64,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     from .loader import resolve_recipe
 
+    if args.command == "plot":
+        from .plots import plot_runs
+
+        for path in plot_runs(args.runs, args.out, smoothing=args.smoothing):
+            print(path)
+        return 0
     overrides = [tok for tok in args.overrides if tok != "--"]
     if args.command == "check":
         recipe = resolve_recipe(args.recipe, overrides, for_check=True)
