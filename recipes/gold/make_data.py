@@ -7,7 +7,7 @@
 * ``data/sft/{train,test}.jsonl``: the SFT corpus in TRL's prompt-completion format (``test`` is the held-out text
   on which the alignment tax is measured);
 * ``data/prompts.jsonl``: the 96 prompts of the language (PPO's prompts);
-* ``data/ptx.jsonl``: the SFT training text as one ``text`` column (PPO-ptx's pretraining mix).
+* ``data/ptx.jsonl``: the SFT training text, eos included, as one ``text`` column (PPO-ptx's pretraining mix).
 
 Deterministic given ``--seed``. The preference pairs come from the SFT model: ``make_pairs.py``, after SFT.
 """
@@ -37,7 +37,10 @@ def make_data(out: str | Path, *, sft_examples: int = 4000, test_examples: int =
     write_jsonl(data / "sft" / "train.jsonl", train)
     write_jsonl(data / "sft" / "test.jsonl", gold_task.sft_examples(test_examples, seed=seed + 10_000))
     write_jsonl(data / "prompts.jsonl", [{"prompt": p} for p in gold_task.all_prompts()])
-    write_jsonl(data / "ptx.jsonl", [{"text": r["prompt"] + r["completion"]} for r in train])
+    # ptx text as SFT saw it, ending with the end-of-sequence token: without it, every next-token target of the
+    # ptx loss is a word, and PPO-ptx teaches the policy never to stop.
+    eos = gold_task.SPECIAL_TOKENS[1]
+    write_jsonl(data / "ptx.jsonl", [{"text": r["prompt"] + r["completion"] + eos} for r in train])
     return out
 
 
