@@ -1,5 +1,6 @@
 """PPO benchmark setup shared by ppo_overhead.py and ppo_scaling.py: tiny models built in memory (no hub),
-prompt and ptx data, configs, a trainer factory for TRL's and trl_ext's PPOTrainer, and a per-update timer."""
+prompt and ptx data, configs, a trainer factory for the baseline (TRL's own PPOTrainer, or trl_ext's at its defaults
+where TRL has none) and trl_ext's PPOTrainer, and a per-update timer."""
 
 from __future__ import annotations
 
@@ -105,9 +106,25 @@ def seed_all(seed: int = 0) -> None:
     torch.manual_seed(seed)
 
 
+def baseline() -> str:
+    """What the `"trl"` runs are: TRL's own PPOTrainer where the installed TRL ships it (1.10-1.12); from TRL 1.13
+    on, which has none, trl_ext.PPOTrainer with every extension at its default (on trl-ext's own PPO base)."""
+    import trl
+
+    from trl_ext.ppo.base import TRL_HAS_PPO
+
+    if TRL_HAS_PPO:
+        return f"TRL {trl.__version__}'s own trl.experimental.ppo.PPOTrainer"
+    return (f"trl_ext.PPOTrainer at its defaults (TRL {trl.__version__} has no PPOTrainer; trl-ext runs on its own "
+            "PPO base), so (a) against it measures run-to-run noise only")
+
+
 def make_trainer(kind: str, models: Models, data, *, ptx_data=None, callbacks=(), trainer_cls=None, **config):
-    """A TRL (`kind="trl"`) or trl_ext (`"ext"`) PPOTrainer on fresh copies of `models`, seeded alike."""
-    if kind == "trl":
+    """The baseline (`kind="trl"`, see :func:`baseline`) or a trl_ext (`"ext"`) PPOTrainer on fresh copies of
+    `models`, seeded alike."""
+    from trl_ext.ppo.base import TRL_HAS_PPO
+
+    if kind == "trl" and TRL_HAS_PPO:
         from trl.experimental.ppo import PPOConfig, PPOTrainer
     else:
         from trl_ext import PPOConfig, PPOTrainer

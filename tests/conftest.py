@@ -31,3 +31,12 @@ def tokenizer(tiny_models):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_models.tokenizer)
+
+
+@pytest.fixture(scope="session")
+def reward_adapter(tiny_models, tmp_path_factory):
+    """A LoRA reward adapter (random LoRA weights and score head) on the tiny *policy*'s base, saved as a reward
+    recipe with use_peft writes it: what a shared base (trl_ext.models.shared_base) loads as reward/value model."""
+    from trl_ext.testing import save_scalar_adapter
+
+    return save_scalar_adapter(tiny_models.policy, tmp_path_factory.mktemp("reward_adapter") / "adapter")

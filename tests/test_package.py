@@ -20,16 +20,46 @@ def run_cli(*args, **kwargs):
     )
 
 
-def test_exports_are_subclasses_of_trl():
+def test_exports_are_subclasses_of_their_parents():
+    """PPO: TRL's experimental.ppo classes where the installed TRL ships them (1.10-1.12), trl-ext's own base from
+    TRL 1.13 on (or when TRL_EXT_PPO_BASE=trl-ext asks for it). Reward and DPO: always TRL's."""
     import trl
-    from trl.experimental.ppo import PPOConfig, PPOTrainer
 
+    from trl_ext.ppo import base
+    from trl_ext.ppo.base_config import PPOBaseConfig
+    from trl_ext.ppo.base_trainer import PPOBaseTrainer
+
+    forced = os.environ.get(base.PPO_BASE_VARIABLE, "auto") == "trl-ext"
+    if base.TRL_HAS_PPO and not forced:
+        from trl.experimental.ppo import PPOConfig, PPOTrainer
+
+        assert base.PPO_BASE == "trl"
+    else:
+        PPOConfig, PPOTrainer = PPOBaseConfig, PPOBaseTrainer
+        assert base.PPO_BASE == "trl-ext"
+    assert (base.ParentPPOTrainer, base.ParentPPOConfig) == (PPOTrainer, PPOConfig)
     assert issubclass(trl_ext.PPOTrainer, PPOTrainer) and trl_ext.PPOTrainer is not PPOTrainer
     assert issubclass(trl_ext.PPOConfig, PPOConfig) and trl_ext.PPOConfig is not PPOConfig
     assert issubclass(trl_ext.RewardTrainer, trl.RewardTrainer) and trl_ext.RewardTrainer is not trl.RewardTrainer
     assert issubclass(trl_ext.RewardConfig, trl.RewardConfig) and trl_ext.RewardConfig is not trl.RewardConfig
     assert issubclass(trl_ext.DPOTrainer, trl.DPOTrainer) and trl_ext.DPOTrainer is not trl.DPOTrainer
     assert issubclass(trl_ext.DPOConfig, trl.DPOConfig) and trl_ext.DPOConfig is not trl.DPOConfig
+
+
+def test_trl_requirement_admits_every_release_from_1_10_to_the_next_major():
+    """Installing trl-ext never moves a TRL from 1.10 on (no upper bound below 2.0), and the installed TRL fits."""
+    import re
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+
+    dependencies = re.findall(r'^\s*"(trl\s*[<>=!~][^"]*)",', (ROOT / "pyproject.toml").read_text(), re.M)
+    (trl,) = [Requirement(r) for r in dependencies]
+    for release in ("1.10.0", "1.11.0", "1.12.0", "1.13.0", "1.14.2", "1.15.0", "1.16.0", "1.99.0"):
+        assert trl.specifier.contains(release), release
+    for release in ("1.9.2", "2.0.0"):
+        assert not trl.specifier.contains(release), release
+    assert trl.specifier.contains(version("trl"))
 
 
 def test_unknown_attribute():

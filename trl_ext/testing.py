@@ -7,6 +7,9 @@ Nothing here touches a hub. :func:`build_tiny_models` writes, in a few seconds:
 * ``policy/`` is a tiny ``LlamaForCausalLM`` (hidden 64, 2 layers, 4 heads, 2 kv heads) plus the tokenizer;
 * ``reward/`` is a tiny ``LlamaForSequenceClassification`` with one output (``num_labels=1``) plus the tokenizer.
 
+:func:`save_scalar_adapter` writes a LoRA reward adapter (random weights and score head) on a causal LM, as a reward
+recipe with ``use_peft`` would: what a shared-base PPO run loads as reward/value model.
+
 Everything is deterministic given ``seed``.
 """
 
@@ -141,3 +144,23 @@ def build_tiny_models(root: str | os.PathLike, seed: int = 0, **config_overrides
     reward.save_pretrained(paths.reward)
     tokenizer.save_pretrained(paths.reward)
     return paths
+
+
+def save_scalar_adapter(base_path: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int = 2, r: int = 4,
+                        target_modules=("q_proj", "v_proj")) -> Path:
+    """Save a LoRA reward/value adapter with random (non-zero) weights and score head on the causal LM at
+    ``base_path``, in the format a reward recipe with ``use_peft`` writes (``task_type: SEQ_CLS``, score head in
+    the adapter file). For tests and benchmarks of reward/value models that share the policy's base."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForSequenceClassification
+
+    torch.manual_seed(seed)
+    model = AutoModelForSequenceClassification.from_pretrained(base_path, num_labels=1)
+    config = LoraConfig(r=r, lora_alpha=2 * r, target_modules=list(target_modules), task_type="SEQ_CLS",
+                        init_lora_weights=False)
+    model = get_peft_model(model, config)
+    with torch.no_grad():
+        model.base_model.model.score.modules_to_save["default"].weight.normal_(std=0.5)
+    model.save_pretrained(out_dir)
+    return Path(out_dir)

@@ -1,8 +1,9 @@
 """Run by test_ppo_ddp.py under `torchrun --nproc_per_node 2`: a LoRA-policy PPO run with the extensions on.
 
-Usage: ppo_ddp_script.py TINY_MODELS_DIR OUT_DIR [trl|joint|separate]. Each rank writes OUT_DIR/rank{N}.json with
-its logged kl_coef values and a checksum of its trainable weights. `trl` runs TRL's own trainer; `joint` (default)
-and `separate` pick trl_ext's ptx_mode.
+Usage: ppo_ddp_script.py TINY_MODELS_DIR OUT_DIR [trl|joint|separate|shared [REWARD_ADAPTER]]. Each rank writes
+OUT_DIR/rank{N}.json with its logged kl_coef values and a checksum of its trainable weights. `trl` runs TRL's own
+trainer; `joint` (default) and `separate` pick trl_ext's ptx_mode; `shared` (joint ptx) puts the reward and value
+models as adapters on the policy's base (from REWARD_ADAPTER), saves checkpoint-2 and also resumes from it.
 """
 
 import hashlib
@@ -44,14 +45,23 @@ def main():
         kwargs.update(kl_controller="adaptive", kl_target=0.01, kl_horizon=8, value_clip="mean", ptx_coef=0.5,
                       ptx_max_length=16, ptx_mode=mode)
         extra = {"ptx_dataset": ptx_dataset()}
+    if mode == "shared":
+        result = run_shared(tiny, tok, out, Path(sys.argv[4]), kwargs, extra)
+        (out / f"rank{result['rank']}.json").write_text(json.dumps(result))
+        return
     trainer = PPOTrainer(
         args=PPOConfig(**kwargs), processing_class=tok, model=policy, ref_model=None, reward_model=reward,
         train_dataset=prompt_dataset(tok), value_model=value,
         peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]), **extra,
     )
     trainer.train()
+    result = summary(trainer)
+    (out / f"rank{result['rank']}.json").write_text(json.dumps(result))
+
+
+def summary(trainer):
     params = [p for p in trainer.accelerator.unwrap_model(trainer.model).parameters() if p.requires_grad]
-    result = {
+    return {
         "rank": trainer.accelerator.process_index,
         "world_size": trainer.accelerator.num_processes,
         "kl_coef": [e["objective/kl_coef"] for e in trainer.state.log_history if "objective/kl_coef" in e],
@@ -60,7 +70,35 @@ def main():
         "final_kl_coef": trainer.kl_ctl.value,
         "ptx_losses": [e["loss/ptx_avg"] for e in trainer.state.log_history if "loss/ptx_avg" in e],
     }
-    (out / f"rank{result['rank']}.json").write_text(json.dumps(result))
+
+
+def run_shared(tiny, tok, out, adapter, kwargs, extra):
+    """3 updates with reward and value adapters on the policy's base, checkpoint-2; then resumed from it."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from trl_ext import PPOConfig, PPOTrainer
+    from trl_ext.models.shared_base import add_scalar_adapter
+
+    def trainer(resume=None):
+        seed_all(0)
+        policy = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny.policy),
+                                LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+        reward = add_scalar_adapter(policy, "reward", source=adapter, trainable=False)
+        value = add_scalar_adapter(policy, "value", source=adapter, trainable=True)
+        args = PPOConfig(**{**kwargs, "ptx_mode": "joint", "total_episodes": 12, "save_strategy": "steps",
+                            "save_steps": 2})
+        t = PPOTrainer(args=args, processing_class=tok, model=policy, ref_model=None, reward_model=reward,
+                       train_dataset=prompt_dataset(tok), value_model=value, **extra)
+        t.train(resume_from_checkpoint=resume)
+        return t
+
+    result = summary(trainer())
+    resumed = summary(trainer(str(out / "checkpoint-2")))
+    result["resumed_checksum"], result["resumed_kl"] = resumed["checksum"], resumed["kl"]
+    result["checkpoint_files"] = sorted(os.listdir(out / "checkpoint-2"))
+    result["value_model_files"] = sorted(os.listdir(out / "checkpoint-2" / "value_model"))
+    return result
 
 
 if __name__ == "__main__":

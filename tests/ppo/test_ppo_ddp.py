@@ -24,3 +24,26 @@ def test_lora_policy_ppo_under_ddp_with_ptx_and_adaptive_kl(tiny_models, tmp_pat
     assert ranks[0]["kl_coef"] == ranks[1]["kl_coef"] and ranks[0]["kl_coef"][0] == 0.05
     assert ranks[0]["kl_coef"][1] != 0.05  # adaptive controller moved it
     assert len(ranks[0]["ptx_losses"]) == 2
+
+
+def test_shared_base_ppo_under_ddp_identical_ranks_and_resume(tiny_models, reward_adapter, tmp_path):
+    """Reward and value as adapters on the policy's base, 2 processes: identical ranks; resuming from checkpoint-2
+    under 2 processes ends with the uninterrupted run's weights."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(ROOT / "tests" / "ppo" / "ppo_ddp_script.py"), str(tiny_models.root), str(tmp_path), "shared",
+           str(reward_adapter)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert ranks[0]["checksum"] == ranks[1]["checksum"] and ranks[0]["kl"] == ranks[1]["kl"]
+    assert ranks[0]["kl_coef"][1] != 0.05 and len(ranks[0]["ptx_losses"]) == 3  # adaptive KL and ptx were on
+    for rank in ranks:
+        assert rank["resumed_checksum"] == rank["checksum"]
+        assert rank["resumed_kl"][2] == rank["kl"][2]
+    # the checkpoint holds the policy's adapter (no reward/ or value/ adapter folders) and the value adapter + head
+    files = ranks[0]["checkpoint_files"]
+    assert "adapter_model.safetensors" in files and "reward" not in files and "value" not in files
+    assert ranks[0]["value_model_files"] == ["adapter_config.json", "adapter_model.safetensors"]

@@ -34,15 +34,33 @@ def lora_config():
     return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _shared_adapter(reward_adapter):
+    """The reward adapter on the tiny policy's base that the `shared` variant loads (see make_trainer)."""
+    SHARED["adapter"] = reward_adapter
+
+
+SHARED = {}
+
+
 def make_trainer(tiny_models, tok, data, out, variant, trainer_cls=None, callbacks=None, reward_model=None,
                  **overrides):
     """Adaptive KL and joint ptx on; `full` has its own reference model, `lora` a LoRA policy (reference = adapters
-    off). The same seed every time, so two trainers made alike start alike."""
+    off), `shared` a LoRA policy whose base also carries the reward and value models as adapters. The same seed
+    every time, so two trainers made alike start alike."""
     import trl_ext
 
     seed_all(0)
     policy, value, reward = load_models(tiny_models)
     ref = load_models(tiny_models)[0] if variant == "full" else None
+    if variant == "shared":
+        from peft import get_peft_model
+
+        from trl_ext.models.shared_base import add_scalar_adapter
+
+        policy = get_peft_model(policy, lora_config())
+        reward = add_scalar_adapter(policy, "reward", source=SHARED["adapter"], trainable=False)
+        value = add_scalar_adapter(policy, "value", source=SHARED["adapter"], trainable=True)
     kwargs = dict(total_episodes=4 * N_UPDATES, kl_controller="adaptive", kl_target=0.01, kl_horizon=8,
                   ptx_coef=0.5, ptx_max_length=16)
     kwargs.update(overrides)
@@ -76,7 +94,8 @@ def assert_same_updates(reference: list[dict], resumed: list[dict], first_step: 
 def reference_runs(tiny_models, tok, data, tmp_path_factory):
     """Uninterrupted runs of N_UPDATES updates, with checkpoints, for a full and a LoRA policy."""
     runs = {}
-    for variant, save in (("full", dict(save_steps=3)), ("lora", dict(save_steps=2, save_total_limit=2))):
+    for variant, save in (("full", dict(save_steps=3)), ("lora", dict(save_steps=2, save_total_limit=2)),
+                          ("shared", dict(save_steps=2, save_total_limit=2))):
         out = tmp_path_factory.mktemp(f"reference_{variant}")
         trainer = make_trainer(tiny_models, tok, data, out, variant, save_strategy="steps", **save)
         trainer.train()
@@ -84,7 +103,7 @@ def reference_runs(tiny_models, tok, data, tmp_path_factory):
     return runs
 
 
-@pytest.mark.parametrize("variant, checkpoint_step", [("full", 3), ("lora", 4)])
+@pytest.mark.parametrize("variant, checkpoint_step", [("full", 3), ("lora", 4), ("shared", 4)])
 def test_resumed_run_logs_the_same_numbers(tiny_models, tok, data, tmp_path, reference_runs, variant,
                                            checkpoint_step):
     ref_dir, ref_logs, ref_weights = reference_runs[variant]
@@ -122,13 +141,25 @@ def test_checkpoints_are_complete_and_rotated(reference_runs):
     assert extra["prompt_stream"]["epoch"] == 1 and extra["prompt_stream"]["batches_in_epoch"] == 1
     assert extra["kl_controller"]["value"] == pytest.approx(reference_runs["full"][1][3]["objective/kl_coef"])
     assert extra["ptx_stream"] == {"epoch": 1, "batches_in_epoch": 4}  # 16 texts, 2 per batch, 4 per update
+    # shared base: the policy's adapter alone at the top (no reward/ or value/ adapter folders), the value model's
+    # adapter and head in value_model/ (the LoRA reward format), nothing of the frozen reward adapter
+    shared = reference_runs["shared"][0] / "checkpoint-4"
+    assert not (shared / "reward").exists() and not (shared / "value").exists()
+    assert json.loads((shared / "adapter_config.json").read_text())["task_type"] != "SEQ_CLS"  # the policy's
+    value_config = json.loads((shared / "value_model" / "adapter_config.json").read_text())
+    assert value_config["task_type"] == "SEQ_CLS" and value_config["modules_to_save"] == ["score"]
+    from safetensors import safe_open
+
+    with safe_open(shared / "value_model" / "adapter_model.safetensors", "pt") as f:
+        assert "base_model.model.score.weight" in set(f.keys())
 
 
-def test_sigterm_saves_a_checkpoint_that_resumes(tiny_models, tok, data, tmp_path, reference_runs):
+@pytest.mark.parametrize("variant", ["full", "shared"])
+def test_sigterm_saves_a_checkpoint_that_resumes(tiny_models, tok, data, tmp_path, reference_runs, variant):
     from trl_ext.runtime.interruption import TrainingInterrupted
 
     handler_before = signal.getsignal(signal.SIGTERM)
-    trainer = make_trainer(tiny_models, tok, data, tmp_path, "full", save_strategy="no",
+    trainer = make_trainer(tiny_models, tok, data, tmp_path, variant, save_strategy="no",
                            callbacks=[SendSignalAfterStep(signal.SIGTERM, 1)])
     with pytest.raises(TrainingInterrupted) as caught:
         trainer.train()
@@ -137,9 +168,9 @@ def test_sigterm_saves_a_checkpoint_that_resumes(tiny_models, tok, data, tmp_pat
     assert err.checkpoint == str(tmp_path / "checkpoint-1") and err.checkpoint in str(err)
     assert signal.getsignal(signal.SIGTERM) is handler_before
     assert trainer.state.global_step == 1  # stopped at the end of the update that saw the signal
-    resumed = make_trainer(tiny_models, tok, data, tmp_path, "full", save_strategy="no")
+    resumed = make_trainer(tiny_models, tok, data, tmp_path, variant, save_strategy="no")
     resumed.train(resume_from_checkpoint=err.checkpoint)
-    assert_same_updates(reference_runs["full"][1], update_logs(resumed), 2)
+    assert_same_updates(reference_runs[variant][1], update_logs(resumed), 2)
 
 
 class PoisonAfterStep(TrainerCallback):
@@ -170,6 +201,20 @@ def test_nan_scores_stop_with_the_state_before_the_update(tiny_models, tok, data
     resumed = make_trainer(tiny_models, tok, data, tmp_path, "full", save_strategy="no")
     resumed.train(resume_from_checkpoint=err.checkpoint)
     assert_same_updates(reference_runs["full"][1], update_logs(resumed), 3)
+
+
+def test_nan_scores_of_a_shared_base_reward_adapter(tiny_models, tok, data, tmp_path, reference_runs):
+    """The reward adapter's head turns NaN after update 2: caught, state before update 3 saved, and it resumes."""
+    from trl_ext.runtime.nonfinite import NonFiniteError
+
+    trainer = make_trainer(tiny_models, tok, data, tmp_path, "shared", save_strategy="no")
+    trainer.add_callback(PoisonAfterStep(trainer.reward_model.score, 2))
+    with pytest.raises(NonFiniteError, match=r"^update 3: objective/scores contains NaN \(4 of 4 rollouts\)") as caught:
+        trainer.train()
+    assert caught.value.saved and caught.value.checkpoint == str(tmp_path / "checkpoint-2")
+    resumed = make_trainer(tiny_models, tok, data, tmp_path, "shared", save_strategy="no")
+    resumed.train(resume_from_checkpoint=caught.value.checkpoint)
+    assert_same_updates(reference_runs["shared"][1], update_logs(resumed), 3)
 
 
 def test_nan_loss_is_caught_before_backward(tiny_models, tok, data, tmp_path):

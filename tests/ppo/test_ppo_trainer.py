@@ -9,13 +9,23 @@ from ppo_helpers import (
     config_kwargs,
     left_tokenizer,
     load_models,
-    prompt_dataset,
     ptx_dataset,
     seed_all,
     update_logs,
 )
-
-EXCLUDED = ("eps",)  # wall-clock episodes per second
+from ppo_reference import (
+    REFERENCE_TOLERANCE,
+    SCENARIOS,
+    assert_same_logs,
+    assert_same_tables,
+    checkpoint_files,
+    lora_config,
+    parent_run,
+    recorded_sample_tables,
+    reference,
+    run_scenario,
+    scenario_data,
+)
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +35,7 @@ def tok(tiny_models):
 
 @pytest.fixture(scope="module")
 def data(tok):
-    return prompt_dataset(tok), prompt_dataset(tok, n=4, seed=5)
+    return scenario_data(tok)
 
 
 def run(trainer_cls, config_cls, tiny_models, tok, data, tmp_path, *, peft_config=None, value_model=None,
@@ -56,45 +66,29 @@ def run_ext(*args, **kwargs):
     return run(trl_ext.PPOTrainer, trl_ext.PPOConfig, *args, **kwargs)
 
 
-def lora_config(**kwargs):
-    from peft import LoraConfig
-
-    return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], **kwargs)
-
-
-def assert_same_metrics(parent_logs, child_logs):
-    assert len(parent_logs) == len(child_logs) == 3
-    for parent, child in zip(parent_logs, child_logs):
-        for key, value in parent.items():
-            if key in EXCLUDED:
-                continue
-            assert child[key] == pytest.approx(value, abs=1e-6, rel=1e-6), (parent["step"], key)
-    # the run is not trivially constant: the policy moved and the value loss changed
-    assert parent_logs[-1]["objective/kl"] != parent_logs[0]["objective/kl"]
-
-
-def with_ref_adapter(policy):
-    """A PeftModel policy with a trained-looking `default` adapter and a different `ref` adapter."""
-    from peft import get_peft_model
-
-    torch.manual_seed(5)
-    model = get_peft_model(policy, lora_config(init_lora_weights=False))
-    model.add_adapter("ref", lora_config(init_lora_weights=False))
-    return model
-
-
 @pytest.mark.parametrize("variant", ["full", "lora", "ref_adapter"])
 def test_defaults_reproduce_trl_metrics(tiny_models, tok, data, tmp_path, variant):
-    from trl.experimental.ppo import PPOConfig, PPOTrainer
+    """Every metric, checkpoint file and sample generation of TRL 1.12's own PPOTrainer: run live where the installed
+    TRL ships it (and then checked against the recording too), else its recorded run (tests/ppo_reference.py)."""
+    import trl_ext
 
-    kwargs = {}
-    if variant == "lora":
-        kwargs["peft_config"] = lora_config()
-    if variant == "ref_adapter":  # reference = the policy with its `ref` adapter active
-        kwargs.update(wrap_policy=with_ref_adapter, model_adapter_name="default", ref_adapter_name="ref")
-    _, parent = run(PPOTrainer, PPOConfig, tiny_models, tok, data, tmp_path / "trl", **kwargs)
-    child_trainer, child = run_ext(tiny_models, tok, data, tmp_path / "ext", **kwargs)
-    assert_same_metrics(parent, child)
+    parent = parent_run(variant, tiny_models, tok, data, tmp_path / "trl")
+    if parent.live:  # the recording is what TRL's trainer does
+        recorded = reference()["scenarios"][variant]
+        assert_same_logs(recorded["logs"], parent.logs, REFERENCE_TOLERANCE, "recording")
+        assert parent.checkpoint_files == recorded["checkpoint_files"]
+        assert_same_tables(recorded["sample_tables"], parent.sample_tables, REFERENCE_TOLERANCE)
+    with recorded_sample_tables() as tables:
+        child_trainer, child = run_scenario(trl_ext.PPOTrainer, trl_ext.PPOConfig, variant, tiny_models, tok, data,
+                                            tmp_path / "ext")
+    assert len(parent.logs) == 3
+    assert_same_logs(parent.logs, child, parent.tolerance)
+    # the run is not trivially constant: the policy moved and the value loss changed
+    assert parent.logs[-1]["objective/kl"] != parent.logs[0]["objective/kl"]
+    assert_same_tables(parent.sample_tables, tables, parent.tolerance)
+    assert len(tables) == 3 and all(len(table) == 2 for table in tables)  # eval batch of 2 after each update
+    # TRL's checkpoint files, plus the value model and the trl-ext state that make it resumable
+    assert set(parent.checkpoint_files) <= set(checkpoint_files(tmp_path / "ext"))
     for entry in child:
         assert entry["objective/kl_coef"] == 0.05
         assert all(entry[f"time/{phase}"] >= 0 for phase in ("rollout", "scoring", "optimization"))
@@ -104,6 +98,8 @@ def test_defaults_reproduce_trl_metrics(tiny_models, tok, data, tmp_path, varian
         assert abs(child[0]["objective/kl"]) > 1e-3
     elif variant == "lora":  # adapters disabled = the initial policy: no KL before the first step
         assert abs(child[0]["objective/kl"]) < 1e-5
+    else:
+        assert len(parent.checkpoint_files) > 5
 
 
 def adaptive(beta, kl, target, horizon, n):
@@ -353,17 +349,15 @@ def test_config_parses_from_the_command_line(tmp_path):
 def test_defaults_match_trl_at_epoch_end_with_accumulation(tiny_models, tok, data, tmp_path):
     """TRL's PPO does not accumulate in the update that takes an epoch's last prompt batch (accelerate's
     `sync_with_dataloader`); at the defaults we do the same, and `sync_with_dataloader=False` accumulates there."""
-    from trl.experimental.ppo import PPOConfig, PPOTrainer
-
-    kwargs = dict(total_episodes=16, num_sample_generations=0)  # 4 updates of 4 prompts: the 4th ends the epoch
-    _, parent = run(PPOTrainer, PPOConfig, tiny_models, tok, data, tmp_path / "trl", **kwargs)
+    trl_run = parent_run("epoch_end", tiny_models, tok, data, tmp_path / "trl")  # 4 updates: the 4th ends the epoch
+    parent = trl_run.logs
+    kwargs = SCENARIOS["epoch_end"]["overrides"]
     _, child = run_ext(tiny_models, tok, data, tmp_path / "ext", **kwargs)
     _, fixed = run_ext(tiny_models, tok, data, tmp_path / "fixed", sync_with_dataloader=False, **kwargs)
     assert len(parent) == len(child) == len(fixed) == 4
-    for p, c in zip(parent, child):
-        for key in p:
-            if key not in EXCLUDED:
-                assert c[key] == pytest.approx(p[key], abs=1e-6, rel=1e-6), (p["step"], key)
+    assert_same_logs(parent, child, trl_run.tolerance)
+    if trl_run.live:
+        assert_same_logs(reference()["scenarios"]["epoch_end"]["logs"], parent, REFERENCE_TOLERANCE, "recording")
     for p, f in zip(parent[:3], fixed[:3]):  # accumulation is the same until the epoch's last batch...
         assert f["loss/value_avg"] == pytest.approx(p["loss/value_avg"], abs=1e-6, rel=1e-6)
     # ...where TRL takes one optimizer step per micro-batch (2 instead of 1 per mini-batch): the policy moves

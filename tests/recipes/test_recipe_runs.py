@@ -90,6 +90,34 @@ def test_ppo_demo_learns(demo_reward, tmp_path):
     assert {"model.safetensors", "tokenizer.json", "trl_ext_recipe.yaml", "trainer_state.json"} <= names
 
 
+@pytest.fixture(scope="module")
+def demo_reward_lora(tiny_env, tmp_path_factory):
+    """recipes/demo/reward_lora.yaml for one epoch (16 steps): a LoRA reward adapter on the tiny policy's base."""
+    out = tmp_path_factory.mktemp("demo") / "reward_lora"
+    train(DEMO / "reward_lora.yaml", "--output_dir", out, "--max_steps", 16)
+    return out
+
+
+def test_ppo_shared_demo_learns(demo_reward_lora, tmp_path):
+    """The shipped shared-base PPO demo (reward and value as adapters on the policy's base) learns like ppo.yaml."""
+    out = tmp_path / "ppo_shared"
+    trainer = train(DEMO / "ppo_shared.yaml", "--output_dir", out, "--reward_model_path", demo_reward_lora)
+    scores = [h["objective/scores"] for h in history(out) if "objective/scores" in h]
+    assert len(scores) == 32
+    first, last = sum(scores[:8]) / 8, sum(scores[-8:]) / 8
+    assert last > first + 1.5 and last > 1.5, (first, last)
+    # one base: policy, reward and value models all run on the policy's weights
+    policy = trainer.accelerator.unwrap_model(trainer.model).policy
+    assert trainer.reward_model.policy is policy and trainer.model.value_model.policy is policy
+    assert sorted(policy.peft_config) == ["default", "reward", "value"]
+    # the output directory: the policy's adapter, and value_model/ with the value adapter and its head
+    names = {p.name for p in out.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "value_model", "trl_ext_recipe.yaml"} <= names
+    assert not {"reward", "value", "model.safetensors"} & names
+    assert sorted(p.name for p in (out / "value_model").iterdir()) == ["adapter_config.json",
+                                                                       "adapter_model.safetensors"]
+
+
 def test_ppo_recipe_with_lora_policy_and_lora_value_model(demo_reward, tmp_path):
     out = tmp_path / "ppo-lora"
     trainer = train(DEMO / "ppo.yaml", "--output_dir", out, "--reward_model_path", demo_reward,
@@ -222,8 +250,8 @@ def wandb_run(wandb_dir):
     return run, keys
 
 
-@pytest.mark.parametrize("trainer", ["reward", "ppo"])
-def test_wandb_offline_run_holds_the_metrics(demo_reward, tmp_path, monkeypatch, trainer):
+@pytest.mark.parametrize("trainer", ["reward", "ppo", "ppo_shared"])
+def test_wandb_offline_run_holds_the_metrics(demo_reward, tmp_path, monkeypatch, trainer, request):
     import wandb
 
     wandb.teardown()  # wandb reads WANDB_DIR once per process: start afresh for this test's directory
@@ -232,8 +260,9 @@ def test_wandb_offline_run_holds_the_metrics(demo_reward, tmp_path, monkeypatch,
     for var in ("WANDB_PROJECT", "WANDB_TAGS"):
         monkeypatch.delenv(var, raising=False)
     out = tmp_path / "out"
+    reward_path = request.getfixturevalue("demo_reward_lora") if trainer == "ppo_shared" else demo_reward
     steps = ["--max_steps", 4] if trainer == "reward" else ["--total_episodes", 16, "--response_length", 4,
-                                                            "--reward_model_path", demo_reward]
+                                                            "--reward_model_path", reward_path]
     t = train(DEMO / f"{trainer}.yaml", "--output_dir", out, *steps, "--report_to", "wandb", "--logging_steps", 1,
               "--run_name", f"demo-{trainer}", "--wandb_project", "trl-ext-tests", "--wandb_tags", "demo", trainer)
     run, keys = wandb_run(tmp_path)

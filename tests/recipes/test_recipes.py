@@ -239,6 +239,8 @@ def test_ptx_keys_are_consistent(tmp_path):
 def test_ppo_only_keys_are_refused_elsewhere(tmp_path):
     msg = error_of(write_recipe(tmp_path, **reward_keys(tmp_path, value_model_path="tiny://reward")))
     assert "'value_model_path' is for PPO recipes only" in msg
+    msg = error_of(write_recipe(tmp_path, **reward_keys(tmp_path, shared_base=True)))
+    assert "'shared_base' is for PPO recipes only" in msg
     msg = error_of(write_recipe(tmp_path, **ppo_keys(tmp_path, dataset_streaming=True)))
     assert "'dataset_streaming'" in msg
     msg = error_of(write_recipe(tmp_path, **ppo_keys(tmp_path, sft_model_path="tiny://policy")))
@@ -378,18 +380,36 @@ def test_real_model_recipes_exist_for_each_trainer():
 
 
 @pytest.mark.parametrize("path", REAL_RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_real_model_recipes_pass_check(path, capsys, monkeypatch):
+def test_real_model_recipes_pass_check(path, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(ROOT)
     # PPO recipes point at the reward model their reward recipe writes: `check` needs that path to exist.
     assert main(["check", str(path), "--output_dir", "/tmp/trl-ext-check-never-written",
-                 *_reward_output_override(path)]) == 0
+                 *_reward_output_override(path, tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "OK" in out and yaml.safe_load(out)["trainer"] in ("sft", "reward", "dpo", "ppo")
+    assert "OK" in out and yaml.safe_load(out[out.index("trainer:"):])["trainer"] in ("sft", "reward", "dpo", "ppo")
     assert not Path("/tmp/trl-ext-check-never-written").exists()
 
 
-def _reward_output_override(path):
+def fake_reward_adapter(directory, base, hidden=8):
+    """An adapter directory as a LoRA reward recipe writes it on `base` (tiny tensors: `check` reads headers only)."""
+    import safetensors.torch
+    import torch
+
+    directory.mkdir(parents=True)
+    (directory / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "task_type": "SEQ_CLS", "base_model_name_or_path": base, "r": 2,
+         "target_modules": ["q_proj"], "modules_to_save": ["classifier", "score"]}))
+    lora = "base_model.model.model.layers.0.self_attn.q_proj.lora_"
+    safetensors.torch.save_file({lora + "A.weight": torch.zeros(2, hidden), lora + "B.weight": torch.zeros(hidden, 2),
+                                 "base_model.model.score.weight": torch.zeros(1, hidden)},
+                                directory / "adapter_model.safetensors")
+    return directory
+
+
+def _reward_output_override(path, tmp_path):
     keys = yaml.safe_load(path.read_text())
+    if keys.get("shared_base"):  # a LoRA reward adapter trained on the policy's base
+        return ["--reward_model_path", str(fake_reward_adapter(tmp_path / "adapter", keys["model_name_or_path"]))]
     overrides = []
     for key in ("reward_model_path", "value_model_path"):
         if keys.get(key, "").startswith(("outputs/", "./")):
@@ -397,10 +417,50 @@ def _reward_output_override(path):
     return overrides
 
 
-def test_demo_recipes_pass_check(capsys, monkeypatch, tmp_path):
+@pytest.fixture
+def shared(tmp_path, monkeypatch, tiny_models, reward_adapter):
+    """PPO recipe keys with shared_base (tiny:// resolves to the session's tiny models, where the adapter sits)."""
+    monkeypatch.setenv("TRL_EXT_TINY_DIR", str(tiny_models.root))
+    return lambda **extra: write_recipe(tmp_path, **ppo_keys(
+        tmp_path, **{"use_peft": True, "shared_base": True, "reward_model_path": str(reward_adapter), **extra}))
+
+
+def test_shared_base_recipe_resolves(shared, tiny_models):
+    recipe = resolve_recipe(shared(value_lora_r=8, value_model_path="tiny://policy"))
+    assert recipe.pipeline.shared_base and recipe.value_model_args.lora_r == 8
+    from trl_ext.recipes.loader import shared_value_is_fresh
+
+    assert shared_value_is_fresh(recipe.value_model_args.model_name_or_path, "tiny://policy")
+    assert not shared_value_is_fresh(str(tiny_models.reward), "tiny://policy")
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (dict(use_peft=False), "key 'shared_base' needs use_peft: true"),
+    (dict(reward_model_path="tiny://reward"), "'reward_model_path': 'tiny://reward' is not a LoRA adapter directory"),
+    (dict(reward_load_in_4bit=True), "key 'reward_load_in_4bit' does not apply with shared_base: true"),
+    (dict(value_load_in_8bit=True), "key 'value_load_in_8bit' does not apply with shared_base: true"),
+    (dict(value_use_peft=False), "key 'value_use_peft' is false"),
+])
+def test_shared_base_impossible_combinations(shared, extra, needle):
+    assert needle in error_of(shared(**extra))
+
+
+def test_shared_base_refuses_an_adapter_of_another_base(shared, tmp_path, reward_adapter):
+    other = fake_reward_adapter(tmp_path / "other", "Qwen/Qwen2.5-0.5B-Instruct")
+    message = error_of(shared(reward_model_path=str(other)))
+    assert message.startswith("recipe: key 'reward_model_path':")
+    assert "trained on base 'Qwen/Qwen2.5-0.5B-Instruct'" in message
+    message = error_of(shared(value_model_path=str(other)))
+    assert message.startswith("recipe: key 'value_model_path':") and "but the policy's base is" in message
+
+
+def test_demo_recipes_pass_check(capsys, monkeypatch, tmp_path, tiny_models, reward_adapter):
     monkeypatch.chdir(ROOT)
-    for name in ("reward", "dpo", "ppo"):
-        extra = ["--reward_model_path", "tiny://reward"] if name == "ppo" else []
+    monkeypatch.setenv("TRL_EXT_TINY_DIR", str(tiny_models.root))
+    for name in ("reward", "reward_lora", "dpo", "ppo", "ppo_shared"):
+        extra = {"ppo": ["--reward_model_path", "tiny://reward"],
+                 "ppo_shared": ["--reward_model_path", str(reward_adapter)]}.get(name, [])
         assert main(["check", str(DEMO / f"{name}.yaml"), "--output_dir", str(tmp_path / name), *extra]) == 0
     out = capsys.readouterr().out
     assert "trainer: ppo" in out and "# value model: tiny://reward (float32)" in out
+    assert f"# shared base tiny://policy: policy adapter; reward: adapter {reward_adapter} (frozen)" in out

@@ -5,6 +5,9 @@
 * ``quantization.py``: bitsandbytes 4/8-bit configs and the CPU fix for silently wrong 4-bit LoRA gradients.
 * ``lora.py``: LoRA configs through TRL's ``get_peft_config``, with target-module checks.
 * ``scalar_heads.py``: per-token outputs of reward/value models, plain or PEFT-wrapped (used by PPO's scoring).
+* ``shared_base.py``: reward and value models as LoRA adapters with their own score heads on the policy's base
+  (one base for policy, reference, reward and value), with an adapter switch that survives activation
+  checkpointing.
 * ``biased_score_model.py``: the self-contained loader a centred reward checkpoint ships with.
 * ``paths.py``: the one rule for "local path or Hub id", shared with the recipe checks.
 

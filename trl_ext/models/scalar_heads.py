@@ -11,7 +11,8 @@ with ``modules_to_save=["score"]`` (or ``task_type="SEQ_CLS"``) is PEFT's wrappe
 from __future__ import annotations
 
 import torch
-from trl.experimental.utils import first_true_indices
+
+from ..ppo.sequences import first_true_indices
 
 
 def scalar_model_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -37,7 +38,10 @@ def scalar_model_outputs(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Drop-in for TRL's ``get_reward``: ``(per-token logits, score at the last non-pad token, its index)``.
 
-    Same arithmetic as TRL's for a plain model; also right for a PEFT-wrapped one (see module docstring).
+    Same arithmetic as TRL's for a plain model; also right for a PEFT-wrapped one (see module docstring). The head
+    reads the backbone's ``last_hidden_state`` (what HF's own sequence classifiers score, and the very tensor TRL
+    takes as ``hidden_states[-1]``) without asking for every layer's hidden states, which TRL keeps alive in its
+    no-grad scoring passes (``(layers + 1) x batch x length x hidden`` values).
     """
     backbone, head = scalar_model_parts(model)
     attention_mask = query_responses != pad_token_id
@@ -48,10 +52,9 @@ def scalar_model_outputs(
         attention_mask=attention_mask,
         position_ids=position_ids,
         return_dict=True,
-        output_hidden_states=True,
         use_cache=False,
     )
-    reward_logits = head(output.hidden_states[-1])
+    reward_logits = head(output.last_hidden_state)
     sequence_lengths = first_true_indices(query_responses[:, context_length:] == pad_token_id) - 1 + context_length
     return (
         reward_logits,

@@ -1,15 +1,10 @@
 """Configuration of :class:`trl_ext.PPOTrainer`."""
 
-import os
 from dataclasses import dataclass, field
 from typing import Literal
 
-# PPO lives in trl.experimental in TRL 1.10-1.12; we depend on it on purpose, so its warning is noise.
-os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-
-from trl.experimental.ppo import PPOConfig as _TRLPPOConfig
-
 from ..errors import UserInputError
+from .base import ParentPPOConfig
 from .kl_controllers import KL_CONTROLLERS
 from .losses import VALUE_CLIP_MODES
 
@@ -17,9 +12,10 @@ PTX_MODES = ("joint", "separate")
 
 
 @dataclass
-class PPOConfig(_TRLPPOConfig):
-    r"""Configuration for [`trl_ext.PPOTrainer`]: every field of TRL's `experimental.ppo.PPOConfig`, plus the
-    extensions below (all of them default to TRL's behaviour).
+class PPOConfig(ParentPPOConfig):
+    r"""Configuration for [`trl_ext.PPOTrainer`]: every field of TRL 1.12's `experimental.ppo.PPOConfig` (TRL's class
+    on TRL 1.10-1.12, trl-ext's copy from 1.13 on, see :mod:`trl_ext.ppo.base`), plus the extensions below (all of
+    them default to TRL's behaviour).
 
     Parameters:
         value_clip (`str`, *optional*, defaults to `"max"`):

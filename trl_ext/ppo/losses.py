@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-from trl.experimental.ppo.ppo_trainer import masked_mean
 from trl.trainer.utils import selective_log_softmax
+
+from .masked_stats import masked_mean
 
 VALUE_CLIP_MODES = ("max", "mean", "none")
 

@@ -1,9 +1,13 @@
 """PPO trainer: TRL 1.12's `experimental.ppo.PPOTrainer` with extensions and a training loop made of named steps.
 
+The parent is TRL's trainer on TRL 1.10-1.12 and trl-ext's own copy of its behaviour from TRL 1.13 on
+(:mod:`trl_ext.ppo.base` chooses); nothing below depends on which.
+
 One update of :meth:`PPOTrainer.train` runs these methods in order; override one to change one step:
 
 1. ``next_prompt_batch()``: the next batch of prompts from ``self.prompt_iterator``.
-2. ``generate_rollouts(queries) -> Rollout``: sample responses and their log-probs (torch RNG).
+2. ``generate_rollouts(queries) -> Rollout``: sample responses and their log-probs (torch RNG), the log-probs taken
+   as the tokens are sampled (:mod:`trl_ext.ppo.rollout_logprobs`).
 3. ``score_rollouts(rollout)``: reference log-probs (``compute_ref_logprobs``), values (``compute_values``),
    truncation at the stop token (``postprocess_responses``), scores (``compute_scores``), padding masks.
    Then ``check_finite("objective/scores", ...)`` (NaN/inf stop training, see ``check_finite``) and ``clip_scores``
@@ -17,6 +21,10 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
    (``self.kl_ctl``) updates from the update's ``objective/kl``.
 8. Callbacks, sample generations, then the checkpoint if one is due (``save_extra_checkpoint_files`` adds the value
    model and the trl-ext state; ``load_checkpoint`` restores them on ``train(resume_from_checkpoint=...)``).
+
+Reward and value models may be adapters on the policy's own base (:mod:`trl_ext.models.shared_base`): the steps are
+the same; the reference then switches adapters without peft's ``disable_adapter`` (which would freeze the value
+adapter) and ``save_model`` writes the policy's adapter only.
 """
 
 from __future__ import annotations
@@ -29,36 +37,36 @@ import time
 import warnings
 from contextlib import contextmanager, nullcontext
 
-from .config import PPOConfig  # first: it silences TRL's experimental-import warning
-
 import numpy as np
 import torch
 from transformers import GenerationConfig
-from trl.experimental.ppo import PPOTrainer as _TRLPPOTrainer
-from trl.experimental.ppo.ppo_trainer import (
-    INVALID_LOGPROB,
-    OnlineTrainerState,
-    batch_generation,
-    forward,
-    masked_whiten,
-    truncate_response,
-)
-from trl.experimental.utils import empty_cache, first_true_indices
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import selective_log_softmax
 
 from ..errors import UserInputError
 from ..models.scalar_heads import scalar_model_outputs
+from ..models.shared_base import (
+    adapter_switch,
+    check_shared_base_roles,
+    saving_policy_adapters_only,
+    scalar_adapter_names,
+)
 from ..runtime.checkpoints import AtomicCheckpointMixin, latest_checkpoint, load_weights_in_place, resolve_checkpoint
+from ..runtime.devices import empty_cache
 from ..runtime.interruption import raise_if_interrupted, watch_signals
 from ..runtime.nonfinite import NonFiniteError, count_nonfinite
 from .accumulation_state import dataloader_stack, restore_dataloader_stack
 from .advantages import gae_advantages
+from .base import OnlineTrainerState, ParentPPOTrainer
+from .config import PPOConfig
 from .kl_controllers import KLController, build_kl_controller
 from .losses import policy_loss, ptx_lm_loss, value_loss
+from .masked_stats import masked_whiten
 from .prompt_stream import PromptStream
 from .ptx_data import PtxStream, tokenize_ptx_dataset
 from .rollout import MicroBatchOutput, Rollout, UpdateStats
+from .rollout_logprobs import generate_with_logprobs, sampling_plan, sequence_logits
+from .sequences import INVALID_LOGPROB, batch_generation, first_true_indices, forward, truncate_response
 
 __all__ = ["PPOConfig", "PPOTrainer", "VALUE_MODEL_DIR", "ppo_state_file"]
 
@@ -71,8 +79,8 @@ def ppo_state_file(checkpoint_dir: str, process_index: int) -> str:
     return os.path.join(checkpoint_dir, f"trl_ext_ppo_state_{process_index}.pt")
 
 
-class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
-    """[`trl.experimental.ppo.PPOTrainer`] with value-clip modes, KL controllers, PPO-ptx and overridable steps.
+class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
+    """TRL's PPO trainer (see :mod:`trl_ext.ppo.base`) with value-clip modes, KL controllers, PPO-ptx and steps.
 
     Takes every argument of TRL's trainer (same order), plus:
 
@@ -83,6 +91,11 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
         kl_controller ([`trl_ext.ppo.kl_controllers.KLController`], *optional*):
             Your own KL controller (any object with a float `value` and `update(kl, n_steps)`); overrides
             `args.kl_controller`. Its `value` is the coefficient of the next update's rewards.
+
+    `reward_model` and `value_model` may be [`trl_ext.models.shared_base.SharedBaseScalarModel`]s made by
+    `add_scalar_adapter(model, ...)`: LoRA adapters with their own score heads on the policy's base (one base for
+    policy, reference, reward and value; `peft_config` must then be None, the policy being a peft model already;
+    `trainer.shared_base` is then True). The numbers are those of separate models with the same weights (tested).
 
     With every extension at its default it logs the same numbers as TRL's trainer (tested), plus
     `objective/kl_coef` and `time/rollout`, `time/scoring`, `time/optimization` (seconds per update), and
@@ -130,6 +143,7 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
             hasattr(kl_controller, "value") and callable(getattr(kl_controller, "update", None))
         ):
             raise UserInputError("kl_controller: needs a `value` attribute and an `update(kl, n_steps)` method")
+        self.shared_base = check_shared_base_roles(model, reward_model, value_model, peft_config, args)
 
         super().__init__(
             args=args,
@@ -189,6 +203,11 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
         TRL looks up `self.model.policy`, which a DistributedDataParallel wrapper does not have; we unwrap first.
         """
         policy = self.accelerator.unwrap_model(self.model).policy
+        if scalar_adapter_names(policy):
+            # Shared base: peft's disable_adapter/set_adapter would set requires_grad=False on the value adapter.
+            with adapter_switch(policy).use(self.ref_adapter_name):
+                yield
+            return
         with policy.disable_adapter() if self.is_peft_model and not self.ref_adapter_name else nullcontext():
             if self.ref_adapter_name:
                 policy.set_adapter(self.ref_adapter_name)
@@ -201,12 +220,14 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
     is_distributed_loading_by_transformers = False
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
-        """Save the policy only (TRL's behaviour), also when the model is wrapped in DistributedDataParallel."""
+        """Save the policy only (TRL's behaviour), also when the model is wrapped in DistributedDataParallel. With a
+        shared base, the policy's adapter only (the value adapter is saved with the value model)."""
         backup = self.model
         if not self.is_deepspeed_enabled:
             self.model = self.accelerator.unwrap_model(self.model)
         try:
-            super().save_model(output_dir, _internal_call)
+            with saving_policy_adapters_only(self.accelerator.unwrap_model(backup).policy):
+                super().save_model(output_dir, _internal_call)
         finally:
             self.model = backup
 
@@ -489,7 +510,12 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
     # ------------------------------------------------------------------ rollout and scoring
 
     def generate_rollouts(self, queries: torch.Tensor) -> Rollout:
-        """Sample one response per query with the policy; keep their log-probs under the sampling temperature."""
+        """Sample one response per query with the policy; keep their log-probs under the sampling distribution.
+
+        The log-probs are taken as the tokens are sampled (:mod:`trl_ext.ppo.rollout_logprobs`): peak memory holds
+        one step's `(batch, vocab)` scores, not TRL's `(batch, response_length, vocab)` tensor; the numbers are
+        TRL's. Generation configs that module cannot rebuild keep TRL's path (with a one-time warning).
+        """
         args = self.args
         context_length = queries.shape[1]
         with unwrap_model_for_generation(
@@ -498,6 +524,27 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
             gather_deepspeed3_params=args.ds3_gather_for_generation,
             generation_kwargs=self.generation_kwargs,  # fixes transformers#42762, as TRL does
         ) as unwrapped_model:
+            plan = sampling_plan(unwrapped_model.policy, self.generation_config)
+            if plan is not None:
+                query_responses, logprobs = generate_with_logprobs(
+                    unwrapped_model.policy,
+                    queries,
+                    args.local_rollout_forward_batch_size,
+                    self.processing_class.pad_token_id,
+                    plan,
+                )
+                return Rollout(
+                    queries=queries,
+                    context_length=context_length,
+                    query_responses=query_responses,
+                    responses=query_responses[:, context_length:].contiguous(),
+                    logprobs=logprobs,
+                )
+            warnings.warn(
+                "generate_rollouts: trl_ext.ppo.rollout_logprobs does not rebuild this generation config's sampling; "
+                "keeping TRL's (batch, response_length, vocab) scores tensor",
+                stacklevel=2,
+            )
             query_responses, logitss = batch_generation(
                 unwrapped_model.policy,
                 queries,
@@ -570,9 +617,10 @@ class PPOTrainer(AtomicCheckpointMixin, _TRLPPOTrainer):
         pad_token_id = self.processing_class.pad_token_id
         if self.ref_model is None:
             with self.null_ref_context():
-                ref_output = forward(self.accelerator.unwrap_model(self.model).policy, query_response, pad_token_id)
+                ref_output = sequence_logits(self.accelerator.unwrap_model(self.model).policy, query_response,
+                                             pad_token_id)
         else:
-            ref_output = forward(self.ref_model, query_response, pad_token_id)
+            ref_output = sequence_logits(self.ref_model, query_response, pad_token_id)
         ref_logits = ref_output.logits[:, context_length - 1 : -1]
         ref_logits /= self.args.temperature + 1e-7
         return selective_log_softmax(ref_logits, response)

@@ -100,7 +100,9 @@ class RewardTrainer(InterruptibleTrainMixin, NonFiniteLossGuardMixin, AtomicChec
 
         if mode == "train":
             num_tokens_in_batch = self.accelerator.gather_for_metrics(inputs["attention_mask"].sum()).sum().item()
-            self._total_train_tokens += num_tokens_in_batch
+            # TRL >= 1.13 counts each token once per tensor-parallel group (its `_tp_size`: the ranks of a group see
+            # the same batch); TRL 1.10-1.12 has no such attribute and counts every gathered token.
+            self._total_train_tokens += num_tokens_in_batch // getattr(self, "_tp_size", 1)
         self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
 
         # Same metrics and names as TRL; accuracy and margin over all pairs of the batch.

@@ -91,8 +91,16 @@ def _run(args: argparse.Namespace) -> int:
         print(f"# {args.recipe}: OK ({recipe.trainer} recipe, {type(recipe.training_args).__name__})")
         for note in recipe.notes:
             print(f"# note: {note}")
+        if recipe.trainer == "ppo" and recipe.pipeline.shared_base:
+            from .loader import shared_value_is_fresh
+
+            base = recipe.model_args.model_name_or_path
+            value = recipe.value_model_args.model_name_or_path
+            value = "fresh adapter and head" if shared_value_is_fresh(value, base) else f"adapter {value}"
+            print(f"# shared base {base}: policy adapter; reward: adapter {recipe.reward_model_args.model_name_or_path}"
+                  f" (frozen); value: {value}; reference: adapters disabled")
         for role, margs in (("reward model", recipe.reward_model_args), ("value model", recipe.value_model_args)):
-            if margs is not None:
+            if margs is not None and not (recipe.trainer == "ppo" and recipe.pipeline.shared_base):
                 quant = "4-bit" if margs.load_in_4bit else "8-bit" if margs.load_in_8bit else margs.dtype
                 lora = f", LoRA r={margs.lora_r}" if margs.use_peft else ""
                 print(f"# {role}: {margs.model_name_or_path} ({quant}{lora})")

@@ -63,6 +63,14 @@ class PipelineArguments:
             PPO: checkpoint of the value model. Defaults to `reward_model_path`.
         value_reinit_score_head (`bool`, *optional*, defaults to `False`):
             PPO: as `reinit_score_head`, for the value model.
+        shared_base (`bool`, *optional*, defaults to `False`):
+            PPO: one base for policy, reference, reward and value. The reward and value models become LoRA adapters,
+            each with its own score head, on the policy's base (quantized or not; needs `use_peft: true`):
+            `reward_model_path` must be the LoRA adapter directory a reward recipe with `use_peft` writes, trained
+            on the policy's `model_name_or_path`; the value adapter starts from `value_model_path` (an adapter
+            directory on the same base; default: the reward adapter) or, when `value_model_path` is the policy's
+            `model_name_or_path`, fresh (the policy's LoRA settings, overridden by `value_lora_*` keys). The reward
+            adapter is frozen. `reward_*` keys and `value_*` keys other than LoRA settings do not apply.
         ptx_dataset_name (`str`, *optional*):
             PPO-ptx: hub name, local file or `save_to_disk` directory of the pretraining-mix text.
         ptx_dataset_config (`str`, *optional*):
@@ -93,6 +101,10 @@ class PipelineArguments:
     )
     value_reinit_score_head: bool = field(
         default=False, metadata={"help": "PPO: re-initialise the value model's score head with one output."}
+    )
+    shared_base: bool = field(
+        default=False,
+        metadata={"help": "PPO: reward and value models as LoRA adapters with their own heads on the policy's base."},
     )
     ptx_dataset_name: Optional[str] = field(default=None, metadata={"help": "PPO-ptx: pretraining-mix dataset."})
     ptx_dataset_config: Optional[str] = field(default=None, metadata={"help": "PPO-ptx: dataset config name."})
@@ -421,6 +433,8 @@ def resolve_recipe(
         value_path = pipeline.value_model_path or training_args.reward_model_path
         value_args = _model_config_from_prefix(parsed[5], "value", model_args, value_path)
         _check_ptx(training_args, pipeline)
+        if pipeline.shared_base:
+            _check_shared_base(merged, parsed, model_args, training_args, pipeline)
     elif any(getattr(pipeline, k) not in (None, f.default) for k, f in _PPO_ONLY.items()):
         bad = next(k for k, f in _PPO_ONLY.items() if getattr(pipeline, k) not in (None, f.default))
         raise UserInputError(f"recipe: key '{bad}' is for PPO recipes only (this recipe has trainer: {trainer})")
@@ -457,8 +471,60 @@ def resolve_recipe(
 
 _PPO_ONLY = {
     f.name: f for f in dataclasses.fields(PipelineArguments)
-    if f.name.startswith(("value_", "ptx_"))
+    if f.name.startswith(("value_", "ptx_")) or f.name == "shared_base"
 }
+
+# value_<ModelConfig key>s that still apply with a shared base (a fresh value adapter's LoRA settings)
+SHARED_BASE_VALUE_KEYS = ("use_peft", "use_rslora", "use_dora")
+
+
+def resolve_tiny_name(path: str) -> str:
+    """``tiny://NAME`` as the directory it stands for (without building it); other paths unchanged."""
+    if not path.startswith(TINY_SCHEME):
+        return path
+    from .pipeline import tiny_models_dir
+
+    return str(tiny_models_dir() / path[len(TINY_SCHEME):])
+
+
+def shared_value_is_fresh(value_path: Optional[str], policy_path: str) -> bool:
+    """With a shared base, `value_model_path` naming the policy's own base means a fresh value adapter and head."""
+    from ..models.shared_base import same_model_name
+
+    return bool(value_path) and same_model_name(resolve_tiny_name(value_path), resolve_tiny_name(policy_path))
+
+
+def _check_shared_base(merged: dict, parsed, model_args, training_args, pipeline) -> None:
+    """`shared_base: true`: refuse what cannot share the policy's base, before any model loads."""
+    from ..models.shared_base import read_scalar_adapter
+
+    if not model_args.use_peft:
+        raise UserInputError(
+            "recipe: key 'shared_base' needs use_peft: true (the reward and value adapters sit beside the policy's "
+            "LoRA adapter on its base)"
+        )
+    for prefix, prefixed in (("reward", parsed[4]), ("value", parsed[5])):
+        for f in dataclasses.fields(prefixed):
+            key, name = f.name, f.name[len(prefix) + 1:]
+            if key not in merged:
+                continue
+            allowed = prefix == "value" and (name.startswith("lora_") or name in SHARED_BASE_VALUE_KEYS)
+            if not allowed:
+                raise UserInputError(
+                    f"recipe: key '{key}' does not apply with shared_base: true (the {prefix} model runs on the "
+                    f"policy's base; set '{name}' for the policy instead)"
+                )
+            if name == "use_peft" and not getattr(prefixed, key):
+                raise UserInputError("recipe: key 'value_use_peft' is false, but with shared_base the value model is a "
+                                     "LoRA adapter; drop the key")
+    policy_base = resolve_tiny_name(model_args.model_name_or_path)
+    sources = [("reward_model_path", training_args.reward_model_path)]
+    value_path = pipeline.value_model_path
+    if value_path and not shared_value_is_fresh(value_path, model_args.model_name_or_path):
+        sources.append(("value_model_path", value_path))
+    for key, path in sources:
+        if looks_local(path):  # a Hub adapter is checked when it is loaded
+            read_scalar_adapter(path, policy_base=policy_base, key=f"recipe: key '{key}':")
 
 
 def _model_config_from_prefix(prefixed, prefix: str, policy_args, path: Optional[str]):

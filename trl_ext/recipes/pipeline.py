@@ -126,7 +126,9 @@ def load_scalar_checkpoint(model_args, *, trainable: bool, reinit_head: bool = F
             f"value model '{path}' is a LoRA adapter on a quantized base: set value_use_peft: true to train it"
         )
     base_args = dataclasses.replace(model_args, model_name_or_path=resolve_model_path(base), use_peft=False)
-    model = load_scalar_model(base_args, tokenizer=tokenizer)
+    # a trained adapter on a quantized base gets activation checkpointing, as load_scalar_model gives QLoRA models
+    checkpointing = True if trainable and quantized and model_args.use_peft else None
+    model = load_scalar_model(base_args, tokenizer=tokenizer, gradient_checkpointing=checkpointing)
     model = PeftModel.from_pretrained(model, path, is_trainable=trainable and model_args.use_peft)
     if trainable and not model_args.use_peft:
         model = model.merge_and_unload()
@@ -230,21 +232,60 @@ def train_ppo(recipe: Recipe):
         eval_ds = tokenize_prompts(eval_ds, tokenizer, num_proc=args.dataset_num_proc)
 
     policy = load_policy(model_args, tokenizer=tokenizer)
-    reward_args = _resolved(recipe.reward_model_args)
-    reward_model = load_scalar_checkpoint(reward_args, trainable=False, tokenizer=tokenizer)
-    reward_model.eval()
-    for p in reward_model.parameters():
-        p.requires_grad_(False)
-    value_args = _resolved(recipe.value_model_args)
-    value_model = load_scalar_checkpoint(value_args, trainable=True, tokenizer=tokenizer,
-                                         reinit_head=recipe.pipeline.value_reinit_score_head)
+    if recipe.pipeline.shared_base:
+        reward_model, value_model = shared_base_scalar_models(recipe, policy)
+    else:
+        reward_args = _resolved(recipe.reward_model_args)
+        reward_model = load_scalar_checkpoint(reward_args, trainable=False, tokenizer=tokenizer)
+        reward_model.eval()
+        for p in reward_model.parameters():
+            p.requires_grad_(False)
+        value_args = _resolved(recipe.value_model_args)
+        value_model = load_scalar_checkpoint(value_args, trainable=True, tokenizer=tokenizer,
+                                             reinit_head=recipe.pipeline.value_reinit_score_head)
 
     trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=None,
                          reward_model=reward_model, value_model=value_model, train_dataset=train_ds,
                          eval_dataset=eval_ds, ptx_dataset=ptx)
     trainer.train(resume_from_checkpoint=_resume_arg(recipe))
     _finish(trainer, recipe, tokenizer)
+    if recipe.pipeline.shared_base:  # the value adapter lives nowhere else: keep it beside the policy's adapter
+        from ..ppo.trainer import VALUE_MODEL_DIR
+
+        value_model.save_pretrained(str(Path(args.output_dir) / VALUE_MODEL_DIR),
+                                    is_main_process=trainer.accelerator.is_main_process)
+        trainer.accelerator.wait_for_everyone()
     return trainer
+
+
+def shared_base_scalar_models(recipe: Recipe, policy):
+    """``shared_base: true``: the reward and value models as adapters with their own heads on ``policy``'s base
+    (:mod:`trl_ext.models.shared_base`): the reward adapter (frozen) from ``reward_model_path``; the value adapter
+    from ``value_model_path`` (default: the reward adapter), or fresh when that names the policy's own base."""
+    import dataclasses
+
+    from ..models.lora import lora_config_for
+    from ..models.shared_base import REWARD_ADAPTER, VALUE_ADAPTER, add_scalar_adapter
+    from .loader import SHARED_BASE_VALUE_KEYS, shared_value_is_fresh
+
+    args, pipeline = recipe.training_args, recipe.pipeline
+    reward_model = add_scalar_adapter(policy, REWARD_ADAPTER, source=resolve_model_path(args.reward_model_path),
+                                      trainable=False)
+    reward_model.eval()
+    value_path = pipeline.value_model_path or args.reward_model_path
+    if shared_value_is_fresh(value_path, recipe.model_args.model_name_or_path):
+        # the policy's LoRA settings, with the value_lora_* keys the recipe sets
+        value_keys = {
+            key[len("value_"):]: getattr(recipe.value_model_args, key[len("value_"):])
+            for key in recipe.explicit
+            if key.startswith("value_") and (key[6:].startswith("lora_") or key[6:] in SHARED_BASE_VALUE_KEYS)
+        }
+        value_lora = lora_config_for(dataclasses.replace(recipe.model_args, **value_keys), task_type="CAUSAL_LM")
+        value_model = add_scalar_adapter(policy, VALUE_ADAPTER, lora_config=value_lora, trainable=True)
+    else:
+        value_model = add_scalar_adapter(policy, VALUE_ADAPTER, source=resolve_model_path(value_path),
+                                         trainable=True, reinit_head=pipeline.value_reinit_score_head)
+    return reward_model, value_model
 
 
 TRAIN_FUNCTIONS = {"sft": train_sft, "reward": train_reward, "dpo": train_dpo, "ppo": train_ppo}
@@ -254,7 +295,12 @@ def run(recipe: Recipe):
     """Train what ``recipe`` describes; returns the trainer (its ``state.log_history`` holds the metrics)."""
     from accelerate import PartialState
 
+    from transformers import set_seed
+
     apply_environment(recipe)
     # Every process has validated the recipe (output_dir included) before any of them writes anything.
     PartialState().wait_for_everyone()
+    # Before any model loads: LoRA adapters and new score heads are initialised from torch's RNG, whose start
+    # differs from process to process; seeded here, a recipe run is reproducible (as HF's example scripts do).
+    set_seed(recipe.training_args.seed)
     return TRAIN_FUNCTIONS[recipe.trainer](recipe)

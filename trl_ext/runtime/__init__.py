@@ -7,6 +7,7 @@
 * ``nonfinite.py``: NaN/inf guards that stop training with a clear error
   (:class:`~trl_ext.runtime.nonfinite.NonFiniteError`), after saving the last good state.
 * ``epoch_stream.py``: endless, resumable iteration over a DataLoader (the base of PPO's prompt and ptx streams).
+* ``devices.py``: ``empty_cache`` of the current accelerator (PPO calls it between phases).
 
 The trainers in :mod:`trl_ext.ppo`, :mod:`trl_ext.preference` and :mod:`trl_ext.sft` mix these in; nothing here
 imports them.

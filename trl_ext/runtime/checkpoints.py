@@ -145,17 +145,26 @@ def load_weights_in_place(model, directory: str) -> None:
 
     In place, so an optimizer built over the parameters stays valid (HF's ``Trainer._load_from_checkpoint`` would
     also load every sub-folder holding an adapter as an extra adapter, which a PPO checkpoint has: the value model).
-    A PEFT model gets each of its adapters back (``default`` from ``directory``, others from ``directory/NAME``);
-    a plain model its full state dict (``model.safetensors`` or a sharded index). Raises ``FileNotFoundError``
-    naming the folder when the weights are missing.
+    A PEFT model gets each of its adapters back (``default`` from ``directory``, others from ``directory/NAME``),
+    except the reward/value adapters of a shared base (:mod:`trl_ext.models.shared_base`), which their own models
+    save and load; such a reward/value model gets its adapter and score head back; a plain model its full state
+    dict (``model.safetensors`` or a sharded index). Raises ``FileNotFoundError`` naming the folder when the
+    weights are missing.
     """
     from peft import PeftModel
     from peft.utils import load_peft_weights, set_peft_model_state_dict
     from transformers.trainer_utils import load_sharded_checkpoint
     from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
+    from ..models.shared_base import SharedBaseScalarModel, policy_adapter_names
+
+    if isinstance(model, SharedBaseScalarModel):
+        if not os.path.isfile(os.path.join(directory, "adapter_model.safetensors")):
+            raise FileNotFoundError(f"checkpoint has no adapter weights in {directory}")
+        model.load_weights(directory)
+        return
     if isinstance(model, PeftModel):
-        for name in model.peft_config:
+        for name in policy_adapter_names(model):
             path = directory if name == "default" else os.path.join(directory, name)
             if not os.path.isfile(os.path.join(path, "adapter_model.safetensors")):
                 raise FileNotFoundError(f"checkpoint has no weights for adapter {name!r} in {path}")

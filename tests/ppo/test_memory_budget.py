@@ -1,0 +1,127 @@
+"""trl_ext.ppo.memory_budget: formulas against hand-computed numbers, published parameter counts, real models, and
+what benchmarks/ppo_memory.py measured at small scale."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from trl_ext.ppo.memory_budget import (
+    GIB,
+    LLAMA_3_8B,
+    QWEN2_5_0_5B,
+    QWEN2_5_7B,
+    STREAMING_STEP_COPIES,
+    ModelShape,
+    PPOShape,
+    base_weight_bytes,
+    held_weight_bytes,
+    kv_cache_bytes,
+    lora_parameters,
+    ppo_memory_budget,
+    rollout_scores_bytes,
+)
+
+MIB = 2**20
+# one layer, hidden 64, 4 heads (q 64) and 2 kv heads of 16 (k, v 32 each), MLP 128, vocabulary 100
+TINY = ModelShape(vocab_size=100, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=4, num_kv_heads=2,
+                  head_dim=16)
+
+
+def test_parameter_counts_are_the_published_ones():
+    assert LLAMA_3_8B.parameters == 8_030_261_248
+    assert QWEN2_5_7B.parameters == 7_615_616_512
+    assert QWEN2_5_0_5B.parameters == 494_032_768
+
+
+def test_shape_from_a_transformers_config():
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(vocab_size=152_064, hidden_size=3584, intermediate_size=18_944, num_hidden_layers=28,
+                         num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False)
+    assert ModelShape.from_config(config, name="Qwen2.5-7B") == QWEN2_5_7B
+
+
+def test_weight_bytes_by_hand():
+    # linear weights: q 64*64 + k, v 64*32 each + o 64*64 + gate, up, down 64*128 each = 36864
+    # others: embeddings 6400 + LM head 6400 + 3 norms of 64 = 12992, float32 when quantized
+    assert TINY.linear_parameters == 36_864 and TINY.other_parameters() == 12_992
+    assert base_weight_bytes(TINY, "nf4") == 36_864 // 2 + 36_864 // 64 * 4 + 12_992 * 4 == 72_704
+    assert base_weight_bytes(TINY, "nf4", lm_head=False) == 20_736 + 6_592 * 4
+    assert base_weight_bytes(TINY, "nf4-nested") == 18_432 + 576 + 2 * 4 + 51_968
+    assert base_weight_bytes(TINY, "int8") == 36_864 + (64 + 32 + 32 + 64 + 128 + 128 + 64) * 4 + 51_968
+    assert base_weight_bytes(TINY, None, dtype_bytes=2) == (36_864 + 12_992) * 2
+    # LoRA r 4: 4 * (in + out) per linear layer
+    assert lora_parameters(TINY, 4) == 4 * (128 + 96 + 96 + 128 + 192 + 192 + 192) == 4096
+    assert lora_parameters(TINY, 4, ("q_proj", "v_proj")) == 4 * (128 + 96)
+    assert kv_cache_bytes(TINY, batch=3, seq_len=10, bytes_per_value=2) == 2 * 1 * 3 * 2 * 16 * 10 * 2
+    assert rollout_scores_bytes(64, 512, 151_936) == 64 * 512 * 151_936 * 4  # ~18.5 GiB, the issue's example
+
+
+def test_weight_and_lora_formulas_match_a_loaded_4bit_lora_model(tiny_models, tokenizer):
+    from transformers import AutoConfig
+    from trl import ModelConfig
+
+    from trl_ext.models import load_policy
+
+    shape = ModelShape.from_config(AutoConfig.from_pretrained(tiny_models.policy))
+    model = load_policy(ModelConfig(model_name_or_path=str(tiny_models.policy), load_in_4bit=True, dtype="float32",
+                                    use_peft=True, lora_r=4, lora_target_modules=["all-linear"]), tokenizer=tokenizer)
+    lora = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+    assert lora == lora_parameters(shape, 4)
+    held = held_weight_bytes(model)
+    predicted = base_weight_bytes(shape, "nf4") + lora * 4
+    # not in the formula: bitsandbytes' 16-entry float32 nf4 code per quantized layer, the rotary inv_freq buffers
+    code_tables, rotary = 14 * 16 * 4, 2 * (shape.head_dim // 2) * 4
+    assert held == predicted + code_tables + rotary
+
+
+def test_formulas_against_what_the_benchmark_measured():
+    """Figures of benchmarks/ppo_memory.py (benchmarks/README.md, section 5): rollout peak growth at 512 new tokens,
+    batch 4, vocabulary 151,936, bfloat16 model with 2 layers of 2 kv heads of 64 (MiB)."""
+    shape = ModelShape(vocab_size=151_936, hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4,
+                       num_kv_heads=2, head_dim=64)
+    kv = kv_cache_bytes(shape, 4, 32 + 512, 2) / MIB
+    trl = 2 * rollout_scores_bytes(4, 512, 151_936) / MIB + kv
+    streamed = STREAMING_STEP_COPIES * 4 * 151_936 * 4 / MIB + kv
+    measured_trl, measured_streamed = MEASURED_ROLLOUT_512
+    assert measured_trl == pytest.approx(trl, rel=0.05)
+    assert measured_streamed == pytest.approx(streamed, rel=0.2)
+
+
+MEASURED_ROLLOUT_512 = (2380.2, 16.1)  # TRL's rollout, trl_ext's rollout; MiB, benchmarks/README.md section 5
+
+
+def test_budget_of_the_issue_configuration():
+    run = PPOShape(batch=64, micro_batch=2, rollout_chunk=8, prompt_length=512, response_length=64, lora_r=32)
+    today = ppo_memory_budget(LLAMA_3_8B, replace(run, streaming_logprobs=False), shared=False)
+    shared = ppo_memory_budget(LLAMA_3_8B, run, shared=True)
+    # the shared base drops two 4-bit bases without LM head; adapters and optimizer are the same
+    two_bases = 2 * base_weight_bytes(LLAMA_3_8B, "nf4", lm_head=False)
+    assert today.persistent - shared.persistent == two_bases
+    assert today.parts["base weights"] / GIB == pytest.approx(18.80, abs=0.01)
+    # TRL's rollout holds its stacked scores twice (stack + per-step tuple, then the padded batch)
+    assert today.parts["rollout: log-probs"] == 2 * 64 * 64 * LLAMA_3_8B.vocab_size * 4
+    assert shared.parts["rollout: log-probs"] == STREAMING_STEP_COPIES * 8 * LLAMA_3_8B.vocab_size * 4
+    assert shared.fits(24 * GIB) and not today.fits(24 * GIB)
+    # at 512 new tokens the stacked scores alone (31 GiB) rule today's rollout out; the streamed one does not grow
+    long = replace(run, response_length=512)
+    assert ppo_memory_budget(LLAMA_3_8B, replace(long, streaming_logprobs=False), shared=True).phases["rollout"] \
+        > 31 * GIB
+    assert ppo_memory_budget(LLAMA_3_8B, long, shared=True).parts["rollout: log-probs"] \
+        == shared.parts["rollout: log-probs"]
+
+
+def test_shape_of_a_run_from_its_configs(tmp_path):
+    from trl import ModelConfig
+
+    import trl_ext
+
+    args = trl_ext.PPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=8,
+                             gradient_accumulation_steps=8, response_length=64)
+    model_args = ModelConfig(model_name_or_path="x", load_in_4bit=True, use_bnb_nested_quant=True, lora_r=32,
+                             dtype="bfloat16", use_peft=True)
+    run = PPOShape.from_config(args, model_args, prompt_length=512)
+    assert (run.batch, run.micro_batch, run.rollout_chunk, run.seq_len) == (64, 8, 64, 576)
+    assert (run.quantization, run.lora_r, run.activation_bytes) == ("nf4-nested", 32, 4)

@@ -1,0 +1,99 @@
+"""Rollout log-probs taken while sampling (trl_ext.ppo.rollout_logprobs) equal TRL's from the stacked scores."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+from ppo_helpers import left_tokenizer
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_models):
+    from transformers import AutoModelForCausalLM
+
+    tok = left_tokenizer(tiny_models)
+    model = AutoModelForCausalLM.from_pretrained(tiny_models.policy).eval()
+    model.generation_config.eos_token_id = tok.eos_token_id
+    texts = ["the cat is", "hello", "a very good dog and a", "sun", "tell me about the sea"]
+    queries = tok(texts, padding=True, return_tensors="pt")["input_ids"]
+    return model, tok, queries
+
+
+def trl_rollout(model, queries, chunk, pad, config):
+    try:  # TRL 1.10-1.12
+        from trl.experimental.ppo.ppo_trainer import batch_generation
+    except ImportError:  # TRL 1.13+: trl-ext's copy of it (equal to TRL 1.12's: tests/ppo/test_ppo_base.py)
+        from trl_ext.ppo.sequences import batch_generation
+    from trl.trainer.utils import selective_log_softmax
+
+    query_responses, logits = batch_generation(model, queries, chunk, pad, config)
+    return query_responses, selective_log_softmax(logits, query_responses[:, queries.shape[1]:])
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(temperature=0.7 + 1e-7, top_k=0.0, top_p=1.0),  # TRL's PPO rollout config
+        dict(temperature=1.3, top_k=20, top_p=0.9),  # all three warpers moved out of generate
+        dict(temperature=1.0 + 1e-7, top_k=0.0, top_p=1.0, repetition_penalty=1.3),  # a processor before them
+    ],
+)
+def test_logprobs_and_samples_equal_trls(setup, kwargs):
+    from trl_ext.ppo.rollout_logprobs import generate_with_logprobs, sampling_plan
+
+    model, tok, queries = setup
+    # chunks of 2 of 5 queries, 24 new tokens; 1/16 of the vocabulary stops a sequence, so chunks stop early and
+    # differ in length (TRL pads their logits with zeros)
+    stop = list(range(20, 20 + model.config.vocab_size // 16))
+    config = GenerationConfig(max_new_tokens=24, do_sample=True, eos_token_id=stop, pad_token_id=tok.pad_token_id,
+                              **kwargs)
+    plan = sampling_plan(model, config)
+    assert plan is not None and len(plan.warpers) == (1 if kwargs["top_k"] == 0.0 else 3)
+    torch.manual_seed(3)
+    expected_qr, expected_lp = trl_rollout(model, queries, 2, tok.pad_token_id, config)
+    torch.manual_seed(3)
+    got_qr, got_lp = generate_with_logprobs(model, queries, 2, tok.pad_token_id, plan)
+    assert torch.equal(got_qr, expected_qr)  # same samples: same processed scores, same RNG draws
+    assert torch.equal(got_lp, expected_lp)
+    lengths = [int((row != tok.pad_token_id).sum()) for row in got_qr[:, queries.shape[1]:]]
+    chunk_lengths = {max(lengths[i:i + 2]) for i in range(0, 5, 2)}
+    assert len(chunk_lengths) > 1 and got_lp.shape == (5, got_qr.shape[1] - queries.shape[1])
+    assert (got_lp <= 0).all()
+
+
+def test_capture_keeps_one_step_of_scores(setup):
+    """The processor holds per-token log-probs and one (batch, vocab) step, never the stacked scores."""
+    from transformers import LogitsProcessorList
+
+    from trl_ext.ppo.rollout_logprobs import SampledTokenLogprobs, sampling_plan
+
+    model, tok, queries = setup
+    plan = sampling_plan(model, GenerationConfig(max_new_tokens=12, min_new_tokens=12, do_sample=True,
+                                                 temperature=0.5))
+    capture = SampledTokenLogprobs()
+    held = []
+
+    class Spy(SampledTokenLogprobs):
+        def __call__(self, input_ids, scores):
+            out = capture(input_ids, scores)
+            held.append(sum(t.numel() for t in capture.steps) + capture._last_scores.numel())
+            return out
+
+    sequences = model.generate(input_ids=queries, attention_mask=queries != tok.pad_token_id,
+                               generation_config=plan.generation_config,
+                               logits_processor=LogitsProcessorList([*plan.warpers, Spy()]))
+    vocab = model.config.vocab_size
+    assert len(held) == 12 and held[-1] == 11 * queries.shape[0] + queries.shape[0] * vocab
+    assert capture.logprobs(sequences[:, queries.shape[1]:]).shape == (queries.shape[0], 12)
+
+
+def test_unsupported_sampling_falls_back_to_trls_path(setup):
+    from trl_ext.ppo.rollout_logprobs import sampling_plan
+
+    model, _, _ = setup
+    assert sampling_plan(model, GenerationConfig(do_sample=True, typical_p=0.9, top_k=0)) is None
+    assert sampling_plan(model, GenerationConfig(do_sample=True, num_beams=2)) is None
+    greedy = sampling_plan(model, GenerationConfig(do_sample=False, max_new_tokens=3))
+    assert greedy is not None and greedy.warpers == []

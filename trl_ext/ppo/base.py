@@ -1,0 +1,66 @@
+"""The one place where the installed TRL decides what trl-ext's PPO extends.
+
+* TRL 1.10-1.12 ship `trl.experimental.ppo`: :class:`trl_ext.PPOTrainer` and :class:`trl_ext.PPOConfig` subclass
+  TRL's own `PPOTrainer` and `PPOConfig` (and resume into TRL's `OnlineTrainerState`).
+* TRL 1.13 removed it: they subclass trl-ext's own base instead, :class:`trl_ext.ppo.base_trainer.PPOBaseTrainer`
+  and :class:`trl_ext.ppo.base_config.PPOBaseConfig`, written to behave as TRL 1.12's (same constructor, config
+  fields and defaults, metrics, checkpoints; tested against a recorded TRL 1.12 run).
+
+The choice follows what is installed (does `trl.experimental.ppo` exist?). The environment variable
+``TRL_EXT_PPO_BASE`` overrides it: ``trl-ext`` uses trl-ext's own base on any TRL (to try it, or to test it, on TRL
+<= 1.12); ``trl`` insists on TRL's (an error where TRL has none); ``auto`` or unset is the default.
+
+Everything else in :mod:`trl_ext.ppo` (the steps, losses, sequences and statistics) is the same code on every TRL.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+# PPO lives in trl.experimental in TRL 1.10-1.12; we depend on it on purpose, so its warning is noise.
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+__all__ = ["PPO_BASE", "TRL_HAS_PPO", "OnlineTrainerState", "ParentPPOConfig", "ParentPPOTrainer"]
+
+PPO_BASE_VARIABLE = "TRL_EXT_PPO_BASE"
+
+
+def _trl_has_ppo() -> bool:
+    try:
+        return importlib.util.find_spec("trl.experimental.ppo") is not None
+    except ModuleNotFoundError:  # no trl.experimental at all
+        return False
+
+
+TRL_HAS_PPO: bool = _trl_has_ppo()
+"""Whether the installed TRL ships `trl.experimental.ppo` (TRL 1.10-1.12)."""
+
+
+def _choose_base() -> str:
+    wanted = os.environ.get(PPO_BASE_VARIABLE, "auto").strip().lower() or "auto"
+    if wanted not in ("auto", "trl", "trl-ext"):
+        raise ImportError(f"{PPO_BASE_VARIABLE}={wanted!r}: use 'auto' (default), 'trl' or 'trl-ext'")
+    if wanted == "trl" and not TRL_HAS_PPO:
+        import trl
+
+        raise ImportError(
+            f"{PPO_BASE_VARIABLE}=trl: TRL {trl.__version__} has no trl.experimental.ppo (removed in TRL 1.13); "
+            "unset it to use trl-ext's own PPO base, or install trl<1.13"
+        )
+    if wanted == "auto":
+        return "trl" if TRL_HAS_PPO else "trl-ext"
+    return wanted
+
+
+PPO_BASE: str = _choose_base()
+"""What trl-ext's PPO extends: ``"trl"`` (TRL's `experimental.ppo` classes) or ``"trl-ext"`` (trl-ext's own)."""
+
+if PPO_BASE == "trl":
+    from trl.experimental.ppo import PPOConfig as ParentPPOConfig
+    from trl.experimental.ppo import PPOTrainer as ParentPPOTrainer
+    from trl.experimental.ppo.ppo_trainer import OnlineTrainerState
+else:
+    from .base_config import PPOBaseConfig as ParentPPOConfig
+    from .base_trainer import OnlineTrainerState
+    from .base_trainer import PPOBaseTrainer as ParentPPOTrainer

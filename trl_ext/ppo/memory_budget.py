@@ -1,0 +1,350 @@
+"""Memory budget of a PPO run on one device: the bytes each part holds, from the model's shape and the run's settings.
+
+What it models is what trl-ext runs (TRL 1.12's PPO loop with trl-ext's steps, models loaded by
+:mod:`trl_ext.models`): a LoRA policy on a base that is 4-bit (nf4, optionally with nested quantization), 8-bit or
+unquantized, with reference = adapters disabled, and reward/value models either as separate models of the same
+architecture (``shared=False``, one more base each; the reward adapter frozen, the value adapter trained) or as
+adapters on the policy's base (``shared=True``, :mod:`trl_ext.models.shared_base`). Peak = what stays all run
+(weights, adapters, optimizer) + the largest of the three phases of an update:
+
+* **rollout** (``generate``, chunks of ``local_rollout_forward_batch_size``): the KV cache of one chunk, plus the
+  rollout log-probs: TRL's ``(batch, response_length, vocab)`` float32 scores (two copies alive at its peak: the
+  stacked tensor and the per-step tuple, then the padded batch) or trl-ext's one step (:mod:`trl_ext.ppo.
+  rollout_logprobs`; :data:`STREAMING_STEP_COPIES` ``(chunk, vocab)`` float32 buffers at once);
+* **scoring** (no grad, per chunk): the reference forward's logits over the whole query+response (TRL slices the
+  response part off them afterwards) and one layer's activations;
+* **training** (one micro-batch, forward and backward of policy and value): the layer inputs activation
+  checkpointing keeps for both paths, one layer recomputed with its gradients, and the policy's logits over the
+  whole sequence (logits, their gradient and one softmax-sized temporary: :data:`LOGIT_COPIES`).
+
+Conventions of the loaders that matter here: peft's ``prepare_model_for_kbit_training`` casts every unquantized
+parameter (embeddings, LM head, norms, biases) of a 4/8-bit model to float32, which makes the residual stream, hence
+activations and the KV cache, float32 (``activation_bytes = 4``); LoRA weights are float32; each trainable parameter
+holds two float32 AdamW moments all run, and a gradient and the optimizer step's temporaries while training
+(:data:`OPTIMIZER_STEP_BYTES`). nf4 stores 0.5 byte per weight plus one float32 absmax per
+64-weight block (nested quantization: one byte per block plus a float32 per 256 blocks). Not counted: CUDA context
+and allocator slack (:data:`DEVICE_OVERHEAD_BYTES`, an assumption), the tokenizer and data, sample generations
+(``per_device_eval_batch_size x response_length x vocab`` float32 scores through TRL's ``generate_completions``).
+
+The formulas are checked against measurements at small scale by ``benchmarks/ppo_memory.py`` (weights exactly,
+rollout and run peaks within the tolerances it prints) and against hand-computed numbers in
+``tests/ppo/test_memory_budget.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = [
+    "DEVICE_OVERHEAD_BYTES",
+    "LINEAR_MODULES",
+    "LLAMA_3_8B",
+    "LOGIT_COPIES",
+    "OPTIMIZER_STEP_BYTES",
+    "QWEN2_5_0_5B",
+    "QWEN2_5_7B",
+    "STREAMING_STEP_COPIES",
+    "MemoryBudget",
+    "ModelShape",
+    "PPOShape",
+    "base_weight_bytes",
+    "budget_table",
+    "held_weight_bytes",
+    "kv_cache_bytes",
+    "layer_activation_bytes",
+    "lora_parameters",
+    "ppo_memory_budget",
+    "rollout_scores_bytes",
+    "streaming_logprob_bytes",
+]
+
+GIB = 2**30
+LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The linear layers of a Llama-style decoder layer (``all-linear`` in peft)."""
+STREAMING_STEP_COPIES = 6
+"""``(chunk, vocab)`` float32 buffers alive at once per generation step with streamed log-probs: the step's logits
+and their float32 copy, the temperature-scaled scores, the sampling probabilities, the previous step's scores that
+:class:`~trl_ext.ppo.rollout_logprobs.SampledTokenLogprobs` holds, and logsumexp's workspace (measured: 5.5-6)."""
+LOGIT_COPIES = 3
+"""Sequence-length logits tensors alive at once while training on one micro-batch: the logits, their gradient and
+one softmax-sized temporary (log-softmax or the entropy statistic)."""
+OPTIMIZER_STEP_BYTES = 12
+"""Bytes per trainable parameter alive only around an optimizer step: its float32 gradient and the temporaries of
+torch's multi-tensor (``foreach``) AdamW (measured here: 12-16 bytes in all with the gradient)."""
+DEVICE_OVERHEAD_BYTES = 1 * GIB
+"""CUDA context and caching-allocator slack, assumed (not measured here: no GPU)."""
+NF4_BLOCK = 64
+NESTED_BLOCK = 256
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of a decoder-only transformer that its memory depends on."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    name: str = ""
+
+    @classmethod
+    def from_config(cls, config, name: str = "") -> "ModelShape":
+        """From a transformers config (Llama, Qwen2, Mistral and other models with their field names)."""
+        heads = config.num_attention_heads
+        model_type = getattr(config, "model_type", "")
+        return cls(
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_layers=config.num_hidden_layers,
+            num_heads=heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            qkv_bias=bool(getattr(config, "attention_bias", False)) or model_type == "qwen2",
+            name=name or model_type,
+        )
+
+    def linear_shapes(self, modules=None) -> list[tuple[int, int]]:
+        """``(in, out)`` of the linear layers of one decoder layer (``modules``, default all of
+        :data:`LINEAR_MODULES`): what 4/8-bit quantization and ``all-linear`` LoRA cover."""
+        h, i, q, kv = self.hidden_size, self.intermediate_size, self.num_heads * self.head_dim, \
+            self.num_kv_heads * self.head_dim
+        shapes = dict(zip(LINEAR_MODULES, [(h, q), (h, kv), (h, kv), (q, h), (h, i), (h, i), (i, h)]))
+        return [shapes[m] for m in (modules or LINEAR_MODULES)]
+
+    @property
+    def linear_parameters(self) -> int:
+        """Weights of all decoder layers' linear layers."""
+        return self.num_layers * sum(a * b for a, b in self.linear_shapes())
+
+    def other_parameters(self, lm_head: bool = True) -> int:
+        """Parameters outside those linear layers: embeddings, the LM head (if ``lm_head`` and untied), norms
+        (two per layer and a final one) and the q/k/v biases (Qwen2)."""
+        embeddings = self.vocab_size * self.hidden_size
+        head = embeddings if lm_head and not self.tie_word_embeddings else 0
+        norms = (2 * self.num_layers + 1) * self.hidden_size
+        bias = self.num_layers * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim if self.qkv_bias else 0
+        return embeddings + head + norms + bias
+
+    @property
+    def parameters(self) -> int:
+        return self.linear_parameters + self.other_parameters()
+
+
+# Published configs (config.json of meta-llama/Meta-Llama-3-8B, Qwen/Qwen2.5-7B-Instruct, Qwen/Qwen2.5-0.5B-Instruct).
+LLAMA_3_8B = ModelShape(vocab_size=128_256, hidden_size=4096, intermediate_size=14_336, num_layers=32, num_heads=32,
+                        num_kv_heads=8, head_dim=128, name="Llama-3-8B")
+QWEN2_5_7B = ModelShape(vocab_size=152_064, hidden_size=3584, intermediate_size=18_944, num_layers=28, num_heads=28,
+                        num_kv_heads=4, head_dim=128, qkv_bias=True, name="Qwen2.5-7B")
+QWEN2_5_0_5B = ModelShape(vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,
+                          num_kv_heads=2, head_dim=64, tie_word_embeddings=True, qkv_bias=True, name="Qwen2.5-0.5B")
+
+
+def base_weight_bytes(shape: ModelShape, quantization: str | None, *, lm_head: bool = True,
+                      dtype_bytes: int = 2) -> int:
+    """Bytes of one base model's weights as trl-ext's loaders hold them.
+
+    ``quantization``: ``"nf4"`` (0.5 byte per linear weight + a float32 absmax per 64), ``"nf4-nested"`` (absmax
+    as one byte per 64 plus a float32 per 256 blocks), ``"int8"`` (1 byte + a float32 scale per output row), or
+    ``None`` (every parameter at ``dtype_bytes``). Quantized, the other parameters are float32 (peft's k-bit
+    preparation upcasts them). ``lm_head=False`` for a sequence-classification model (its 1-output head is
+    counted with the adapters).
+    """
+    linear = shape.linear_parameters
+    other = shape.other_parameters(lm_head)
+    if quantization is None:
+        return (linear + other) * dtype_bytes
+    if quantization == "nf4":
+        packed = linear // 2 + (linear // NF4_BLOCK) * 4
+    elif quantization == "nf4-nested":
+        blocks = linear // NF4_BLOCK
+        packed = linear // 2 + blocks + (blocks // NESTED_BLOCK) * 4
+    elif quantization == "int8":
+        packed = linear + shape.num_layers * sum(out for _, out in shape.linear_shapes()) * 4
+    else:
+        raise ValueError(f"quantization must be 'nf4', 'nf4-nested', 'int8' or None, got {quantization!r}")
+    return packed + other * 4
+
+
+def held_weight_bytes(*models) -> int:
+    """Bytes a loaded model's weights hold (what :func:`base_weight_bytes` predicts): its parameters and buffers as
+    stored, plus bitsandbytes' 4-bit quantization state (absmax, code); each tensor counted once, so a base shared
+    by several models counts once."""
+    seen, total = set(), 0
+    for model in models:
+        for tensor in list(model.parameters()) + list(model.buffers()):
+            tensors = [tensor]
+            state = getattr(tensor, "quant_state", None)
+            if state is not None:
+                tensors += [t for t in (state.absmax, state.code) if t is not None]
+                if getattr(state, "state2", None) is not None:
+                    tensors += [state.state2.absmax, state.state2.code]
+            for t in tensors:
+                key = (t.untyped_storage().data_ptr(), t.dtype, tuple(t.shape))
+                if key not in seen:
+                    seen.add(key)
+                    total += t.numel() * t.element_size()
+    return total
+
+
+def lora_parameters(shape: ModelShape, r: int, modules=None) -> int:
+    """Parameters of one LoRA adapter of rank ``r`` on ``modules`` (default ``all-linear``): ``r * (in + out)`` per
+    linear layer."""
+    return shape.num_layers * sum(r * (a + b) for a, b in shape.linear_shapes(modules))
+
+
+def kv_cache_bytes(shape: ModelShape, batch: int, seq_len: int, bytes_per_value: int = 2) -> int:
+    """Keys and values of every layer for ``batch`` sequences of ``seq_len`` tokens:
+    ``2 * layers * batch * kv_heads * head_dim * seq_len * bytes``."""
+    return 2 * shape.num_layers * batch * shape.num_kv_heads * shape.head_dim * seq_len * bytes_per_value
+
+
+def layer_activation_bytes(shape: ModelShape, batch: int, seq_len: int, bytes_per_value: int) -> int:
+    """One decoder layer's activations for ``batch x seq_len`` tokens (fused attention, no ``L x L`` scores):
+    normed input, q, k, v, attention output, o-projection and residual (``4 * hidden + 2 * kv_dim + q_dim``
+    values per token) and the MLP's gate, up and their product (``3 * intermediate``)."""
+    kv = shape.num_kv_heads * shape.head_dim
+    per_token = 4 * shape.hidden_size + 2 * kv + shape.num_heads * shape.head_dim + 3 * shape.intermediate_size
+    return batch * seq_len * per_token * bytes_per_value
+
+
+def rollout_scores_bytes(batch: int, response_length: int, vocab_size: int) -> int:
+    """TRL's stacked rollout scores, ``(batch, response_length, vocab)`` float32: ``B * T * V * 4``."""
+    return batch * response_length * vocab_size * 4
+
+
+def streaming_logprob_bytes(chunk: int, vocab_size: int) -> int:
+    """trl-ext's rollout log-probs: one generation step's ``(chunk, vocab)`` float32 buffers
+    (:data:`STREAMING_STEP_COPIES` of them), whatever the response length."""
+    return STREAMING_STEP_COPIES * chunk * vocab_size * 4
+
+
+@dataclass(frozen=True)
+class PPOShape:
+    """The settings of a PPO run that its memory depends on (per device)."""
+
+    batch: int
+    """Episodes per update per device: ``per_device_train_batch_size * gradient_accumulation_steps``."""
+    micro_batch: int
+    """``per_device_train_batch_size``: sequences per forward/backward in training."""
+    rollout_chunk: int
+    """``local_rollout_forward_batch_size`` (TRL's default 64): sequences per generate/scoring call."""
+    prompt_length: int
+    response_length: int
+    lora_r: int
+    quantization: str | None = "nf4"
+    lora_modules: tuple | None = None
+    """LoRA target modules (default: ``all-linear``, :data:`LINEAR_MODULES`)."""
+    dtype_bytes: int = 2
+    """Bytes of an unquantized weight (bfloat16: 2)."""
+    streaming_logprobs: bool = True
+    """trl-ext's rollout log-probs (True) or TRL's stacked scores (False)."""
+
+    @classmethod
+    def from_config(cls, args, model_args, prompt_length: int) -> "PPOShape":
+        """From a :class:`trl_ext.PPOConfig` (its batch sizes, ``local_rollout_forward_batch_size``,
+        ``response_length``) and the policy's ``trl.ModelConfig`` (quantization, ``lora_r``, ``dtype``), for prompts
+        of up to ``prompt_length`` tokens."""
+        quantization = None
+        if model_args.load_in_4bit:
+            quantization = "nf4-nested" if model_args.use_bnb_nested_quant else "nf4"
+        elif model_args.load_in_8bit:
+            quantization = "int8"
+        return cls(
+            batch=args.per_device_train_batch_size * args.gradient_accumulation_steps,
+            micro_batch=args.per_device_train_batch_size,
+            rollout_chunk=args.local_rollout_forward_batch_size,
+            prompt_length=prompt_length,
+            response_length=args.response_length,
+            lora_r=model_args.lora_r,
+            quantization=quantization,
+            dtype_bytes=4 if model_args.dtype in (None, "float32") else 2,
+        )
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_length + self.response_length
+
+    @property
+    def activation_bytes(self) -> int:
+        """float32 when quantized (peft's k-bit preparation upcasts embeddings and norms), else the weights' dtype."""
+        return 4 if self.quantization else self.dtype_bytes
+
+
+@dataclass
+class MemoryBudget:
+    """Bytes per part (``parts``: name -> bytes, in table order), the phases, and the peak."""
+
+    model: str
+    design: str
+    parts: dict = field(default_factory=dict)
+    persistent: int = 0
+    phases: dict = field(default_factory=dict)
+    peak: int = 0
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.phases.get)
+
+    def fits(self, limit_bytes: int) -> bool:
+        return self.peak <= limit_bytes
+
+
+def ppo_memory_budget(shape: ModelShape, run: PPOShape, *, shared: bool) -> MemoryBudget:
+    """The memory budget of one device's PPO run (see the module docstring for what each part is)."""
+    act = run.activation_bytes
+    lora = lora_parameters(shape, run.lora_r, run.lora_modules)
+    head = shape.hidden_size * 4  # a 1-output float32 score head
+    trainable = 2 * lora + shape.hidden_size  # policy and value adapters, value head
+    policy_base = base_weight_bytes(shape, run.quantization, lm_head=True, dtype_bytes=run.dtype_bytes)
+    scalar_base = base_weight_bytes(shape, run.quantization, lm_head=False, dtype_bytes=run.dtype_bytes)
+    parts = {
+        "base weights": policy_base if shared else policy_base + 2 * scalar_base,
+        "LoRA adapters + score heads (policy, reward, value)": 3 * lora * 4 + 2 * head,
+        "AdamW moments (policy and value adapters, value head)": trainable * 8,
+    }
+    persistent = sum(parts.values())
+    chunk = min(run.rollout_chunk, run.batch)
+    kv = kv_cache_bytes(shape, chunk, run.seq_len, act)
+    logprobs = (streaming_logprob_bytes(chunk, shape.vocab_size) if run.streaming_logprobs
+                else 2 * rollout_scores_bytes(run.batch, run.response_length, shape.vocab_size))
+    rollout = {"rollout: KV cache (one chunk)": kv, "rollout: log-probs": logprobs}
+    L, h = run.seq_len, shape.hidden_size
+    scoring = {"scoring: reference logits (one chunk)": chunk * L * shape.vocab_size * act,
+               "scoring: one layer's activations (one chunk)": layer_activation_bytes(shape, chunk, L, act)}
+    m = run.micro_batch
+    training = {"training: gradients + AdamW step temporaries": trainable * OPTIMIZER_STEP_BYTES,
+                "training: checkpointed layer inputs (policy + value)": 2 * shape.num_layers * m * L * h * act,
+                "training: one layer recomputed, with gradients": 2 * layer_activation_bytes(shape, m, L, act),
+                "training: policy logits (one micro-batch)": LOGIT_COPIES * m * L * shape.vocab_size * act}
+    parts.update(rollout)
+    parts.update(scoring)
+    parts.update(training)
+    phases = {"rollout": sum(rollout.values()), "scoring": sum(scoring.values()), "training": sum(training.values())}
+    parts["device overhead (assumed)"] = DEVICE_OVERHEAD_BYTES
+    peak = persistent + max(phases.values()) + DEVICE_OVERHEAD_BYTES
+    return MemoryBudget(model=shape.name, design="shared base" if shared else "separate models", parts=parts,
+                        persistent=persistent, phases=phases, peak=peak)
+
+
+def budget_table(budgets: list[MemoryBudget], limit_gib: float = 24.0) -> str:
+    """A markdown table: one column per budget, one row per part, then the phases, the peak and whether it fits."""
+    header = "| part | " + " | ".join(f"{b.model}, {b.design}" for b in budgets) + " |"
+    lines = [header, "|" + "---|" * (len(budgets) + 1)]
+    for name in budgets[0].parts:
+        lines.append(f"| {name} | " + " | ".join(f"{b.parts[name] / GIB:.2f}" for b in budgets) + " |")
+    lines.append("| **all run** (weights, adapters, optimizer) | "
+                 + " | ".join(f"**{b.persistent / GIB:.2f}**" for b in budgets) + " |")
+    for phase in ("rollout", "scoring", "training"):
+        lines.append(f"| phase: {phase} | " + " | ".join(f"{b.phases[phase] / GIB:.2f}" for b in budgets) + " |")
+    lines.append("| **peak** = all run + largest phase + overhead | "
+                 + " | ".join(f"**{b.peak / GIB:.1f}** ({b.peak_phase})" for b in budgets) + " |")
+    lines.append(f"| fits {limit_gib:g} GiB? | "
+                 + " | ".join("yes" if b.fits(limit_gib * GIB) else "no" for b in budgets) + " |")
+    return "\n".join(lines)
