@@ -1,6 +1,6 @@
 """The whole RLHF pipeline on the gold task (recipes/gold), short: SFT -> pairs -> reward model -> PPO, with the
-shipped recipes. Asserts only what must hold however the seeds fall (margins measured over several seeds: see the
-benchmarks README, gold-reward study):
+shipped recipes. Asserts only what holds with wide margins (the study's seeds and this test's own numbers under
+both TRL versions: benchmarks README, gold-reward study):
 
 * the PPO policy's gold reward beats the SFT model's;
 * the reward model's gold accuracy on clean held-out pairs beats chance;
