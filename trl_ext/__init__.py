@@ -1,8 +1,9 @@
-"""trl-ext: extensions to Hugging Face TRL's PPO, reward and DPO trainers.
+"""trl-ext: extensions to Hugging Face TRL's PPO, reward and DPO trainers, and an SFT stage to feed them.
 
 The package, one subpackage per role (each ``__init__.py`` says what it holds):
 
 * :mod:`trl_ext.ppo`: ``PPOTrainer``/``PPOConfig`` and their math (losses, GAE, KL controllers) and data streams.
+* :mod:`trl_ext.sft`: ``SFTTrainer`` (TRL's, with the run safety of :mod:`trl_ext.runtime`) and ``SFTConfig``.
 * :mod:`trl_ext.preference`: ``RewardTrainer``/``RewardConfig``, ``DPOTrainer``/``DPOConfig``, preference losses,
   ranked data, reward centering.
 * :mod:`trl_ext.models`: loading tokenizer, policy and reward/value models (quantization, LoRA, scalar heads).
@@ -27,6 +28,8 @@ __version__ = "0.1.0"
 _moved_modules.install()  # trl-ext 0.1.0's flat module paths (e.g. in pickled checkpoints) still import
 
 _LAZY = {
+    "SFTConfig": "trl_ext.sft.trainer",
+    "SFTTrainer": "trl_ext.sft.trainer",
     "PPOConfig": "trl_ext.ppo.config",
     "PPOTrainer": "trl_ext.ppo.trainer",
     "RewardConfig": "trl_ext.preference.reward_config",
@@ -44,6 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .preference.dpo_trainer import DPOTrainer
     from .preference.reward_config import RewardConfig
     from .preference.reward_trainer import RewardTrainer
+    from .sft.trainer import SFTConfig, SFTTrainer
 
 
 def __getattr__(name: str):

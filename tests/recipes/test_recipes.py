@@ -82,7 +82,8 @@ def test_new_config_fields_are_recipe_keys_automatically():
 
     import trl_ext
 
-    for trainer, cls in (("ppo", trl_ext.PPOConfig), ("reward", trl_ext.RewardConfig), ("dpo", trl_ext.DPOConfig)):
+    for trainer, cls in (("ppo", trl_ext.PPOConfig), ("reward", trl_ext.RewardConfig), ("dpo", trl_ext.DPOConfig),
+                         ("sft", trl_ext.SFTConfig)):
         keys = set(valid_keys(trainer))
         assert {f.name for f in dataclasses.fields(cls) if f.init} - {"world_size", "num_total_batches",
                                                                       "micro_batch_size", "local_batch_size",
@@ -136,7 +137,7 @@ def test_wrong_type(tmp_path, key, value, expected):
 
 @pytest.mark.parametrize(
     "key, value",
-    [("trainer", "sft"), ("lr_scheduler_type", "sometimes"), ("bnb_4bit_quant_type", "int3"), ("dtype", "float7")],
+    [("trainer", "grpo"), ("lr_scheduler_type", "sometimes"), ("bnb_4bit_quant_type", "int3"), ("dtype", "float7")],
 )
 def test_value_outside_its_choices(tmp_path, key, value):
     msg = error_of(write_recipe(tmp_path, **reward_keys(tmp_path, **{key: value})))
@@ -289,6 +290,54 @@ def test_missing_dataset_columns(tmp_path, trainer, rows, column):
     assert not (tmp_path / "out").exists()
 
 
+def sft_keys(tmp_path, data, **extra):
+    keys = dict(trainer="sft", model_name_or_path="tiny://policy", dataset_name=str(data),
+                output_dir=str(tmp_path / "out"), use_cpu=True, report_to="none")
+    keys.update(extra)
+    return keys
+
+
+@pytest.mark.parametrize(
+    "rows, extra, ok",
+    [
+        ([{"text": "the cat"}], {}, True),
+        ([{"body": "the cat"}], {"dataset_text_field": "body"}, True),
+        ([{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}], {}, True),
+        ([{"prompt": "the", "completion": " cat"}], {}, True),
+        ([{"input_ids": [1, 2, 3]}], {}, True),
+        ([{"body": "the cat"}], {}, "no column 'text' (columns: body); SFT needs 'text' (the dataset_text_field)"),
+        ([{"prompt": "the cat"}], {}, "has 'prompt' but no column 'completion'"),
+    ],
+)
+def test_sft_dataset_formats(tmp_path, rows, extra, ok):
+    """SFT accepts TRL's formats (text, messages, prompt/completion, input_ids) and names what is missing."""
+    from trl_ext.recipes.pipeline import open_datasets
+
+    data = _jsonl(tmp_path / "data.jsonl", rows)
+    recipe = resolve_recipe(write_recipe(tmp_path, **sft_keys(tmp_path, data, **extra)))
+    assert type(recipe.training_args).__name__ == "SFTConfig" and recipe.trainer == "sft"
+    if ok is True:
+        assert len(open_datasets(recipe)[0]) == 1
+        return
+    with pytest.raises(UserInputError) as info:
+        open_datasets(recipe)
+    assert ok in str(info.value) and "\n" not in str(info.value)
+
+
+def test_sft_recipe_keys(tmp_path):
+    data = _jsonl(tmp_path / "data.jsonl", [{"text": "the cat"}])
+    recipe = resolve_recipe(write_recipe(tmp_path, **sft_keys(tmp_path, data, packing=True, max_length=16)),
+                            ["--completion_only_loss", "false"])
+    args = recipe.training_args
+    assert args.packing is True and args.max_length == 16 and args.completion_only_loss is False
+    assert recipe.model_args.model_name_or_path == "tiny://policy" and recipe.reward_model_args is None
+    msg = error_of(write_recipe(tmp_path, **sft_keys(tmp_path, data, beta=0.1)))
+    assert "unknown key 'beta'" in msg and "sft recipe" in msg
+    keys = sft_keys(tmp_path, data)
+    del keys["dataset_name"]
+    assert "missing key 'dataset_name'" in error_of(write_recipe(tmp_path, **keys))
+
+
 def test_dataset_formats_and_splits(tmp_path):
     import datasets
 
@@ -321,12 +370,13 @@ def test_dataset_formats_and_splits(tmp_path):
 
 
 REAL_RECIPES = sorted((ROOT / "recipes").glob("*/*.yaml"))
-REAL_RECIPES = [p for p in REAL_RECIPES if p.parent.name not in ("accelerate", "demo")]
+# recipes/gold reads what its scripts generate: its recipes run end to end in tests/recipes/test_gold_pipeline.py
+REAL_RECIPES = [p for p in REAL_RECIPES if p.parent.name not in ("accelerate", "demo", "gold")]
 
 
 def test_real_model_recipes_exist_for_each_trainer():
     kinds = {yaml.safe_load(p.read_text())["trainer"] for p in REAL_RECIPES}
-    assert kinds == {"reward", "dpo", "ppo"}
+    assert kinds == {"sft", "reward", "dpo", "ppo"}
 
 
 @pytest.mark.parametrize("path", REAL_RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -336,7 +386,7 @@ def test_real_model_recipes_pass_check(path, capsys, monkeypatch, tmp_path):
     assert main(["check", str(path), "--output_dir", "/tmp/trl-ext-check-never-written",
                  *_reward_output_override(path, tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "OK" in out and yaml.safe_load(out[out.index("trainer:"):])["trainer"] in ("reward", "dpo", "ppo")
+    assert "OK" in out and yaml.safe_load(out[out.index("trainer:"):])["trainer"] in ("sft", "reward", "dpo", "ppo")
     assert not Path("/tmp/trl-ext-check-never-written").exists()
 
 

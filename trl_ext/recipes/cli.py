@@ -1,8 +1,9 @@
 """The ``trl-ext`` command line (also ``python -m trl_ext``).
 
 Commands:
-  train RECIPE [--key value ...]   train a reward, DPO or PPO model from a YAML recipe
+  train RECIPE [--key value ...]   train an SFT, reward, DPO or PPO model from a YAML recipe
   check RECIPE [--key value ...]   validate a recipe without loading any model; print the resolved settings
+  plot OUTPUT_DIR [OUTPUT_DIR ...] draw the runs' logged curves into PNG files (needs matplotlib: trl-ext[plot])
 
 Bad input exits with code 2 and one line on stderr (no traceback). SIGINT (Ctrl-C) or SIGTERM during training saves
 a checkpoint at the end of the current step and exits with 130 / 143 and a line saying where the checkpoint is
@@ -27,7 +28,7 @@ EXIT_NONFINITE = 3
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trl-ext",
-        description="Train reward, DPO and PPO models with TRL's trainers plus trl-ext's extensions.",
+        description="Train SFT, reward, DPO and PPO models with TRL's trainers plus trl-ext's extensions.",
         epilog="Run `trl-ext COMMAND --help` for a command's options. "
         "Multi-GPU: `accelerate launch -m trl_ext train RECIPE`.",
     )
@@ -40,6 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, description=help_)
         p.add_argument("recipe", help="path to a YAML recipe")
         p.add_argument("overrides", nargs=argparse.REMAINDER, help="`--key value` pairs overriding recipe keys")
+    help_ = "draw the main curves of finished or running runs (their trainer_state.json) into PNG files"
+    p = sub.add_parser("plot", help=help_, description=help_ + '; needs matplotlib: pip install "trl-ext[plot]"')
+    p.add_argument("runs", nargs="+", metavar="OUTPUT_DIR", help="output_dir of a run (several are overlaid)")
+    p.add_argument("--out", default="plots", help="folder for the PNG files, one per kind of run (default: plots)")
+    p.add_argument("--smoothing", type=float, default=0.0,
+                   help="exponential moving average weight in [0, 1) (as wandb's slider; default 0: raw)")
     return parser
 
 
@@ -64,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     from .loader import resolve_recipe
 
+    if args.command == "plot":
+        from .plots import plot_runs
+
+        for path in plot_runs(args.runs, args.out, smoothing=args.smoothing):
+            print(path)
+        return 0
     overrides = [tok for tok in args.overrides if tok != "--"]
     if args.command == "check":
         recipe = resolve_recipe(args.recipe, overrides, for_check=True)
@@ -73,7 +86,8 @@ def _run(args: argparse.Namespace) -> int:
         s = recipe.script_args
         if s.dataset_name and looks_local(s.dataset_name):  # local data: check columns too (no network)
             ds = open_split(s.dataset_name, s.dataset_train_split, config=s.dataset_config)
-            check_columns(ds, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split)
+            check_columns(ds, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split,
+                          text_column=getattr(recipe.training_args, "dataset_text_field", "text"))
         print(f"# {args.recipe}: OK ({recipe.trainer} recipe, {type(recipe.training_args).__name__})")
         for note in recipe.notes:
             print(f"# note: {note}")

@@ -2,6 +2,8 @@
 
 Columns are checked as soon as a split is opened, before any model loads:
 
+* sft: one of TRL's SFT formats: text (the ``dataset_text_field``, default ``text``), conversational ``messages``
+  (or ShareGPT ``conversations``), ``prompt`` with ``completion``, or an already tokenized ``input_ids`` column;
 * reward: ``chosen`` and ``rejected`` (pairs, ``prompt`` optional), or ``responses`` (ranked lists, best first);
 * dpo: ``chosen`` and ``rejected`` (``prompt`` optional);
 * ppo: ``prompt`` (plain text, or a list of chat messages), or an already tokenized ``input_ids`` column;
@@ -59,7 +61,10 @@ def open_split(name: str, split: str, *, config: str | None = None, key: str = "
 
 
 def check_columns(dataset, trainer: str, *, name: str, split: str, text_column: str = "text") -> None:
-    """Raise a one-line UserInputError if ``dataset`` lacks the columns ``trainer`` needs."""
+    """Raise a one-line UserInputError if ``dataset`` lacks the columns ``trainer`` needs.
+
+    ``text_column`` is SFT's ``dataset_text_field`` and PPO-ptx's ``ptx_text_column``.
+    """
     names = dataset.column_names
     if names is None:  # a streamed dataset whose features are unknown: look at its first example
         names = list(next(iter(dataset), {}).keys())
@@ -67,7 +72,22 @@ def check_columns(dataset, trainer: str, *, name: str, split: str, text_column: 
     have = set(cols)
     where = f"dataset '{name}' split '{split}'"
     listing = f"(columns: {', '.join(cols) or 'none'})"
-    if trainer == "reward":
+    if trainer == "sft":
+        if "input_ids" in have:
+            return
+        if "prompt" in have:
+            if "completion" not in have:
+                raise UserInputError(
+                    f"{where} has 'prompt' but no column 'completion' {listing}; SFT on prompt-completion data needs "
+                    "both"
+                )
+            return
+        if text_column not in have and "messages" not in have and "conversations" not in have:
+            raise UserInputError(
+                f"{where} has no column '{text_column}' {listing}; SFT needs '{text_column}' (the dataset_text_field), "
+                "'messages', 'prompt' and 'completion', or 'input_ids'"
+            )
+    elif trainer == "reward":
         if "responses" in have:
             return
         missing = [c for c in ("chosen", "rejected") if c not in have]

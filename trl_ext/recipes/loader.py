@@ -4,8 +4,8 @@ A recipe is a flat YAML mapping in TRL's ``--config`` convention. Its keys are t
 
 * TRL's :class:`~trl.ScriptArguments` (``dataset_name``, ``dataset_train_split``, ...),
 * TRL's :class:`~trl.ModelConfig` (``model_name_or_path``, ``dtype``, ``load_in_4bit``, ``use_peft``, ``lora_r``, ...),
-* the chosen trainer's config (:class:`trl_ext.RewardConfig`, :class:`trl_ext.DPOConfig` or
-  :class:`trl_ext.PPOConfig`; every field, including ones added later, is accepted automatically),
+* the chosen trainer's config (:class:`trl_ext.SFTConfig`, :class:`trl_ext.RewardConfig`, :class:`trl_ext.DPOConfig`
+  or :class:`trl_ext.PPOConfig`; every field, including ones added later, is accepted automatically),
 * :class:`PipelineArguments` (``trainer`` and the few keys the pipeline needs beyond those), and, for PPO,
   ``reward_<ModelConfig field>`` / ``value_<ModelConfig field>`` (quantization and LoRA of the reward and value
   models, e.g. ``value_load_in_4bit: true``, ``value_use_peft: true``).
@@ -31,7 +31,7 @@ from typing import Any, Optional
 from ..errors import UserInputError
 from ..models.paths import looks_local
 
-TRAINERS = ("reward", "dpo", "ppo")
+TRAINERS = ("sft", "reward", "dpo", "ppo")
 RECIPE_FILENAME = "trl_ext_recipe.yaml"
 TINY_SCHEME = "tiny://"
 TINY_NAMES = ("tokenizer", "policy", "reward")
@@ -53,7 +53,7 @@ class PipelineArguments:
 
     Parameters:
         trainer (`str`):
-            Which trainer to run: `"reward"`, `"dpo"` or `"ppo"`.
+            Which trainer to run: `"sft"`, `"reward"`, `"dpo"` or `"ppo"`.
         overwrite_output_dir (`bool`, *optional*, defaults to `False`):
             Train into an existing non-empty `output_dir`. Without it such a run is refused.
         reinit_score_head (`bool`, *optional*, defaults to `False`):
@@ -122,10 +122,10 @@ class Recipe:
 
     Attributes:
         path: the YAML file it came from.
-        trainer: `"reward"`, `"dpo"` or `"ppo"`.
+        trainer: `"sft"`, `"reward"`, `"dpo"` or `"ppo"`.
         script_args: TRL `ScriptArguments` (dataset keys).
-        model_args: TRL `ModelConfig` of the trained model (the policy for DPO/PPO, the reward model for reward).
-        training_args: the trainer's config (`trl_ext.RewardConfig`, `DPOConfig` or `PPOConfig`).
+        model_args: TRL `ModelConfig` of the trained model (the policy for SFT/DPO/PPO, the reward model for reward).
+        training_args: the trainer's config (`trl_ext.SFTConfig`, `RewardConfig`, `DPOConfig` or `PPOConfig`).
         pipeline: :class:`PipelineArguments`.
         reward_model_args / value_model_args: PPO only, `ModelConfig`s of the reward and value models.
         explicit: the keys the recipe and the command line set, with their resolved values.
@@ -206,7 +206,8 @@ def trainer_config_class(trainer: str):
     """The trl-ext config class of a trainer kind."""
     import trl_ext
 
-    return {"reward": trl_ext.RewardConfig, "dpo": trl_ext.DPOConfig, "ppo": trl_ext.PPOConfig}[trainer]
+    return {"sft": trl_ext.SFTConfig, "reward": trl_ext.RewardConfig, "dpo": trl_ext.DPOConfig,
+            "ppo": trl_ext.PPOConfig}[trainer]
 
 
 def _prefixed_model_class(prefix: str):
@@ -367,7 +368,7 @@ def resolve_recipe(
     for key in ("model_name_or_path", "output_dir"):
         if given(key) in (None, ""):
             raise UserInputError(f"recipe: missing key '{key}'")
-    if trainer in ("reward", "dpo") and given("dataset_name") in (None, ""):
+    if trainer in ("sft", "reward", "dpo") and given("dataset_name") in (None, ""):
         raise UserInputError("recipe: missing key 'dataset_name' (hub name, local file or save_to_disk directory)")
     if trainer == "ppo":
         if given("dataset_name") in (None, ""):

@@ -1,6 +1,7 @@
 """Run a resolved :class:`~trl_ext.recipes.Recipe`: open the data, load the models, build the trainer, train, save.
 
-One function per trainer kind (:func:`train_reward`, :func:`train_dpo`, :func:`train_ppo`); :func:`run` picks one.
+One function per trainer kind (:func:`train_sft`, :func:`train_reward`, :func:`train_dpo`, :func:`train_ppo`);
+:func:`run` picks one.
 Order matters: datasets are opened and their columns checked before any model loads, so a bad dataset costs no
 model download. At the end the output directory holds the model (the adapter with LoRA), the tokenizer, the
 resolved recipe (``trl_ext_recipe.yaml``) and ``trainer_state.json`` with the log history (also for PPO).
@@ -69,7 +70,8 @@ def open_datasets(recipe: Recipe):
     s, args = recipe.script_args, recipe.training_args
     train = open_split(s.dataset_name, s.dataset_train_split, config=s.dataset_config,
                        streaming=s.dataset_streaming)
-    check_columns(train, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split)
+    text_column = getattr(args, "dataset_text_field", "text")  # SFT's text column
+    check_columns(train, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split, text_column=text_column)
     required = str(getattr(args, "eval_strategy", "no")).split(".")[-1].lower() != "no"
     sample_generations = recipe.trainer == "ppo" and args.num_sample_generations > 0
     evaluate, optional = required or sample_generations, not required
@@ -82,7 +84,7 @@ def open_datasets(recipe: Recipe):
         if optional and "has no split" in str(err):
             return train, None
         raise
-    check_columns(eval_ds, recipe.trainer, name=s.dataset_name, split=s.dataset_test_split)
+    check_columns(eval_ds, recipe.trainer, name=s.dataset_name, split=s.dataset_test_split, text_column=text_column)
     return train, eval_ds
 
 
@@ -157,6 +159,22 @@ def _finish(trainer, recipe: Recipe, tokenizer) -> Path:
         if wandb.run is not None:  # HF's callback leaves the run open: close it so its files are complete
             wandb.finish()
     return out
+
+
+def train_sft(recipe: Recipe):
+    """Supervised fine-tuning (``trl_ext.SFTTrainer``) of ``model_name_or_path`` from a resolved recipe; returns the
+    trainer. The model loads as a policy does (quantization, LoRA); the data is in one of TRL's SFT formats."""
+    from trl_ext import SFTTrainer
+
+    train_ds, eval_ds = open_datasets(recipe)
+    model_args = _resolved(recipe.model_args)
+    tokenizer = load_tokenizer(model_args)
+    model = load_policy(model_args, tokenizer=tokenizer)
+    trainer = SFTTrainer(model=model, args=recipe.training_args, train_dataset=train_ds, eval_dataset=eval_ds,
+                         processing_class=tokenizer)
+    trainer.train(resume_from_checkpoint=_resume_arg(recipe))
+    _finish(trainer, recipe, tokenizer)
+    return trainer
 
 
 def train_reward(recipe: Recipe):
@@ -277,7 +295,7 @@ def shared_base_scalar_models(recipe: Recipe, policy):
     return reward_model, value_model
 
 
-TRAIN_FUNCTIONS = {"reward": train_reward, "dpo": train_dpo, "ppo": train_ppo}
+TRAIN_FUNCTIONS = {"sft": train_sft, "reward": train_reward, "dpo": train_dpo, "ppo": train_ppo}
 
 
 def run(recipe: Recipe):

@@ -11,5 +11,6 @@
 * ``engines.py``: DeepSpeed ZeRO and FSDP launched by accelerate on machines without a GPU (what accelerate 1.15
   leaves out there), and gathering ZeRO-3 shards to save a sub-model.
 
-The trainers in :mod:`trl_ext.ppo` and :mod:`trl_ext.preference` mix these in; nothing here imports them.
+The trainers in :mod:`trl_ext.ppo`, :mod:`trl_ext.preference` and :mod:`trl_ext.sft` mix these in; nothing here
+imports them.
 """

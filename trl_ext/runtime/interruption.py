@@ -152,7 +152,7 @@ def raise_if_interrupted(trainer, callback: InterruptionCallback) -> None:
 
 
 class InterruptibleTrainMixin:
-    """Mixin for HF ``Trainer`` subclasses (reward, DPO): ``train()`` saves and raises on SIGINT/SIGTERM.
+    """Mixin for HF ``Trainer`` subclasses (SFT, reward, DPO): ``train()`` saves and raises on SIGINT/SIGTERM.
 
     ``train(resume_from_checkpoint=True)`` resumes from the latest *complete* checkpoint (see
     :func:`trl_ext.runtime.checkpoints.resolve_checkpoint`). Combine with :class:`trl_ext.runtime.checkpoints.AtomicCheckpointMixin`.

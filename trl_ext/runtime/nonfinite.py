@@ -70,7 +70,7 @@ def count_nonfinite(tensor: torch.Tensor, accelerator=None) -> NonFiniteCounts:
 
 
 class NonFiniteLossGuardMixin:
-    """Mixin for HF ``Trainer`` subclasses (reward, DPO): a NaN/inf training loss stops training with
+    """Mixin for HF ``Trainer`` subclasses (SFT, reward, DPO): a NaN/inf training loss stops training with
     :class:`NonFiniteError` (``step N: loss contains NaN (...)``) instead of being trained on (HF's
     ``logging_nan_inf_filter`` only hides such losses from the logs).
 
