@@ -12,10 +12,10 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from launch_commands import accelerate_launch
 
 pytestmark = pytest.mark.engines
 
@@ -40,8 +40,7 @@ def require_deepspeed():
 def launch(config: str, args: list, env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
     """`accelerate launch --config_file recipes/accelerate/CONFIG ARGS...` (the first DeepSpeed launch on a machine
     compiles DeepSpeed's shared-memory op, a few minutes; hence the long timeout)."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-           str(ROOT / "recipes" / "accelerate" / config), *map(str, args)]
+    cmd = [*accelerate_launch(config), *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
 
 
@@ -50,19 +49,41 @@ def launch_env(tiny_models) -> dict:
             "OMP_NUM_THREADS": "1", "TRL_EXT_TINY_DIR": str(tiny_models.root)}
 
 
-@pytest.fixture(scope="module", params=list(ENGINES))
-def engine(request, tiny_models, tmp_path_factory):
+def launch_engine(name: str, tiny_models, out) -> tuple[str, list]:
     """(name, per-rank results) of one launch of engine_script.py under the engine's CPU config."""
-    name = request.param
     config, runs = ENGINES[name][:2]
     if ENGINES[name][2] == "DEEPSPEED":
         require_deepspeed()
-    out = tmp_path_factory.mktemp(name)
     proc = launch(config, [SCRIPT, tiny_models.root, out, ",".join(runs)], launch_env(tiny_models))
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
     errors = {r["rank"]: {run: r[run]["error"] for run in runs if "error" in r.get(run, {})} for r in ranks}
     assert proc.returncode == 0 and len(ranks) == 2, (errors, proc.stderr[-4000:])
     return name, ranks
+
+
+@pytest.fixture(scope="session")
+def launched(tiny_models, tmp_path_factory):
+    """`launched(name)`: the engine's launch, run once per session whichever test asks first (a parametrized
+    module-scoped fixture launches again whenever the test order leaves an engine and comes back to it)."""
+    results: dict[str, tuple] = {}
+
+    def get(name: str):
+        if name not in results:
+            try:
+                results[name] = ("ok", launch_engine(name, tiny_models, tmp_path_factory.mktemp(name)))
+            except BaseException as e:  # a failed launch fails every test of that engine, without relaunching
+                results[name] = ("failed", e)
+        status, value = results[name]
+        if status == "failed":
+            raise value
+        return value
+
+    return get
+
+
+@pytest.fixture(params=list(ENGINES))
+def engine(request, launched):
+    return launched(request.param)
 
 
 def runs_of(engine):
@@ -110,9 +131,9 @@ def test_the_numbers_are_those_of_ddp(engine, ddp_reference):
         assert dict(runs_of(engine))["dpo"][0]["loss_types"] == ["robust"]  # cDPO through TRL's robust loss
 
 
-@pytest.mark.parametrize("engine", ["zero2", "zero3"], indirect=True)  # PPO is refused under FSDP
-def test_ppo_checkpoint_is_complete_and_resume_reproduces_the_run(engine):
-    results = dict(runs_of(engine))
+@pytest.mark.parametrize("name", ["zero2", "zero3"])  # PPO is refused under FSDP
+def test_ppo_checkpoint_is_complete_and_resume_reproduces_the_run(launched, name):
+    results = dict(runs_of(launched(name)))
     for rank, (full, resumed) in enumerate(zip(results["ppo"], results["ppo_resumed"])):
         files = set(full["checkpoint_files"])
         assert {"adapter_model.safetensors", "value_model", "scheduler.pt", "trainer_state.json", "latest",
@@ -126,11 +147,10 @@ def test_ppo_checkpoint_is_complete_and_resume_reproduces_the_run(engine):
         assert resumed["final_kl_coef"] == pytest.approx(full["final_kl_coef"], rel=1e-9)
 
 
-@pytest.mark.parametrize("engine", ["zero3"], indirect=True)
-def test_ppo_recipe_with_a_full_policy_under_zero3(engine):
+def test_ppo_recipe_with_a_full_policy_under_zero3(launched):
     """TRL copies a full policy for its reference, which ZeRO-3 refuses (`create_reference_model`); the recipe
     pipeline loads the reference from the policy's checkpoint instead. Policy and reference start equal: KL 0."""
-    a, b = dict(runs_of(engine))["ppo_recipe"]
+    a, b = dict(runs_of(launched("zero3")))["ppo_recipe"]
     assert a["ref_model"] != "NoneType" and a["episodes"] == [16, 32]  # 2 ranks x 8 prompts per update
     assert abs(a["kl"][0]) < 1e-6 and a["kl"][1] > 1e-3
     assert a["kl"] == b["kl"] and a["scores"] == b["scores"]
