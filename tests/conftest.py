@@ -60,3 +60,4 @@ def ddp_reference(tiny_models, tmp_path_factory):
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads((out / f"rank{i}.json").read_text()) for i in range(2)]
+

@@ -7,12 +7,11 @@ numbers up to its stop, and saves a complete checkpoint there."""
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
+from launch_commands import accelerate_launch
 from test_engines import ROOT, launch_env, require_deepspeed
 
 pytestmark = pytest.mark.engines
@@ -29,8 +28,7 @@ def losses(out_dir):
 
 
 def train_command(out, *extra):
-    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-            str(ROOT / "recipes" / "accelerate" / "cpu_zero2.yaml"), "-m", "trl_ext", "train",
+    return [*accelerate_launch("cpu_zero2.yaml"), "-m", "trl_ext", "train",
             str(ROOT / "recipes" / "demo" / "reward.yaml"), "--output_dir", str(out), "--max_steps", str(STEPS),
             "--per_device_train_batch_size", "4", "--logging_steps", "1", "--save_strategy", "steps",
             "--save_steps", "1", *extra]

@@ -215,7 +215,7 @@ def test_ppo_parity_tests_pass_on_the_own_base_under_this_trl():
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     tests = ["tests/ppo/test_ppo_trainer.py::test_defaults_reproduce_trl_metrics",
              "tests/test_package.py::test_exports_are_subclasses_of_their_parents"]
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", *tests],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "4 passed" in proc.stdout, proc.stdout[-1000:]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from launch_commands import accelerate_launch
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "recipes" / "demo"
@@ -308,9 +309,8 @@ def test_two_process_cpu_run_through_accelerate(tiny_env, demo_reward, tmp_path,
         "ppo": ["--total_episodes", 16, "--per_device_train_batch_size", 4, "--response_length", 4,
                 "--reward_model_path", demo_reward],
     }[trainer]
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-           str(ROOT / "recipes" / "accelerate" / "cpu_2proc.yaml"), "-m", "trl_ext", "train",
-           str(DEMO / f"{trainer}.yaml"), "--output_dir", str(out), *map(str, steps)]
+    cmd = [*accelerate_launch("cpu_2proc.yaml"), "-m", "trl_ext", "train", str(DEMO / f"{trainer}.yaml"),
+           "--output_dir", str(out), *map(str, steps)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=tiny_env, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     logs = history(out)
