@@ -29,6 +29,15 @@ REGENERATE = 'python tests/data/make_trl112_ppo_reference.py  (in an environment
 EXCLUDED = ("eps",)  # wall-clock episodes per second
 REFERENCE_TOLERANCE = 1e-5  # against the recording (another process, maybe another TRL)
 LIVE_TOLERANCE = 1e-6  # against TRL's trainer run here and now
+# Metrics that sum, over a response's tokens, a difference of two log-probs: the KL estimate `objective/kl` and the
+# KL penalty `objective/non_score_reward` (-kl_coef x kl; TRL's default kl_coef 0.05, which no scenario changes).
+# Each term is a difference of two log-probs of size |log p|, so float32 rounding shows at the scale of the summed
+# |log p|, about `objective/entropy` (~47 here), not at the scale of the small difference. And that rounding
+# differs between machines (torch picks CPU kernels by instruction set): TRL 1.12's own trainer, run on another
+# machine of this project's kind, differed from the recording by up to 5.3e-5 in `objective/kl` (1.1e-6 of
+# `objective/entropy`) while every other metric stayed within 1e-5 of it. Against the recording, these two metrics
+# get an absolute tolerance of REFERENCE_TOLERANCE x factor x objective/entropy.
+KL_SUMS = {"objective/kl": 1.0, "objective/non_score_reward": 0.05}
 CHECKPOINT_STEP = 2
 
 
@@ -184,15 +193,23 @@ def parent_run(name, tiny_models, tok, data, output_dir) -> ParentRun:
     return ParentRun(recorded["logs"], recorded["checkpoint_files"], recorded["sample_tables"], live=False)
 
 
-def assert_same_logs(parent: list[dict], child: list[dict], tolerance: float, what: str = "") -> None:
-    """Every metric TRL logs (but `eps`) equal, update by update, to `tolerance` (absolute and relative)."""
+def assert_same_logs(parent: list[dict], child: list[dict], tolerance: float, what: str = "",
+                     recorded: bool = False) -> None:
+    """Every metric TRL logs (but `eps`) equal, update by update, to `tolerance` (absolute and relative).
+
+    `recorded`: one side is the recording, made on another machine. Then the metrics in KL_SUMS get their absolute
+    tolerance on the scale they are computed at (see KL_SUMS), not on their own, often near-zero, value.
+    """
     assert len(child) == len(parent), (what, len(child), len(parent))
     for p, c in zip(parent, child):
         for key, value in p.items():
             if key in EXCLUDED:
                 continue
             assert key in c, (what, p["step"], key)
-            assert c[key] == pytest.approx(value, abs=tolerance, rel=tolerance), (what, p["step"], key, c[key], value)
+            abs_tolerance = tolerance * KL_SUMS[key] * abs(p["objective/entropy"]) if recorded and key in KL_SUMS \
+                else tolerance
+            assert c[key] == pytest.approx(value, abs=abs_tolerance, rel=tolerance), \
+                (what, p["step"], key, c[key], value)
 
 
 def assert_same_tables(parent: list[list[dict]], child: list[list[dict]], tolerance: float) -> None:
