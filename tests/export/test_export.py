@@ -18,57 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "recipes" / "demo"
 FP32 = dict(rtol=1e-4, atol=1e-4)
-
-
-@pytest.fixture(scope="module")
-def tiny_env(tiny_models):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TRL_EXT_TINY_DIR", str(tiny_models.root))
-    mp.chdir(ROOT)
-    yield
-    mp.undo()
-
-
-def train(recipe, *overrides):
-    from trl_ext.recipes import resolve_recipe
-    from trl_ext.recipes.pipeline import run
-
-    return run(resolve_recipe(recipe, [str(o) for o in overrides]))
-
-
-@pytest.fixture(scope="module")
-def runs(tiny_env, tmp_path_factory):
-    """name -> (run or checkpoint directory, trainer)."""
-    root = tmp_path_factory.mktemp("runs")
-    out = {}
-    out["reward_centred"] = (root / "reward", train(DEMO / "reward.yaml", "--output_dir", root / "reward",
-                                                    "--max_steps", 3, "--center_rewards_after_training", "true"))
-    out["reward_lora"] = (root / "reward_lora", train(DEMO / "reward_lora.yaml", "--output_dir",
-                                                      root / "reward_lora", "--max_steps", 3))
-    sft_data = root / "sft.jsonl"
-    from trl_ext.testing import tiny_corpus
-
-    sft_data.write_text("".join(json.dumps({"text": line}) + "\n" for line in tiny_corpus(32)))
-    sft_recipe = root / "sft.yaml"
-    sft_recipe.write_text(
-        f"trainer: sft\nmodel_name_or_path: tiny://policy\ndataset_name: {sft_data}\noutput_dir: {root / 'sft4'}\n"
-        "load_in_4bit: true\nuse_peft: true\nlora_r: 8\nlora_alpha: 32\nlora_target_modules: all-linear\n"
-        "max_steps: 3\nper_device_train_batch_size: 8\nlearning_rate: 1.0e-2\nmax_length: 32\n"
-        "save_strategy: 'no'\nuse_cpu: true\nreport_to: none\nseed: 0\n")
-    out["sft_4bit"] = (root / "sft4", train(sft_recipe))
-    out["dpo_8bit"] = (root / "dpo8", train(DEMO / "dpo.yaml", "--output_dir", root / "dpo8", "--max_steps", 3,
-                                            "--load_in_8bit", "true", "--use_peft", "true", "--lora_target_modules",
-                                            "all-linear", "--learning_rate", "1e-2"))
-    trainer = train(DEMO / "ppo.yaml", "--output_dir", root / "ppo", "--reward_model_path", root / "reward",
-                    "--total_episodes", 8, "--save_strategy", "steps", "--save_steps", 1)
-    out["ppo_checkpoint"] = (root / "ppo" / "checkpoint-1", trainer)
-    out["ppo_shared"] = (root / "ppo_shared", train(DEMO / "ppo_shared.yaml", "--output_dir", root / "ppo_shared",
-                                                    "--reward_model_path", root / "reward_lora",
-                                                    "--total_episodes", 8))
-    return out
 
 
 @pytest.fixture(scope="module")
