@@ -47,18 +47,20 @@ def ppo_sampling_settings(recipe: dict) -> dict:
             "stop_token_id": get("stop_token_id")}
 
 
-def _check_out_dir(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserInputError(f"OUT_DIR {out}: exists and is not empty; give a new folder (nothing is overwritten)")
+def _check_out_dir(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise UserInputError(f"OUT_DIR {out}: is a file; give a folder")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise UserInputError(f"OUT_DIR {out}: exists and is not empty; give a new folder, or --overwrite to replace it")
 
 
 def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, roles: list[str] | None = None,
-               dtype: str | None = None) -> dict:
+               dtype: str | None = None, overwrite: bool = False) -> dict:
     """Export the models of a trl-ext run or checkpoint into ``out_dir``; returns what ``trl_ext_export.json`` says.
 
     Args:
         run_dir: the ``output_dir`` of a ``trl-ext train`` run, or one of its ``checkpoint-N`` folders.
-        out_dir: a new (or empty) folder.
+        out_dir: a new (or empty) folder; with ``overwrite`` an existing one is replaced once the export succeeded.
         roles: which of ``policy``, ``reward``, ``value`` to export (default: every role the run has).
         dtype: ``float32``, ``bfloat16``, ``float16`` or ``auto`` (the base checkpoint's); default: the recipe's
             ``dtype`` (``float32`` unless it says otherwise).
@@ -68,7 +70,7 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, roles:
     """
     run = open_run(run_dir)
     out = Path(os.path.expanduser(str(out_dir)))
-    _check_out_dir(out)
+    _check_out_dir(out, overwrite)
     dtype = dtype or run.dtype
     if dtype not in DTYPES + ("auto",):
         raise UserInputError(f"--dtype {dtype!r}: use one of {', '.join(DTYPES)} or auto")
@@ -88,8 +90,8 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, roles:
         for role, source in sources.items():
             info["roles"][role] = _export_role(run, role, source, staging / role, dtype)
         (staging / EXPORT_FILENAME).write_text(json.dumps(info, indent=2, default=str) + "\n")
-        if out.exists():
-            out.rmdir()  # empty (checked above)
+        if out.exists():  # empty, or --overwrite: replaced only now that the export is complete
+            shutil.rmtree(out)
         os.replace(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -121,7 +123,10 @@ def _export_role(run: Run, role: str, source, target: Path, dtype: str) -> dict:
 
 def main(args) -> int:
     """``trl-ext export`` (parsed arguments from :mod:`trl_ext.recipes.cli`)."""
-    info = export_run(args.run, args.out, roles=args.roles, dtype=args.dtype)
+    info = export_run(args.run, args.out, roles=args.roles, dtype=args.dtype, overwrite=args.overwrite)
+    if info["trainer"] == "ppo" and "reward" not in info["roles"] and not args.roles:
+        print(f"note: the run's reward model ({info['recipe'].get('reward_model_path')}) was not found from this "
+              "directory; export it from its own run")
     for role, entry in info["roles"].items():
         note = " (load with trust_remote_code=True: centred score head with a bias)" if entry["trust_remote_code"] else ""
         merged = f", adapter merged into {entry['merged_adapter_on']}" if entry["merged_adapter_on"] else ""

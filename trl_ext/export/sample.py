@@ -103,8 +103,8 @@ def main(args) -> int:
     from ..recipes.data import open_split, tokenize_prompts
     from .run_dir import load_merged, load_run_tokenizer, open_run
 
-    if os.path.exists(args.out):
-        raise UserInputError(f"--out {args.out}: exists; give a new file (nothing is overwritten)")
+    if os.path.exists(args.out) and not args.overwrite:
+        raise UserInputError(f"--out {args.out}: exists; give a new file, or --overwrite to replace it")
     for key, value in (("--num-samples", args.num_samples), ("--batch-size", args.batch_size)):
         if value < 1:
             raise UserInputError(f"{key} {value}: must be at least 1")
@@ -141,7 +141,8 @@ def main(args) -> int:
         for row, scores in zip(rows, score_rows(reward, reward_tokenizer, rows, kind="rows", name="samples",
                                                 batch_size=args.batch_size)):
             row["score"] = scores[0]
-    with open(args.out, "x") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
     for row in rows:

@@ -62,7 +62,7 @@ def _add_export_parsers(sub) -> None:
         "(AutoModelForSequenceClassification, one output), each with the tokenizer, and OUT_DIR/trl_ext_export.json "
         "(where each came from). LoRA adapters are merged into their base reloaded unquantized (also for 4-/8-bit "
         "runs); a centred reward head keeps its bias (loads with trust_remote_code=True). OUT_DIR must be new or "
-        "empty; nothing is written on error."))
+        "empty (or --overwrite); nothing is written on error."))
     p.add_argument("run", metavar="RUN_DIR", help="output_dir of `trl-ext train` (SFT, reward, DPO, PPO) or a "
                    "checkpoint-N folder of it")
     p.add_argument("out", metavar="OUT_DIR", help="new folder for the exported models")
@@ -72,6 +72,8 @@ def _add_export_parsers(sub) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "auto"],
                    help="dtype of the saved weights (default: the recipe's dtype, float32 unless set; auto: the base "
                    "checkpoint's)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a non-empty OUT_DIR (only once the new export is complete)")
 
     help_ = "generate responses from a run's (or an export's) policy with the run's sampling settings"
     p = sub.add_parser("sample", help=help_, description=help_ + (
@@ -84,7 +86,8 @@ def _add_export_parsers(sub) -> None:
                    "with a `prompt` column (text or chat messages)")
     p.add_argument("--split", default="train", help="split of --prompts (default: train)")
     p.add_argument("--out", default="samples.jsonl", help="JSON-lines file to write (default: samples.jsonl; "
-                   "an existing file is refused)")
+                   "an existing file is refused unless --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     p.add_argument("--reward", metavar="MODEL_DIR",
                    help="score each sample with this reward model (a reward run, export or model directory)")
     p.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
