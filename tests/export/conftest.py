@@ -75,5 +75,10 @@ def runs(reward_centred_run, reward_lora_run, ppo_shared_run, run_root):
     trainer = train(DEMO / "ppo.yaml", "--output_dir", run_root / "ppo", "--reward_model_path",
                     reward_centred_run[0], "--total_episodes", 8, "--save_strategy", "steps", "--save_steps", 1)
     out["ppo_checkpoint"] = (run_root / "ppo" / "checkpoint-1", trainer)
+    trainer = train(DEMO / "ppo.yaml", "--output_dir", run_root / "ppo_lora", "--reward_model_path",
+                    reward_centred_run[0], "--total_episodes", 8, "--save_strategy", "steps", "--save_steps", 1,
+                    "--use_peft", "true", "--lora_target_modules", "q_proj", "v_proj", "--value_use_peft", "true",
+                    "--value_lora_target_modules", "q_proj", "v_proj", "--learning_rate", "1e-2")
+    out["ppo_lora_checkpoint"] = (run_root / "ppo_lora" / "checkpoint-1", trainer)
     out["ppo_shared"] = ppo_shared_run
     return out

@@ -91,6 +91,7 @@ def _plain(plain_outputs, key):
 def test_exports_hold_no_adapter_and_name_their_roles(exports, runs):
     expected = {"reward_centred": {"reward"}, "reward_lora": {"reward"}, "sft_4bit": {"policy"},
                 "dpo_8bit": {"policy"}, "ppo_checkpoint": {"policy", "value", "reward"},
+                "ppo_lora_checkpoint": {"policy", "value", "reward"},
                 "ppo_shared": {"policy", "value", "reward"}}
     for name, roles in expected.items():
         info = json.loads((exports[name] / "trl_ext_export.json").read_text())
@@ -162,6 +163,47 @@ def test_ppo_checkpoint_with_separate_models(runs, plain_outputs, batch):
     torch.testing.assert_close(_plain(plain_outputs, "ppo_checkpoint/value"), _scores(value, batch), **FP32)
     torch.testing.assert_close(_plain(plain_outputs, "ppo_checkpoint/reward"),
                                _scores(trainer.reward_model.eval(), batch), **FP32)
+
+
+def test_ppo_checkpoint_with_lora_policy_and_lora_value_model(runs, plain_outputs, batch):
+    """Separate models, each a LoRA adapter: the policy's on the policy base, the value model's (SEQ_CLS, with its
+    head) on the centred reward model."""
+    trainer = runs["ppo_lora_checkpoint"][1]
+    policy, value = trainer.model.policy.eval(), trainer.model.value_model.eval()
+    from peft import PeftModel
+
+    assert isinstance(policy, PeftModel) and isinstance(value, PeftModel)
+    torch.testing.assert_close(_masked(_plain(plain_outputs, "ppo_lora_checkpoint/policy"), batch),
+                               _masked(_causal_logits(policy, batch), batch), **FP32)
+    torch.testing.assert_close(_plain(plain_outputs, "ppo_lora_checkpoint/value"), _scores(value, batch), **FP32)
+    assert plain_outputs["ppo_lora_checkpoint/value"]["bias"] is not None  # the centred head came along
+
+
+def test_checkpoint_without_a_recipe(tiny_models, batch, tmp_path, capsys):
+    """A PPO checkpoint trl-ext 0.1.0 wrote from Python (no recipe): its base was a temporary folder, so export first
+    refuses in one line; with the base where adapter_config.json says, it exports policy (merged) and value model."""
+    from trl_ext.export import export_run
+
+    fixture = Path(__file__).resolve().parents[1] / "data" / "v0_1_checkpoints" / "ppo" / "checkpoint-3"
+    code, err = _cli(capsys, "export", fixture, tmp_path / "out")
+    assert code == 2 and len(err.splitlines()) == 1 and "/tiny/policy" in err and "does not exist" in err
+    assert not (tmp_path / "out").exists()
+
+    checkpoint = tmp_path / "checkpoint-3"
+    shutil.copytree(fixture, checkpoint)
+    config = json.loads((checkpoint / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = str(tiny_models.policy)  # the same deterministic tiny model
+    (checkpoint / "adapter_config.json").write_text(json.dumps(config))
+    info = export_run(checkpoint, tmp_path / "out")
+    assert info["trainer"] == "ppo" and sorted(info["roles"]) == ["policy", "value"] and info["recipe"] == {}
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    exported = _causal_logits(AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "policy").eval(), batch)
+    reference = _peft_reference(str(tiny_models.policy), checkpoint, batch)
+    torch.testing.assert_close(_masked(exported, batch), _masked(reference, batch), **FP32)
+    value = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out" / "value").eval()
+    saved = AutoModelForSequenceClassification.from_pretrained(checkpoint / "value_model").eval()
+    torch.testing.assert_close(_scores(value, batch), _scores(saved, batch), rtol=0, atol=0)
 
 
 def test_shared_base_ppo_output(runs, plain_outputs, batch):

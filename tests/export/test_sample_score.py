@@ -174,6 +174,23 @@ def test_sampling_uses_the_ppo_settings_and_the_seed(ppo_shared_run, tmp_path, c
     assert [json.loads(line)["sample"] for line in a.splitlines()] == [0, 1, 0, 1]
 
 
+def test_chat_prompts(ppo_shared_run, reward_lora_run, tmp_path, capsys):
+    """Chat prompts go through the chat template; responses come back as assistant messages and are scored as
+    conversations, the same as `trl-ext score` scores the written file."""
+    prompts = _write_jsonl(tmp_path / "chat.jsonl", [{"prompt": [{"role": "user", "content": "tell me a story"}]},
+                                                     {"prompt": [{"role": "user", "content": "hello"}]}])
+    out = tmp_path / "samples.jsonl"
+    code, _, err = _cli(capsys, "sample", ppo_shared_run[0], "--prompts", prompts, "--greedy", "--reward",
+                        reward_lora_run[0], "--out", out)
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["response"][0]["role"] for r in rows] == ["assistant", "assistant"]
+    code, _, err = _cli(capsys, "score", reward_lora_run[0], "--data", out, "--out", tmp_path / "scored.jsonl")
+    assert code == 0, err
+    again = [json.loads(line)["score"] for line in (tmp_path / "scored.jsonl").read_text().splitlines()]
+    assert again == pytest.approx([r["score"] for r in rows], abs=1e-5)
+
+
 def test_sample_errors(ppo_shared_run, reward_centred_run, tmp_path, capsys):
     out = tmp_path / "samples.jsonl"
     code, _, err = _cli(capsys, "sample", reward_centred_run[0], "--prompts", PROMPTS, "--out", out)
