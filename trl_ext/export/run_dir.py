@@ -70,7 +70,10 @@ class Run:
 
     @property
     def dtype(self) -> str:
-        """The recipe's ``dtype`` (TRL's ``ModelConfig`` default, ``float32``, when the recipe does not set it)."""
+        """The dtype to load in by default: the recipe's ``dtype`` (TRL's ``ModelConfig`` default, ``float32``, when
+        the recipe does not set it); for an export or a model directory, the saved weights' own (``auto``)."""
+        if self.trainer == "model":
+            return "auto"
         return str(self.recipe.get("dtype") or "float32")
 
     @property

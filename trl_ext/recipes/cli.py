@@ -98,7 +98,7 @@ def _add_export_parsers(sub) -> None:
     p.add_argument("--batch-size", type=int, default=8, help="prompts per generate call (default: 8)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "auto"],
-                   help="dtype to run in (default: the recipe's)")
+                   help="dtype to run in (default: a run's recipe dtype; an export's or model's own)")
 
     help_ = "score a data file with a reward model"
     p = sub.add_parser("score", help=help_, description=help_ + (
@@ -114,7 +114,7 @@ def _add_export_parsers(sub) -> None:
     p.add_argument("--out", help="JSON-lines file for the scored rows (an existing file is refused)")
     p.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass (default: 16)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "auto"],
-                   help="dtype to run in (default: the recipe's)")
+                   help="dtype to run in (default: a run's recipe dtype; an export's or model's own)")
 
 
 def main(argv: list[str] | None = None) -> int:
