@@ -181,7 +181,7 @@ def test_ppo_checkpoint_with_lora_policy_and_lora_value_model(runs, plain_output
 
 def test_checkpoint_without_a_recipe(tiny_models, batch, tmp_path, capsys):
     """A PPO checkpoint trl-ext 0.1.0 wrote from Python (no recipe): its base was a temporary folder, so export first
-    refuses in one line; with the base where adapter_config.json says, it exports policy (merged) and value model."""
+    refuses in one line; given the base (`--base`), it exports the policy (merged) and the value model."""
     from trl_ext.export import export_run
 
     fixture = Path(__file__).resolve().parents[1] / "data" / "v0_1_checkpoints" / "ppo" / "checkpoint-3"
@@ -189,12 +189,10 @@ def test_checkpoint_without_a_recipe(tiny_models, batch, tmp_path, capsys):
     assert code == 2 and len(err.splitlines()) == 1 and "/tiny/policy" in err and "does not exist" in err
     assert not (tmp_path / "out").exists()
 
-    checkpoint = tmp_path / "checkpoint-3"
-    shutil.copytree(fixture, checkpoint)
-    config = json.loads((checkpoint / "adapter_config.json").read_text())
-    config["base_model_name_or_path"] = str(tiny_models.policy)  # the same deterministic tiny model
-    (checkpoint / "adapter_config.json").write_text(json.dumps(config))
-    info = export_run(checkpoint, tmp_path / "out")
+    code, err = _cli(capsys, "export", fixture, tmp_path / "out", "--base", tmp_path / "nowhere")
+    assert code == 2 and "--base" in err and "no such directory" in err and not (tmp_path / "out").exists()
+    checkpoint = fixture
+    info = export_run(checkpoint, tmp_path / "out", base=str(tiny_models.policy))  # the same deterministic model
     assert info["trainer"] == "ppo" and sorted(info["roles"]) == ["policy", "value"] and info["recipe"] == {}
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 

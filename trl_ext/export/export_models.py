@@ -55,20 +55,22 @@ def _check_out_dir(out: Path, overwrite: bool) -> None:
 
 
 def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, roles: list[str] | None = None,
-               dtype: str | None = None, overwrite: bool = False) -> dict:
+               dtype: str | None = None, overwrite: bool = False, base: str | None = None) -> dict:
     """Export the models of a trl-ext run or checkpoint into ``out_dir``; returns what ``trl_ext_export.json`` says.
 
     Args:
         run_dir: the ``output_dir`` of a ``trl-ext train`` run, or one of its ``checkpoint-N`` folders.
         out_dir: a new (or empty) folder; with ``overwrite`` an existing one is replaced once the export succeeded.
         roles: which of ``policy``, ``reward``, ``value`` to export (default: every role the run has).
+        base: the base model of the adapters trained on the policy's base, when it is no longer where the run
+            recorded it (see :func:`~trl_ext.export.run_dir.open_run`).
         dtype: ``float32``, ``bfloat16``, ``float16`` or ``auto`` (the base checkpoint's); default: the recipe's
             ``dtype`` (``float32`` unless it says otherwise).
 
     Raises:
         UserInputError: not a run, a role it lacks, a missing base, a bad dtype, a non-empty ``out_dir``.
     """
-    run = open_run(run_dir)
+    run = open_run(run_dir, base=base)
     out = Path(os.path.expanduser(str(out_dir)))
     _check_out_dir(out, overwrite)
     dtype = dtype or run.dtype
@@ -123,7 +125,8 @@ def _export_role(run: Run, role: str, source, target: Path, dtype: str) -> dict:
 
 def main(args) -> int:
     """``trl-ext export`` (parsed arguments from :mod:`trl_ext.recipes.cli`)."""
-    info = export_run(args.run, args.out, roles=args.roles, dtype=args.dtype, overwrite=args.overwrite)
+    info = export_run(args.run, args.out, roles=args.roles, dtype=args.dtype, overwrite=args.overwrite,
+                      base=args.base)
     if info["trainer"] == "ppo" and "reward" not in info["roles"] and not args.roles:
         print(f"note: the run's reward model ({info['recipe'].get('reward_model_path')}) was not found from this "
               "directory; export it from its own run")

@@ -114,11 +114,17 @@ def _resolve_name(name: str) -> str:
     return resolve_model_path(name)
 
 
-def _existing_base(candidates: list[str | None], adapter_dir: Path) -> str:
-    """The first of ``candidates`` that exists (local) or is a Hub id; refuses a base that is nowhere."""
+def _existing_base(recorded: str | None, fallbacks: list[str | None], adapter_dir: Path, base: str | None) -> str:
+    """``base`` (``--base``) if given, else the first of the adapter's recorded base and ``fallbacks`` that exists
+    (local) or is a Hub id; refuses a base that is nowhere."""
     from ..models.paths import looks_local
 
-    names = [c for c in candidates if c]
+    if base:
+        resolved = os.path.expanduser(_resolve_name(base))
+        if looks_local(resolved) and not os.path.isdir(resolved):
+            raise UserInputError(f"--base {base}: no such directory")
+        return resolved
+    names = [c for c in [recorded, *fallbacks] if c]
     if not names:
         raise UserInputError(f"{adapter_dir}: adapter_config.json names no base_model_name_or_path")
     for name in names:
@@ -127,12 +133,14 @@ def _existing_base(candidates: list[str | None], adapter_dir: Path) -> str:
             return resolved
     raise UserInputError(
         f"{adapter_dir}: its base model '{names[0]}' (base_model_name_or_path in adapter_config.json) does not exist; "
-        "put the base model back there (or run where it is)"
+        "put the base model back there, or give it with --base"
     )
 
 
-def model_source(role: str, path: Path, *, recipe_base: str | None = None) -> ModelSource:
-    """The :class:`ModelSource` of a model directory, from its files (no weights read)."""
+def model_source(role: str, path: Path, *, fallback_bases: tuple = (), base: str | None = None) -> ModelSource:
+    """The :class:`ModelSource` of a model directory, from its files (no weights read). For an adapter, its base is
+    ``base`` if given, else the base its ``adapter_config.json`` records, else the first of ``fallback_bases`` that
+    exists."""
     path = Path(os.path.expanduser(str(path)))
     config_file, adapter_file = path / "config.json", path / "adapter_config.json"
     if config_file.is_file():
@@ -154,8 +162,8 @@ def model_source(role: str, path: Path, *, recipe_base: str | None = None) -> Mo
         scalar = config.get("task_type") == "SEQ_CLS"
         if scalar:
             _check_adapter_head(path)
-        base = _existing_base([config.get("base_model_name_or_path"), recipe_base], path)
-        return ModelSource(role, path, scalar, base=base)
+        found = _existing_base(config.get("base_model_name_or_path"), list(fallback_bases), path, base)
+        return ModelSource(role, path, scalar, base=found)
     raise UserInputError(f"{path}: no model here (neither config.json nor adapter_config.json)")
 
 
@@ -188,8 +196,11 @@ def _kind_from_files(path: Path) -> str:
     raise UserInputError(f"{path}: a checkpoint folder without a model (no config.json or adapter_config.json)")
 
 
-def open_run(path: str | os.PathLike, *, models_too: bool = False) -> Run:
+def open_run(path: str | os.PathLike, *, models_too: bool = False, base: str | None = None) -> Run:
     """Open a trl-ext run or checkpoint (and, with ``models_too``, an export or a plain model directory).
+
+    ``base`` replaces the recorded base of the adapters trained on the policy's base (the policy's; the reward and
+    value adapters of a shared-base PPO run, or of a reward run): for a run whose base model has moved.
 
     Raises:
         UserInputError: ``path`` is not a directory, not a trl-ext run (no ``trl_ext_recipe.yaml``, not a
@@ -213,18 +224,23 @@ def open_run(path: str | os.PathLike, *, models_too: bool = False) -> Run:
             f"{raw}: not a trl-ext run (no {RECIPE_FILENAME}) or checkpoint (no trainer_state.json): give the "
             "output_dir of `trl-ext train` or one of its checkpoint-N folders"
         )
-    base = recipe.get("model_name_or_path")
+    own = (recipe.get("model_name_or_path"),)  # the trained model's base, as the recipe names it
     roles: dict[str, ModelSource] = {}
     if trainer == "reward":
-        roles["reward"] = model_source("reward", path, recipe_base=base)
+        roles["reward"] = model_source("reward", path, fallback_bases=own, base=base)
     else:
-        roles["policy"] = model_source("policy", path, recipe_base=base)
+        roles["policy"] = model_source("policy", path, fallback_bases=own, base=base)
     if trainer == "ppo":
-        if (path / VALUE_MODEL_DIR).is_dir():
-            roles["value"] = model_source("value", path / VALUE_MODEL_DIR, recipe_base=base)
+        shared = bool(recipe.get("shared_base"))
         reward_path = recipe.get("reward_model_path")
+        if (path / VALUE_MODEL_DIR).is_dir():
+            # a separate LoRA value model sits on the value/reward checkpoint, a shared-base one on the policy's base
+            value_base = own if shared else (recipe.get("value_model_path") or reward_path,)
+            roles["value"] = model_source("value", path / VALUE_MODEL_DIR, fallback_bases=value_base,
+                                          base=base if shared else None)
         if reward_path and os.path.isdir(os.path.expanduser(_resolve_name(reward_path))):
-            roles["reward"] = model_source("reward", Path(_resolve_name(reward_path)), recipe_base=base)
+            roles["reward"] = model_source("reward", Path(_resolve_name(reward_path)),
+                                           fallback_bases=own if shared else (), base=base if shared else None)
     tokenizer_dir = path if (path / "tokenizer_config.json").is_file() else None
     if tokenizer_dir is None and recipe_file is not None and (recipe_file.parent / "tokenizer_config.json").is_file():
         tokenizer_dir = recipe_file.parent

@@ -74,6 +74,8 @@ def _add_export_parsers(sub) -> None:
                    "checkpoint's)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a non-empty OUT_DIR (only once the new export is complete)")
+    p.add_argument("--base", metavar="MODEL", help="the base model the run's LoRA adapters were trained on, when it is "
+                   "no longer where adapter_config.json says (policy adapters; shared-base reward/value adapters)")
 
     help_ = "generate responses from a run's (or an export's) policy with the run's sampling settings"
     p = sub.add_parser("sample", help=help_, description=help_ + (
