@@ -114,7 +114,7 @@ def test_tiny_tokenizer_roundtrip_and_chat_template(tokenizer):
     assert tokenizer.pad_token_id != tokenizer.eos_token_id
 
 
-DOCS = [ROOT / "README.md", ROOT / "benchmarks" / "README.md"]
+DOCS = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 GENERATED = ("benchmarks/results/", "outputs/")  # written by runs, git-ignored
 
 
@@ -153,4 +153,25 @@ def test_documented_paths_and_modules_exist(doc):
             for attr in parts[cut:]:
                 obj = getattr(obj, attr)
             checked += 1
-    assert checked >= 5  # the docs do quote paths and modules
+    if doc.name == "README.md":
+        assert checked >= 5  # the docs do quote paths and modules
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_local_links_resolve(doc):
+    """Every relative markdown link of the README, the benchmarks README and docs/ points at an existing file (and, with
+    an anchor, at a heading of it)."""
+    import re
+
+    def anchors(path):
+        return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+                for h in re.findall(r"^#+ (.*)$", path.read_text(), re.M)}
+
+    for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+        if re.match(r"[a-z]+://", target):
+            continue
+        path, _, anchor = target.partition("#")
+        resolved = (doc.parent / path).resolve() if path else doc
+        assert resolved.exists(), f"{doc.name} links to {target}, which does not exist"
+        if anchor and resolved.suffix == ".md":
+            assert anchor in anchors(resolved), f"{doc.name} links to {target}: no such heading"

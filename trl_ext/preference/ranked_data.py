@@ -82,25 +82,31 @@ def _check_row(responses, idx: int, dataset_name: str, conversational: bool) -> 
             )
 
 
+def tokenize_completion(example: dict[str, Any], response, processing_class, conversational: bool) -> list[int]:
+    """Token ids of ``example``'s prompt followed by ``response``, as TRL's `RewardTrainer` tokenizes a `chosen`
+    completion: EOS appended to plain text, `prompt + response`; chat messages through `trl.data_utils._tokenize`
+    with the row's `tools` and `chat_template_kwargs`. Also what `trl-ext score` scores."""
+    prompt = example.get("prompt")
+    if conversational:
+        tools = example.get("tools")
+        tools = json.loads(tools) if isinstance(tools, str) else tools
+        kwargs = {"tools": tools, **(example.get("chat_template_kwargs") or {})}
+        messages = (prompt or []) + response
+        return list(_tokenize(processing_class, messages, **kwargs)["input_ids"])
+    eos = processing_class.eos_token
+    text = response if response.endswith(eos) else response + eos
+    return list(_tokenize(processing_class, (prompt or "") + text)["input_ids"])
+
+
 def tokenize_ranked_row(
     example: dict[str, Any], idx: int, processing_class, conversational: bool, dataset_name: str
 ) -> dict[str, list[list[int]]]:
     """Tokenize the K responses of one row exactly as TRL's `RewardTrainer` tokenizes a `chosen` response."""
     responses = example["responses"]
     _check_row(responses, idx, dataset_name, conversational)
-    prompt = example.get("prompt")
     ids = []
     for j, response in enumerate(responses):
-        if conversational:
-            tools = example.get("tools")
-            tools = json.loads(tools) if isinstance(tools, str) else tools
-            kwargs = {"tools": tools, **(example.get("chat_template_kwargs") or {})}
-            messages = (prompt or []) + response
-            tokens = _tokenize(processing_class, messages, **kwargs)["input_ids"]
-        else:
-            eos = processing_class.eos_token
-            text = response if response.endswith(eos) else response + eos
-            tokens = _tokenize(processing_class, (prompt or "") + text)["input_ids"]
+        tokens = tokenize_completion(example, response, processing_class, conversational)
         if len(tokens) == 0:
             raise UserInputError(
                 f"{dataset_name} dataset row {idx}: responses[{j}] tokenizes to no tokens; remove or fix the row"

@@ -4,6 +4,9 @@ Commands:
   train RECIPE [--key value ...]   train an SFT, reward, DPO or PPO model from a YAML recipe
   check RECIPE [--key value ...]   validate a recipe without loading any model; print the resolved settings
   plot OUTPUT_DIR [OUTPUT_DIR ...] draw the runs' logged curves into PNG files (needs matplotlib: trl-ext[plot])
+  export RUN_DIR OUT_DIR           write a run's models as standalone transformers models (adapters merged)
+  sample RUN_DIR --prompts FILE    generate from a run's policy (its sampling settings), optionally scored
+  score REWARD_DIR --data FILE     reward scores of prompt/response rows; accuracy and margin of preference data
 
 Bad input exits with code 2 and one line on stderr (no traceback). SIGINT (Ctrl-C) or SIGTERM during training saves
 a checkpoint at the end of the current step and exits with 130 / 143 and a line saying where the checkpoint is
@@ -47,7 +50,73 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="plots", help="folder for the PNG files, one per kind of run (default: plots)")
     p.add_argument("--smoothing", type=float, default=0.0,
                    help="exponential moving average weight in [0, 1) (as wandb's slider; default 0: raw)")
+    _add_export_parsers(sub)
     return parser
+
+
+def _add_export_parsers(sub) -> None:
+    """`export`, `sample`, `score` (their code: trl_ext/export/)."""
+    help_ = "write a run's models as standalone full-precision transformers models (no peft, no trl-ext needed)"
+    p = sub.add_parser("export", help=help_, description=help_ + (
+        ". Writes OUT_DIR/policy (AutoModelForCausalLM), OUT_DIR/reward and OUT_DIR/value "
+        "(AutoModelForSequenceClassification, one output), each with the tokenizer, and OUT_DIR/trl_ext_export.json "
+        "(where each came from). LoRA adapters are merged into their base reloaded unquantized (also for 4-/8-bit "
+        "runs); a centred reward head keeps its bias (loads with trust_remote_code=True). OUT_DIR must be new or "
+        "empty (or --overwrite); nothing is written on error."))
+    p.add_argument("run", metavar="RUN_DIR", help="output_dir of `trl-ext train` (SFT, reward, DPO, PPO) or a "
+                   "checkpoint-N folder of it")
+    p.add_argument("out", metavar="OUT_DIR", help="new folder for the exported models")
+    p.add_argument("--roles", nargs="+", metavar="ROLE", choices=["policy", "reward", "value"],
+                   help="which models (default: all the run has: policy; reward; PPO: policy, value (in "
+                   "checkpoints and shared-base outputs), reward (the recipe's reward_model_path))")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "auto"],
+                   help="dtype of the saved weights (default: the recipe's dtype, float32 unless set; auto: the base "
+                   "checkpoint's)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a non-empty OUT_DIR (only once the new export is complete)")
+    p.add_argument("--base", metavar="MODEL", help="the base model the run's LoRA adapters were trained on, when it is "
+                   "no longer where adapter_config.json says (policy adapters; shared-base reward/value adapters)")
+
+    help_ = "generate responses from a run's (or an export's) policy with the run's sampling settings"
+    p = sub.add_parser("sample", help=help_, description=help_ + (
+        ". Writes one JSON line per sample ({prompt, response, sample} and, with --reward, score) to --out and "
+        "prints them. PPO runs sample as PPO did (temperature, response_length, stop token); other runs use "
+        "the model's generation_config unless options say otherwise."))
+    p.add_argument("run", metavar="RUN_DIR", help="a trl-ext run, checkpoint or export (or a causal-LM directory)")
+    p.add_argument("--prompts", required=True, metavar="FILE",
+                   help="prompts: a .jsonl/.json/.csv/.parquet file, a save_to_disk folder or a dataset name, "
+                   "with a `prompt` column (text or chat messages)")
+    p.add_argument("--split", default="train", help="split of --prompts (default: train)")
+    p.add_argument("--out", default="samples.jsonl", help="JSON-lines file to write (default: samples.jsonl; "
+                   "an existing file is refused unless --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    p.add_argument("--reward", metavar="MODEL_DIR",
+                   help="score each sample with this reward model (a reward run, export or model directory)")
+    p.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
+    p.add_argument("--num-samples", type=int, default=1, help="samples per prompt (default: 1)")
+    p.add_argument("--max-new-tokens", type=int, help="override the run's response length")
+    p.add_argument("--temperature", type=float, help="override the run's temperature")
+    p.add_argument("--limit", type=int, help="only the first N prompts")
+    p.add_argument("--batch-size", type=int, default=8, help="prompts per generate call (default: 8)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "auto"],
+                   help="dtype to run in (default: a run's recipe dtype; an export's or model's own)")
+
+    help_ = "score a data file with a reward model"
+    p = sub.add_parser("score", help=help_, description=help_ + (
+        ". prompt/response rows: prints the mean score; preference rows (chosen/rejected, or `responses` ranked "
+        "best first): prints pairwise accuracy and mean margin (better minus worse, over all pairs). With --out, "
+        "writes the rows with their scores (`score`, or `scores` per response) as JSON lines; nothing else is "
+        "written."))
+    p.add_argument("reward", metavar="REWARD_DIR", help="a reward run or checkpoint, an export (its reward model) "
+                   "or a one-output sequence-classification model directory")
+    p.add_argument("--data", required=True, metavar="FILE", help="a .jsonl/.json/.csv/.parquet file, a "
+                   "save_to_disk folder or a dataset name")
+    p.add_argument("--split", default="train", help="split of --data (default: train)")
+    p.add_argument("--out", help="JSON-lines file for the scored rows (an existing file is refused)")
+    p.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass (default: 16)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "auto"],
+                   help="dtype to run in (default: a run's recipe dtype; an export's or model's own)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,6 +140,12 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     from .loader import resolve_recipe
 
+    if args.command in ("export", "sample", "score"):  # trl_ext/export/{export_models,sample,score}.py
+        import importlib
+
+        module = {"export": "export_models", "sample": "sample", "score": "score"}[args.command]
+        importlib.import_module("..export.run_dir", __package__).quiet_libraries()
+        return importlib.import_module(f"..export.{module}", __package__).main(args)
     if args.command == "plot":
         from .plots import plot_runs
 
