@@ -268,7 +268,10 @@ def predicted_budget(a, variant, recipe, policy, trainer, train_ds) -> dict:
     run = replace(run, rollout_chunk=int(trainer.args.local_rollout_forward_batch_size),
                   streaming_logprobs=variant != "trl112")
     budget = ppo_memory_budget(shape, run, shared=bool(recipe.pipeline.shared_base))
+    from trl_ext.ppo.memory_budget import DEVICE_OVERHEAD_BYTES
+
     return {"peak_gib": budget.peak / GIB, "persistent_gib": budget.persistent / GIB,
+            "peak_without_device_overhead_mib": (budget.peak - DEVICE_OVERHEAD_BYTES) / MIB,
             "phases_gib": {k: v / GIB for k, v in budget.phases.items()}}
 
 
@@ -299,7 +302,8 @@ def budget_only() -> str:
 
 def table(results: list[dict], smoke: bool) -> str:
     mem = "peak RSS growth MiB (CPU)" if smoke else "whole-process peak GiB"
-    lines = [f"| variant | {mem} | predicted peak GiB | s per update | rollout / scoring / optimization s | "
+    predicted = "predicted MiB (without the assumed 1 GiB CUDA overhead)" if smoke else "predicted peak GiB"
+    lines = [f"| variant | {mem} | {predicted} | s per update | rollout / scoring / optimization s | "
              "rollout tokens/s | chunk | first update: objective/scores, objective/kl |",
              "|---|---|---|---|---|---|---|---|"]
     for r in results:
@@ -313,7 +317,9 @@ def table(results: list[dict], smoke: bool) -> str:
         tps = f"{r['rollout_tokens_per_s'][-1]:.0f}" if r["rollout_tokens_per_s"] else "-"
         first = r["first_update"] or {}
         scores, kl = (first.get(k, float("nan")) for k in ("objective/scores", "objective/kl"))
-        lines.append(f"| {r['variant']} (TRL {r['trl']}) | {m} | {r['predicted']['peak_gib']:.2f} | "
+        pred = r["predicted"]
+        pred = f"{pred['peak_without_device_overhead_mib']:.2f}" if smoke else f"{pred['peak_gib']:.2f}"
+        lines.append(f"| {r['variant']} (TRL {r['trl']}) | {m} | {pred} | "
                      f"{r['seconds_per_update'][-1]:.2f} | {phases} | {tps} | {r['rollout_chunk']} | "
                      f"{scores:.4f}, {kl:.4f} |")
     return "\n".join(lines)
