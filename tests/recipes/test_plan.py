@@ -100,6 +100,23 @@ def test_nothing_fits_names_the_keys_that_shrink_the_weights(llama_8b, capsys):
     assert "No rollout chunk or micro-batch fits 16 GiB" in out and "shared_base: true" in out
 
 
+def test_auto_chunk_is_planned_as_the_trainer_would_choose(llama_8b, capsys):
+    from trl_ext.ppo.rollout_chunk import largest_fitting_chunk
+
+    overrides = ["--model_name_or_path", str(llama_8b), "--local_rollout_forward_batch_size", "auto"]
+    plan = make_plan(SHARED, overrides + ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "16"],
+                     gpu_memory=24)
+    chosen = largest_fitting_chunk(LLAMA_3_8B, recipe_run(micro_batch=4), 24 * GIB, shared=True)
+    assert plan.fits and plan.run.rollout_chunk == plan.fastest_chunk == chosen.chunk == 32
+    assert plan.budget.peak == chosen.budget.peak
+    assert plan.fastest == {"local_rollout_forward_batch_size": "auto"}
+    # at micro-batch 8 auto finds no chunk: the plan says so and keeps `auto` in its suggestion
+    assert main(["plan", SHARED, "--gpu-memory", "24", *overrides]) == 1
+    out = capsys.readouterr().out
+    assert "local_rollout_forward_batch_size: auto (chooses 32 at max_memory_gib: 24)" in out
+    assert "Keys to change: per_device_train_batch_size (8 -> 4), gradient_accumulation_steps (8 -> 16)\n" in out
+
+
 def test_bf16_residual_key_is_planned(llama_8b):
     plan = make_plan(SHARED, ["--model_name_or_path", str(llama_8b), "--upcast_non_quantized", "false"],
                      gpu_memory=24)

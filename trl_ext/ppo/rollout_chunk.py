@@ -166,6 +166,7 @@ def run_shape_from_models(policy, args, prompt_length: int) -> tuple[ModelShape,
         dtype_bytes = embeddings.element_size()
     else:
         dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
         dtype_bytes = dtype.itemsize if isinstance(dtype, torch.dtype) else 2
     shape = ModelShape.from_config(config)
     run = PPOShape(

@@ -52,6 +52,8 @@ class Plan:
     fastest: dict | None = None
     """Recipe keys -> values of the fastest settings that fit (None: nothing fits by chunk and micro-batch)."""
     fastest_budget: MemoryBudget | None = None
+    fastest_chunk: int | None = None
+    """The rollout chunk of ``fastest`` (what ``auto`` chooses at the target)."""
     changes_results: bool = False
     """Whether ``fastest`` changes the micro-batch (an explicit choice: results change)."""
     larger_micro_batches: list = field(default_factory=list)
@@ -107,7 +109,7 @@ def parse_ppo_recipe(path: str, overrides: list[str]):
     for key, value in merged.items():
         if value is not None:
             argv += loader._to_argv(key, value, actions[key])
-    argv += ["--bf16", "false", "--fp16", "false", "--use_cpu", "true"]  # construction only: no device is used
+    argv += ["--bf16", "false", "--fp16", "false"]  # construction only: no device is used, any precision plans
     try:
         parsed = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
     except UserInputError:
@@ -174,16 +176,6 @@ def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memor
                 notes.append(f"{key} '{path}' has another shape than the policy; the budget uses the policy's")
     target = int(gpu_memory * GIB)
     chunk = args.local_rollout_forward_batch_size
-    written = replace(run, rollout_chunk=run.batch if chunk == AUTO else chunk)
-    budget = ppo_memory_budget(shape, written, shared=shared)
-    plan = Plan(recipe=recipe_path, shape=shape, run=written, shared=shared, target_bytes=target, budget=budget,
-                fits=budget.fits(target), chunk_as_written=chunk, notes=notes,
-                written={"per_device_train_batch_size": args.per_device_train_batch_size,
-                         "gradient_accumulation_steps": args.gradient_accumulation_steps,
-                         "local_rollout_forward_batch_size": chunk})
-    if chunk == AUTO:
-        plan.notes.append("local_rollout_forward_batch_size is auto: the budget above is at the whole batch; the "
-                          "trainer picks the chunk below")
     mini = run.batch // max(getattr(args, "num_mini_batches", 1), 1)  # episodes per optimizer step per device
     micro_batches = [m for m in range(mini, 0, -1) if mini % m == 0]
 
@@ -194,16 +186,30 @@ def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memor
             return None
 
     as_written = fit_at(run.micro_batch)
+    if chunk == AUTO:  # what the trainer would choose at this target (a chunk of 1 if none fits)
+        written = replace(run, rollout_chunk=as_written.chunk if as_written else 1)
+        notes.append(f"local_rollout_forward_batch_size is auto: planned at the chunk it would choose for "
+                     f"max_memory_gib {gpu_memory:g} ({written.rollout_chunk})")
+    else:
+        written = replace(run, rollout_chunk=chunk)
+    if getattr(args, "max_memory_gib", None) and args.max_memory_gib != gpu_memory:
+        notes.append(f"the recipe's max_memory_gib is {args.max_memory_gib:g}, the plan's target {gpu_memory:g} GiB")
+    budget = ppo_memory_budget(shape, written, shared=shared)
+    plan = Plan(recipe=recipe_path, shape=shape, run=written, shared=shared, target_bytes=target, budget=budget,
+                fits=budget.fits(target), chunk_as_written=chunk, notes=notes,
+                written={"per_device_train_batch_size": args.per_device_train_batch_size,
+                         "gradient_accumulation_steps": args.gradient_accumulation_steps,
+                         "local_rollout_forward_batch_size": chunk})
     if as_written is not None:
-        plan.fastest = {"local_rollout_forward_batch_size": as_written.chunk}
-        plan.fastest_budget = as_written.budget
+        plan.fastest = {"local_rollout_forward_batch_size": AUTO if chunk == AUTO else as_written.chunk}
+        plan.fastest_budget, plan.fastest_chunk = as_written.budget, as_written.chunk
     else:
         for m in (m for m in micro_batches if m < run.micro_batch):
             choice = fit_at(m)
             if choice is not None:
                 plan.fastest = {"per_device_train_batch_size": m, "gradient_accumulation_steps": mini // m,
-                                "local_rollout_forward_batch_size": choice.chunk}
-                plan.fastest_budget, plan.changes_results = choice.budget, True
+                                "local_rollout_forward_batch_size": AUTO if chunk == AUTO else choice.chunk}
+                plan.fastest_budget, plan.fastest_chunk, plan.changes_results = choice.budget, choice.chunk, True
                 break
     for m in (m for m in micro_batches if m > run.micro_batch):
         choice = fit_at(m)
@@ -253,9 +259,12 @@ def format_plan(plan: Plan) -> str:
         keys = ", ".join(f"{k}: {v}" for k, v in plan.fastest.items())
         lines.append(f"Fastest settings that fit {gib:g} GiB (peak {plan.fastest_budget.peak / GIB:.2f} GiB): {keys}")
         chunk = plan.fastest["local_rollout_forward_batch_size"]
-        lines.append(f"  local_rollout_forward_batch_size: {chunk} (or `auto` with max_memory_gib: {gib:g}): larger "
-                     "chunks are faster; the chunk changes which random numbers go to which sequence, not the "
-                     "distribution of the samples.")
+        if chunk == AUTO:
+            chunk = f"auto (chooses {plan.fastest_chunk} at max_memory_gib: {gib:g})"
+        else:
+            chunk = f"{chunk} (or `auto` with max_memory_gib: {gib:g})"
+        lines.append(f"  local_rollout_forward_batch_size: {chunk}: larger chunks are faster; the chunk changes which "
+                     "random numbers go to which sequence, not the distribution of the samples.")
         if plan.changes_results:
             lines.append("  per_device_train_batch_size / gradient_accumulation_steps: the same episodes per update "
                          "in smaller micro-batches. This CHANGES the results: TRL's PPO loss is a masked mean per "
