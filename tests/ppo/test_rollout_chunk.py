@@ -90,8 +90,9 @@ def test_recipe_key(tmp_path):
     assert recipe.training_args.max_memory_gib == 2.0
     assert resolve_recipe("recipes/demo/ppo.yaml", out + ["--local_rollout_forward_batch_size", "3"]) \
         .training_args.local_rollout_forward_batch_size == 3
-    with pytest.raises(UserInputError, match="local_rollout_forward_batch_size"):
+    with pytest.raises(UserInputError) as err:
         resolve_recipe("recipes/demo/ppo.yaml", out + ["--local_rollout_forward_batch_size", "many"])
+    assert "must be a positive integer or 'auto', got 'many'" in str(err.value)
 
 
 @pytest.fixture(scope="module")
@@ -166,3 +167,27 @@ def test_trainer_refuses_auto_without_lora_or_target(tiny_models, tok, tmp_path)
             processing_class=tok, model=policy, ref_model=None, reward_model=value, value_model=value,
             train_dataset=prompt_dataset(tok, n=8),
         )
+
+
+def test_shape_of_a_loaded_4bit_lora_policy(tiny_models, tokenizer, tmp_path):
+    """What `auto` reads from a QLoRA policy: nf4 (nested), LoRA rank and modules, compute dtype, float32 upcast."""
+    from transformers import AutoConfig
+    from trl import ModelConfig
+
+    import trl_ext
+    from trl_ext.models import load_policy
+    from trl_ext.ppo.rollout_chunk import run_shape_from_models
+
+    policy = load_policy(ModelConfig(model_name_or_path=str(tiny_models.policy), load_in_4bit=True, dtype="bfloat16",
+                                     use_bnb_nested_quant=True, use_peft=True, lora_r=8,
+                                     lora_target_modules=["q_proj", "k_proj", "down_proj"]), tokenizer=tokenizer)
+    args = trl_ext.PPOConfig(**config_kwargs(tmp_path, per_device_train_batch_size=2, gradient_accumulation_steps=3,
+                                             num_mini_batches=2, response_length=5))
+    args.local_batch_size = 12  # set by the trainer: 2 x 3 x 2
+    shape, run = run_shape_from_models(policy, args, prompt_length=7)
+    assert replace(shape, name="") == replace(ModelShape.from_config(AutoConfig.from_pretrained(tiny_models.policy)),
+                                              name="")
+    assert (run.quantization, run.lora_r, run.lora_modules) == ("nf4-nested", 8, ("q_proj", "k_proj", "down_proj"))
+    assert (run.batch, run.micro_batch, run.prompt_length, run.response_length) == (12, 2, 7, 5)
+    # bfloat16 compute, embeddings upcast to float32 by peft's k-bit preparation: a float32 residual stream
+    assert (run.dtype_bytes, run.upcast_non_quantized, run.activation_bytes) == (2, True, 4)

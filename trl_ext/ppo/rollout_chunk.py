@@ -26,6 +26,7 @@ with another chunk samples from the same distribution but not the same samples.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, replace
 
 import torch
@@ -46,6 +47,11 @@ __all__ = [
 AUTO = "auto"
 
 
+class RolloutChunkError(UserInputError, argparse.ArgumentTypeError):
+    """A bad ``local_rollout_forward_batch_size``: a UserInputError, and argparse's type error so that
+    ``HfArgumentParser`` (recipes, command lines) shows its message instead of a generic one."""
+
+
 def rollout_chunk_value(value) -> int | str:
     """A ``local_rollout_forward_batch_size`` as given (an int, a numeric string from a command line or recipe, or
     ``"auto"``) -> a positive int or ``"auto"``. Also the field's argparse type, so ``--local_rollout_forward_batch_size
@@ -57,11 +63,11 @@ def rollout_chunk_value(value) -> int | str:
         try:
             value = int(text)
         except ValueError:
-            raise UserInputError(
+            raise RolloutChunkError(
                 f"local_rollout_forward_batch_size: must be a positive integer or 'auto', got {value!r}"
             ) from None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UserInputError(f"local_rollout_forward_batch_size: must be a positive integer or 'auto', got {value!r}")
+        raise RolloutChunkError(f"local_rollout_forward_batch_size: must be a positive integer or 'auto', got {value!r}")
     return value
 
 
