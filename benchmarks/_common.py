@@ -242,7 +242,7 @@ def _status_kb(key: str) -> int:
 def run_child(script: Path, args: list[str], timeout: float = 900, env: dict | None = None) -> dict:
     """Run `python script *args` in a fresh process (own, clean peak RSS); its last stdout line is a JSON dict.
     `env` adds environment variables (e.g. a fixed glibc mmap threshold)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}  # `env` may replace PYTHONPATH too
     proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env,
                           timeout=timeout, check=False)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]

@@ -125,3 +125,60 @@ def test_shape_of_a_run_from_its_configs(tmp_path):
     run = PPOShape.from_config(args, model_args, prompt_length=512)
     assert (run.batch, run.micro_batch, run.rollout_chunk, run.seq_len) == (64, 8, 64, 576)
     assert (run.quantization, run.lora_r, run.activation_bytes) == ("nf4-nested", 32, 4)
+    model_args.upcast_non_quantized = False  # the loader's recipe key, where the installed ModelConfig lacks it
+    assert PPOShape.from_config(args, model_args, prompt_length=512).activation_bytes == 2
+    assert PPOShape.from_config(trl_ext.PPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none",
+                                                  num_mini_batches=2), model_args, 16).batch == 8 * 1 * 2
+
+
+def test_residual_stream_in_the_compute_dtype_by_hand():
+    """`upcast_non_quantized=False`: embeddings, LM head and norms of a quantized base stay bfloat16 (2 bytes), and
+    so do the residual stream, KV cache and activations."""
+    assert base_weight_bytes(TINY, "nf4", dtype_bytes=2, upcast_non_quantized=False) == 18_432 + 576 * 4 + 12_992 * 2
+    assert base_weight_bytes(TINY, "nf4", dtype_bytes=2) == 72_704  # today's float32 upcast
+    # unquantized bases never upcast: the flag changes nothing there
+    assert base_weight_bytes(TINY, None, dtype_bytes=2, upcast_non_quantized=False) == (36_864 + 12_992) * 2
+    run = PPOShape(batch=4, micro_batch=2, rollout_chunk=2, prompt_length=6, response_length=4, lora_r=4)
+    bf16 = replace(run, upcast_non_quantized=False)
+    assert (run.activation_bytes, bf16.activation_bytes) == (4, 2)
+    today, fast = ppo_memory_budget(TINY, run, shared=True), ppo_memory_budget(TINY, bf16, shared=True)
+    assert today.parts["base weights"] - fast.parts["base weights"] == 12_992 * 2
+    assert fast.parts["rollout: KV cache (one chunk)"] == 2 * 1 * 2 * 2 * 16 * 10 * 2 == 2560
+    assert today.parts["rollout: KV cache (one chunk)"] == 2 * fast.parts["rollout: KV cache (one chunk)"]
+    # training: checkpointed inputs 2 models x 1 layer x 2 seqs x 10 tokens x 64 x 2 bytes; one layer's
+    # activations (4*64 + 2*32 + 64 + 3*128 = 768 values per token) twice; logits 3 copies x 2 x 10 x 100 x 2 bytes
+    assert fast.parts["training: checkpointed layer inputs (policy + value)"] == 2 * 2 * 10 * 64 * 2
+    assert fast.parts["training: one layer recomputed, with gradients"] == 2 * 2 * 10 * 768 * 2
+    assert fast.parts["training: policy logits (one micro-batch)"] == 3 * 2 * 10 * 100 * 2
+    # LoRA weights and their AdamW moments stay float32
+    assert fast.parts["AdamW moments (policy and value adapters, value head)"] == (2 * 4096 + 64) * 8
+    # Llama-3-8B: embeddings, LM head and norms (1,050,939,392 parameters) at 2 bytes instead of 4: 1.96 GiB less
+    eight_b = PPOShape(batch=64, micro_batch=2, rollout_chunk=8, prompt_length=512, response_length=64, lora_r=32)
+    saved = ppo_memory_budget(LLAMA_3_8B, eight_b, shared=True).parts["base weights"] - ppo_memory_budget(
+        LLAMA_3_8B, replace(eight_b, upcast_non_quantized=False), shared=True).parts["base weights"]
+    assert saved == 1_050_939_392 * 2 and saved / GIB == pytest.approx(1.96, abs=0.01)
+
+
+def test_run_without_a_critic_by_hand():
+    """`value_model=False`: no value base (separate design), adapter, head, AdamW state or value activations."""
+    run = PPOShape(batch=4, micro_batch=2, rollout_chunk=2, prompt_length=6, response_length=4, lora_r=4,
+                   quantization="nf4", dtype_bytes=4)
+    with_critic = ppo_memory_budget(TINY, run, shared=False)
+    critic_free = ppo_memory_budget(TINY, run, shared=False, value_model=False)
+    scalar_base = 20_736 + 6_592 * 4  # 4-bit layers + float32 embeddings and norms, no LM head
+    assert critic_free.parts["base weights"] == 72_704 + scalar_base
+    assert with_critic.parts["base weights"] == 72_704 + 2 * scalar_base
+    # policy and reward adapters (float32) and the reward head; AdamW: the policy adapter only
+    assert critic_free.parts["LoRA adapters + score heads (policy, reward, value)"] == 2 * 4096 * 4 + 64 * 4
+    assert critic_free.parts["AdamW moments (policy and value adapters, value head)"] == 4096 * 8
+    assert critic_free.parts["training: gradients + AdamW step temporaries"] == 4096 * 12
+    assert critic_free.parts["training: checkpointed layer inputs (policy + value)"] == 1 * 2 * 10 * 64 * 4
+    assert critic_free.parts["training: one layer recomputed, with gradients"] == 2 * 10 * 768 * 4
+    assert critic_free.parts["training: policy logits (one micro-batch)"] \
+        == with_critic.parts["training: policy logits (one micro-batch)"] == 3 * 2 * 10 * 100 * 4
+    # rollout and scoring do not depend on the critic
+    for part in ("rollout: KV cache (one chunk)", "scoring: reference logits (one chunk)"):
+        assert critic_free.parts[part] == with_critic.parts[part]
+    assert critic_free.design == "separate models, no critic"
+    shared_free = ppo_memory_budget(TINY, run, shared=True, value_model=False)
+    assert shared_free.parts["base weights"] == 72_704

@@ -13,7 +13,8 @@
 * ``rollout_logprobs.py``: the sampled tokens' log-probs taken while ``generate`` samples them (no
   ``(batch, length, vocab)`` scores tensor), and the reference pass's logits without every layer's hidden states.
 * ``memory_budget.py``: the bytes each part of a PPO run holds (weights, adapters, optimizer, rollout, scoring,
-  training), from the model's shape and the run's settings.
+  training), from the model's shape and the run's settings; ``rollout_chunk.py``: ``local_rollout_forward_batch_size:
+  auto``, the largest rollout/scoring chunk whose budget fits ``max_memory_gib``, chosen once from the loaded models.
 * ``prompt_stream.py`` and ``ptx_data.py``: endless, resumable prompt and pretraining-mix streams (built on
   :mod:`trl_ext.runtime.epoch_stream`); ``accumulation_state.py``: accelerate's DataLoader state that decides when
   TRL's PPO accumulates gradients, saved with each checkpoint.

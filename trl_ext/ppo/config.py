@@ -8,6 +8,7 @@ from ..runtime.engines import DEEPSPEED, FSDP, EngineOnCPUArgsMixin, launched_en
 from .base import ParentPPOConfig
 from .kl_controllers import KL_CONTROLLERS
 from .losses import VALUE_CLIP_MODES
+from .rollout_chunk import AUTO, rollout_chunk_value
 
 PTX_MODES = ("joint", "separate")
 
@@ -56,7 +57,30 @@ class PPOConfig(EngineOnCPUArgsMixin, ParentPPOConfig):
             every micro-batch instead of accumulating. `False` accumulates over `gradient_accumulation_steps`
             micro-batches always, as HF Trainer does; it changes numbers against TRL only in those updates.
             Resuming is exact either way (the DataLoader state is saved in checkpoints).
+        local_rollout_forward_batch_size (`int` or `"auto"`, *optional*, defaults to `64`):
+            Per-device sequences per generation call and per scoring (reference, value, reward) forward pass, as in
+            TRL. `"auto"`: the largest chunk, up to the per-device batch, whose memory budget
+            (:mod:`trl_ext.ppo.memory_budget`, from the loaded models' shapes, LoRA rank, quantization and the longest
+            prompt of the train set) fits `max_memory_gib`; chosen once when the trainer is built
+            (:mod:`trl_ext.ppo.rollout_chunk`), which then holds the number in `args`. Needs a LoRA policy. The chunk
+            changes which random numbers go to which sequence: samples come from the same distribution, not the same
+            samples (so a run with `auto` is not bit-identical to one with another chunk).
+        max_memory_gib (`float`, *optional*):
+            Memory target of one device's whole process, in GiB, for `local_rollout_forward_batch_size: "auto"`.
+            Defaults, on CUDA, to the device's free memory when the trainer is built plus what this process's
+            allocator already holds (`torch.cuda.mem_get_info`); required on other devices (the budget models a
+            GPU's allocator, not a CPU process). With it set, the choice depends on the models and settings only.
     """
+
+    local_rollout_forward_batch_size: rollout_chunk_value = field(
+        default=64,
+        metadata={"help": "Per rank no grad forward pass in the rollout phase: sequences per chunk, or 'auto' (the "
+                  "largest that fits max_memory_gib)."},
+    )
+    max_memory_gib: float | None = field(
+        default=None,
+        metadata={"help": "Memory target (GiB) of local_rollout_forward_batch_size: auto; default (CUDA): free memory."},
+    )
 
     value_clip: Literal["max", "mean", "none"] = field(
         default="max",
@@ -116,6 +140,14 @@ class PPOConfig(EngineOnCPUArgsMixin, ParentPPOConfig):
                 "zero gradients); use ptx_mode 'joint'"
             )
         super().__post_init__()
+        self.local_rollout_forward_batch_size = rollout_chunk_value(self.local_rollout_forward_batch_size)
+        if self.max_memory_gib is not None and not self.max_memory_gib > 0:
+            raise UserInputError(f"max_memory_gib: must be positive (GiB), got {self.max_memory_gib!r}")
+        if self.local_rollout_forward_batch_size == AUTO and self.max_memory_gib is None and self.use_cpu:
+            raise UserInputError(
+                "local_rollout_forward_batch_size: 'auto' on CPU (use_cpu: true) needs max_memory_gib, the memory "
+                "target in GiB (only on CUDA does it default to the device's free memory)"
+            )
         if self.value_clip not in VALUE_CLIP_MODES:
             raise UserInputError(
                 f"value_clip: unknown value {self.value_clip!r}; use one of {', '.join(VALUE_CLIP_MODES)}"

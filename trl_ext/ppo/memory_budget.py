@@ -4,7 +4,9 @@ What it models is what trl-ext runs (TRL 1.12's PPO loop with trl-ext's steps, m
 :mod:`trl_ext.models`): a LoRA policy on a base that is 4-bit (nf4, optionally with nested quantization), 8-bit or
 unquantized, with reference = adapters disabled, and reward/value models either as separate models of the same
 architecture (``shared=False``, one more base each; the reward adapter frozen, the value adapter trained) or as
-adapters on the policy's base (``shared=True``, :mod:`trl_ext.models.shared_base`). Peak = what stays all run
+adapters on the policy's base (``shared=True``, :mod:`trl_ext.models.shared_base`). A run without a critic
+(``value_model=False``: RLOO/GRPO-style advantages) has no value model or adapter: one base (separate design), one
+adapter and head, their AdamW state and the value model's training activations less. Peak = what stays all run
 (weights, adapters, optimizer) + the largest of the three phases of an update:
 
 * **rollout** (``generate``, chunks of ``local_rollout_forward_batch_size``): the KV cache of one chunk, plus the
@@ -19,10 +21,12 @@ adapters on the policy's base (``shared=True``, :mod:`trl_ext.models.shared_base
 
 Conventions of the loaders that matter here: peft's ``prepare_model_for_kbit_training`` casts every unquantized
 parameter (embeddings, LM head, norms, biases) of a 4/8-bit model to float32, which makes the residual stream, hence
-activations and the KV cache, float32 (``activation_bytes = 4``); LoRA weights are float32; each trainable parameter
-holds two float32 AdamW moments all run, and a gradient and the optimizer step's temporaries while training
-(:data:`OPTIMIZER_STEP_BYTES`). nf4 stores 0.5 byte per weight plus one float32 absmax per
-64-weight block (nested quantization: one byte per block plus a float32 per 256 blocks). Not counted: CUDA context
+activations and the KV cache, float32 (``activation_bytes = 4``; ``PPOShape.upcast_non_quantized=True``, the
+default). With ``upcast_non_quantized=False`` (the loader option of that name) those parameters, the residual stream,
+the KV cache and the activations stay in the compute dtype (``dtype_bytes``). LoRA weights are float32 either
+way; each trainable parameter holds two float32 AdamW moments all run, and a gradient and the optimizer step's
+temporaries while training (:data:`OPTIMIZER_STEP_BYTES`). nf4 stores 0.5 byte per weight plus one float32 absmax
+per 64-weight block (nested quantization: one byte per block plus a float32 per 256 blocks). Not counted: CUDA context
 and allocator slack (:data:`DEVICE_OVERHEAD_BYTES`, an assumption), the tokenizer and data, sample generations
 (``per_device_eval_batch_size x response_length x vocab`` float32 scores through TRL's ``generate_completions``).
 
@@ -147,14 +151,14 @@ QWEN2_5_0_5B = ModelShape(vocab_size=151_936, hidden_size=896, intermediate_size
 
 
 def base_weight_bytes(shape: ModelShape, quantization: str | None, *, lm_head: bool = True,
-                      dtype_bytes: int = 2) -> int:
+                      dtype_bytes: int = 2, upcast_non_quantized: bool = True) -> int:
     """Bytes of one base model's weights as trl-ext's loaders hold them.
 
     ``quantization``: ``"nf4"`` (0.5 byte per linear weight + a float32 absmax per 64), ``"nf4-nested"`` (absmax
     as one byte per 64 plus a float32 per 256 blocks), ``"int8"`` (1 byte + a float32 scale per output row), or
     ``None`` (every parameter at ``dtype_bytes``). Quantized, the other parameters are float32 (peft's k-bit
-    preparation upcasts them). ``lm_head=False`` for a sequence-classification model (its 1-output head is
-    counted with the adapters).
+    preparation upcasts them), or ``dtype_bytes`` each with ``upcast_non_quantized=False``. ``lm_head=False`` for
+    a sequence-classification model (its 1-output head is counted with the adapters).
     """
     linear = shape.linear_parameters
     other = shape.other_parameters(lm_head)
@@ -169,7 +173,7 @@ def base_weight_bytes(shape: ModelShape, quantization: str | None, *, lm_head: b
         packed = linear + shape.num_layers * sum(out for _, out in shape.linear_shapes()) * 4
     else:
         raise ValueError(f"quantization must be 'nf4', 'nf4-nested', 'int8' or None, got {quantization!r}")
-    return packed + other * 4
+    return packed + other * (4 if upcast_non_quantized else dtype_bytes)
 
 
 def held_weight_bytes(*models) -> int:
@@ -245,19 +249,24 @@ class PPOShape:
     """Bytes of an unquantized weight (bfloat16: 2)."""
     streaming_logprobs: bool = True
     """trl-ext's rollout log-probs (True) or TRL's stacked scores (False)."""
+    upcast_non_quantized: bool = True
+    """Quantized bases: peft's float32 upcast of embeddings, LM head and norms (True, today's loaders), which makes
+    the residual stream, KV cache and activations float32; False keeps them at ``dtype_bytes``."""
 
     @classmethod
-    def from_config(cls, args, model_args, prompt_length: int) -> "PPOShape":
+    def from_config(cls, args, model_args, prompt_length: int, *, upcast_non_quantized: bool = True) -> "PPOShape":
         """From a :class:`trl_ext.PPOConfig` (its batch sizes, ``local_rollout_forward_batch_size``,
         ``response_length``) and the policy's ``trl.ModelConfig`` (quantization, ``lora_r``, ``dtype``), for prompts
-        of up to ``prompt_length`` tokens."""
+        of up to ``prompt_length`` tokens. ``upcast_non_quantized``: the loader option of that name, read from
+        ``model_args`` when it has the field (a recipe's flat key), else this argument."""
         quantization = None
         if model_args.load_in_4bit:
             quantization = "nf4-nested" if model_args.use_bnb_nested_quant else "nf4"
         elif model_args.load_in_8bit:
             quantization = "int8"
         return cls(
-            batch=args.per_device_train_batch_size * args.gradient_accumulation_steps,
+            batch=args.per_device_train_batch_size * args.gradient_accumulation_steps
+            * getattr(args, "num_mini_batches", 1),
             micro_batch=args.per_device_train_batch_size,
             rollout_chunk=args.local_rollout_forward_batch_size,
             prompt_length=prompt_length,
@@ -265,6 +274,7 @@ class PPOShape:
             lora_r=model_args.lora_r,
             quantization=quantization,
             dtype_bytes=4 if model_args.dtype in (None, "float32") else 2,
+            upcast_non_quantized=bool(getattr(model_args, "upcast_non_quantized", upcast_non_quantized)),
         )
 
     @property
@@ -273,8 +283,9 @@ class PPOShape:
 
     @property
     def activation_bytes(self) -> int:
-        """float32 when quantized (peft's k-bit preparation upcasts embeddings and norms), else the weights' dtype."""
-        return 4 if self.quantization else self.dtype_bytes
+        """float32 when quantized with ``upcast_non_quantized`` (peft's k-bit preparation upcasts embeddings and
+        norms), else the weights' dtype."""
+        return 4 if self.quantization and self.upcast_non_quantized else self.dtype_bytes
 
 
 @dataclass
@@ -296,17 +307,23 @@ class MemoryBudget:
         return self.peak <= limit_bytes
 
 
-def ppo_memory_budget(shape: ModelShape, run: PPOShape, *, shared: bool) -> MemoryBudget:
-    """The memory budget of one device's PPO run (see the module docstring for what each part is)."""
+def ppo_memory_budget(shape: ModelShape, run: PPOShape, *, shared: bool, value_model: bool = True) -> MemoryBudget:
+    """The memory budget of one device's PPO run (see the module docstring for what each part is).
+
+    ``shared``: reward and value models as adapters on the policy's base (else separate models of the same shape).
+    ``value_model=False``: a run without a critic (no value model, adapter, head or value forward/backward).
+    """
     act = run.activation_bytes
     lora = lora_parameters(shape, run.lora_r, run.lora_modules)
     head = shape.hidden_size * 4  # a 1-output float32 score head
-    trainable = 2 * lora + shape.hidden_size  # policy and value adapters, value head
-    policy_base = base_weight_bytes(shape, run.quantization, lm_head=True, dtype_bytes=run.dtype_bytes)
-    scalar_base = base_weight_bytes(shape, run.quantization, lm_head=False, dtype_bytes=run.dtype_bytes)
+    trained = 2 if value_model else 1  # models trained: policy (+ value)
+    trainable = trained * lora + (shape.hidden_size if value_model else 0)  # adapters (+ value head)
+    kw = dict(dtype_bytes=run.dtype_bytes, upcast_non_quantized=run.upcast_non_quantized)
+    policy_base = base_weight_bytes(shape, run.quantization, lm_head=True, **kw)
+    scalar_base = base_weight_bytes(shape, run.quantization, lm_head=False, **kw)
     parts = {
-        "base weights": policy_base if shared else policy_base + 2 * scalar_base,
-        "LoRA adapters + score heads (policy, reward, value)": 3 * lora * 4 + 2 * head,
+        "base weights": policy_base if shared else policy_base + trained * scalar_base,
+        "LoRA adapters + score heads (policy, reward, value)": (trained + 1) * lora * 4 + trained * head,
         "AdamW moments (policy and value adapters, value head)": trainable * 8,
     }
     persistent = sum(parts.values())
@@ -320,8 +337,8 @@ def ppo_memory_budget(shape: ModelShape, run: PPOShape, *, shared: bool) -> Memo
                "scoring: one layer's activations (one chunk)": layer_activation_bytes(shape, chunk, L, act)}
     m = run.micro_batch
     training = {"training: gradients + AdamW step temporaries": trainable * OPTIMIZER_STEP_BYTES,
-                "training: checkpointed layer inputs (policy + value)": 2 * shape.num_layers * m * L * h * act,
-                "training: one layer recomputed, with gradients": 2 * layer_activation_bytes(shape, m, L, act),
+                "training: checkpointed layer inputs (policy + value)": trained * shape.num_layers * m * L * h * act,
+                "training: one layer recomputed, with gradients": trained * layer_activation_bytes(shape, m, L, act),
                 "training: policy logits (one micro-batch)": LOGIT_COPIES * m * L * shape.vocab_size * act}
     parts.update(rollout)
     parts.update(scoring)
@@ -329,7 +346,8 @@ def ppo_memory_budget(shape: ModelShape, run: PPOShape, *, shared: bool) -> Memo
     phases = {"rollout": sum(rollout.values()), "scoring": sum(scoring.values()), "training": sum(training.values())}
     parts["device overhead (assumed)"] = DEVICE_OVERHEAD_BYTES
     peak = persistent + max(phases.values()) + DEVICE_OVERHEAD_BYTES
-    return MemoryBudget(model=shape.name, design="shared base" if shared else "separate models", parts=parts,
+    design = ("shared base" if shared else "separate models") + ("" if value_model else ", no critic")
+    return MemoryBudget(model=shape.name, design=design, parts=parts,
                         persistent=persistent, phases=phases, peak=peak)
 
 

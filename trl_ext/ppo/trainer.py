@@ -69,6 +69,7 @@ from .prompt_stream import PromptStream
 from .ptx_data import PtxStream, tokenize_ptx_dataset
 from .rollout import MicroBatchOutput, Rollout, UpdateStats
 from .rollout_logprobs import generate_with_logprobs, sampling_plan, sequence_logits
+from .rollout_chunk import AUTO, resolve_auto_rollout_chunk
 from .sequences import INVALID_LOGPROB, batch_generation, first_true_indices, forward, truncate_response
 
 __all__ = ["PPOConfig", "PPOTrainer", "VALUE_MODEL_DIR", "ppo_state_file"]
@@ -163,6 +164,8 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
             peft_config=peft_config,
         )
         # Nothing below may touch the global torch/numpy RNGs: the parent left them exactly where its train() expects.
+        if args.local_rollout_forward_batch_size == AUTO:  # the largest chunk that fits args.max_memory_gib
+            self.rollout_chunk_choice = resolve_auto_rollout_chunk(self)
         if not args.sync_with_dataloader:
             self._decouple_accumulation_from_dataloaders()
         # HF Trainer.__init__ (which TRL's PPO never calls) sets these; its checkpoint save/load code reads them

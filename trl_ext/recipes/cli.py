@@ -3,6 +3,9 @@
 Commands:
   train RECIPE [--key value ...]   train an SFT, reward, DPO or PPO model from a YAML recipe
   check RECIPE [--key value ...]   validate a recipe without loading any model; print the resolved settings
+  plan RECIPE [--gpu-memory GIB] [--prompt-length N] [--key value ...]
+                                   a PPO recipe's memory budget from the checkpoints' config.json: does it fit, and
+                                   which settings do (exit 0 if it fits as written, 1 if not)
   plot OUTPUT_DIR [OUTPUT_DIR ...] draw the runs' logged curves into PNG files (needs matplotlib: trl-ext[plot])
   export RUN_DIR OUT_DIR           write a run's models as standalone transformers models (adapters merged)
   sample RUN_DIR --prompts FILE    generate from a run's policy (its sampling settings), optionally scored
@@ -44,6 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, description=help_)
         p.add_argument("recipe", help="path to a YAML recipe")
         p.add_argument("overrides", nargs=argparse.REMAINDER, help="`--key value` pairs overriding recipe keys")
+    help_ = "a PPO recipe's memory budget (config.json only): whether it fits a GPU and the fastest settings that do"
+    p = sub.add_parser("plan", help=help_, description=help_ + "; exits 0 if it fits as written, 1 if not")
+    p.add_argument("recipe", help="path to a YAML recipe (PPO)")
+    p.add_argument("--gpu-memory", type=float, default=None, metavar="GIB",
+                   help="memory of the GPU (whole process), GiB (default 24); may also follow the recipe")
+    p.add_argument("--prompt-length", type=int, default=None, metavar="N",
+                   help="prompt length in tokens to plan for (default 512; the pipeline does not truncate prompts)")
+    p.add_argument("overrides", nargs=argparse.REMAINDER, help="`--key value` pairs overriding recipe keys")
     help_ = "draw the main curves of finished or running runs (their trainer_state.json) into PNG files"
     p = sub.add_parser("plot", help=help_, description=help_ + '; needs matplotlib: pip install "trl-ext[plot]"')
     p.add_argument("runs", nargs="+", metavar="OUTPUT_DIR", help="output_dir of a run (several are overlaid)")
@@ -153,6 +164,10 @@ def _run(args: argparse.Namespace) -> int:
             print(path)
         return 0
     overrides = [tok for tok in args.overrides if tok != "--"]
+    if args.command == "plan":
+        from .plan import run_plan
+
+        return run_plan(args.recipe, overrides, gpu_memory=args.gpu_memory, prompt_length=args.prompt_length)
     if args.command == "check":
         recipe = resolve_recipe(args.recipe, overrides, for_check=True)
         from ..models.paths import looks_local

@@ -1,0 +1,217 @@
+"""``local_rollout_forward_batch_size: auto``: the largest rollout chunk whose memory budget fits a target.
+
+The rollout generates, and the scoring passes (reference log-probs, values, scores) run, in chunks of
+``local_rollout_forward_batch_size`` sequences. A larger chunk makes fewer, larger calls: on a GPU a generation step
+costs about the same at 8 or 64 sequences (per-call overhead; ``../shared/notes/gpu.md``), so the largest chunk that
+fits is the fastest. What a chunk costs comes from :func:`trl_ext.ppo.memory_budget.ppo_memory_budget`: its rollout
+phase (KV cache and streamed log-probs of one chunk) and scoring phase (the reference logits and one layer's
+activations of one chunk) grow with the chunk; the training phase and what stays all run do not. So the peak
+``persistent + max(rollout(c), scoring(c), training) + overhead`` never decreases with ``c``, and the choice is
+
+    c* = max { c in 1..batch : peak(c) <= target }
+
+(``batch`` = the per-device episodes of one update, TRL's ``local_batch_size``). If even ``c = 1`` does not fit, the
+target is refused (one line, naming ``max_memory_gib``). Written here by hand: neither TRL nor accelerate chooses a
+generation batch from a memory model (accelerate's ``find_executable_batch_size`` retries after out-of-memory
+errors, which a PPO update, with its RNG draws and optimizer steps, cannot safely do).
+
+The run's shape is read from the loaded models (:func:`run_shape_from_models`): the policy's config (layers,
+widths, vocabulary), its LoRA rank and target modules, its quantization (``config.quantization_config``), its
+compute dtype and whether the non-quantized weights are float32 (peft's k-bit upcast), and the longest prompt of the
+train set. Reward and value models are assumed to have the policy's architecture (as the budget does).
+
+Chunking changes which random numbers go to which sequence: generation draws from one RNG stream per call, so a run
+with another chunk samples from the same distribution but not the same samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..errors import UserInputError
+from .memory_budget import GIB, LINEAR_MODULES, MemoryBudget, ModelShape, PPOShape, ppo_memory_budget
+
+__all__ = [
+    "AUTO",
+    "ChunkChoice",
+    "largest_fitting_chunk",
+    "memory_target_bytes",
+    "resolve_auto_rollout_chunk",
+    "rollout_chunk_value",
+    "run_shape_from_models",
+]
+
+AUTO = "auto"
+
+
+class RolloutChunkError(UserInputError, argparse.ArgumentTypeError):
+    """A bad ``local_rollout_forward_batch_size``: a UserInputError, and argparse's type error so that
+    ``HfArgumentParser`` (recipes, command lines) shows its message instead of a generic one."""
+
+
+def rollout_chunk_value(value) -> int | str:
+    """A ``local_rollout_forward_batch_size`` as given (an int, a numeric string from a command line or recipe, or
+    ``"auto"``) -> a positive int or ``"auto"``. Also the field's argparse type, so ``--local_rollout_forward_batch_size
+    auto`` parses with ``HfArgumentParser``."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == AUTO:
+            return AUTO
+        try:
+            value = int(text)
+        except ValueError:
+            raise RolloutChunkError(
+                f"local_rollout_forward_batch_size: must be a positive integer or 'auto', got {value!r}"
+            ) from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RolloutChunkError(f"local_rollout_forward_batch_size: must be a positive integer or 'auto', got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ChunkChoice:
+    """The chosen chunk, the target, the budget at the chunk and at the next larger one (None at the batch cap)."""
+
+    chunk: int
+    target_bytes: int
+    budget: MemoryBudget
+    next_budget: MemoryBudget | None
+
+    def describe(self) -> str:
+        line = (f"local_rollout_forward_batch_size: auto -> {self.chunk} (predicted peak "
+                f"{self.budget.peak / GIB:.2f} GiB of the {self.target_bytes / GIB:.2f} GiB target")
+        if self.next_budget is None:
+            return line + "; the whole per-device batch)"
+        return line + f"; {self.chunk + 1} would need {self.next_budget.peak / GIB:.2f} GiB)"
+
+
+def largest_fitting_chunk(shape: ModelShape, run: PPOShape, target_bytes: int, *, shared: bool,
+                          value_model: bool = True, target_name: str = "max_memory_gib",
+                          at_most: int | None = None) -> ChunkChoice:
+    """The largest ``rollout_chunk`` in ``1..run.batch`` whose :func:`ppo_memory_budget` peak is ``<= target_bytes``
+    (or ``at_most`` if that is smaller).
+
+    Raises:
+        UserInputError: if even a chunk of 1 does not fit (the message names ``target_name``).
+    """
+
+    def budget(chunk: int) -> MemoryBudget:
+        return ppo_memory_budget(shape, replace(run, rollout_chunk=chunk), shared=shared, value_model=value_model)
+
+    def choice(chunk: int) -> ChunkChoice:
+        return ChunkChoice(chunk=chunk, target_bytes=target_bytes, budget=budget(chunk),
+                           next_budget=budget(chunk + 1) if chunk < run.batch else None)
+
+    smallest = budget(1)
+    if smallest.peak > target_bytes:
+        raise UserInputError(
+            f"{target_name}: {target_bytes / GIB:.2f} GiB is less than this run needs even with a rollout chunk of 1 "
+            f"({smallest.peak / GIB:.2f} GiB predicted, {smallest.peak_phase} phase largest); raise it, or lower "
+            "per_device_train_batch_size or response_length"
+        )
+    lo, hi = 1, run.batch  # peak(lo) fits; the peak never decreases with the chunk: bisect
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if budget(mid).peak <= target_bytes:
+            lo = mid
+        else:
+            hi = mid - 1
+    if at_most is not None and at_most < lo:  # another process's choice (see resolve_auto_rollout_chunk)
+        return choice(at_most)
+    return choice(lo)
+
+
+def memory_target_bytes(max_memory_gib: float | None, device: torch.device) -> int:
+    """``max_memory_gib`` in bytes; if None, on CUDA, the device's free memory plus what this process's allocator
+    already reserved (the loaded models: the budget counts them too). Other devices need ``max_memory_gib``."""
+    if max_memory_gib is not None:
+        return int(max_memory_gib * GIB)
+    if device.type != "cuda":
+        raise UserInputError(
+            f"local_rollout_forward_batch_size: 'auto' on a {device.type} device needs max_memory_gib, the memory "
+            "target in GiB (only on CUDA does it default to the device's free memory)"
+        )
+    free, _total = torch.cuda.mem_get_info(device)
+    return int(free + torch.cuda.memory_reserved(device))
+
+
+def _quantization(config) -> str | None:
+    q = getattr(config, "quantization_config", None)
+    if q is None:
+        return None
+    q = q.to_dict() if hasattr(q, "to_dict") else dict(q)
+    if q.get("load_in_4bit"):
+        return "nf4-nested" if q.get("bnb_4bit_use_double_quant") else "nf4"
+    if q.get("load_in_8bit"):
+        return "int8"
+    return None
+
+
+def run_shape_from_models(policy, args, prompt_length: int) -> tuple[ModelShape, PPOShape]:
+    """The budget's :class:`ModelShape` and :class:`PPOShape` of a run from its loaded LoRA ``policy`` (a peft
+    model), its :class:`trl_ext.PPOConfig` and the longest prompt in tokens."""
+    peft_config = getattr(policy, "peft_config", None)
+    if not peft_config:
+        raise UserInputError(
+            "local_rollout_forward_batch_size: 'auto' needs a LoRA policy (trl_ext.ppo.memory_budget models LoRA "
+            "runs); give an integer for a policy trained in full"
+        )
+    lora = peft_config[getattr(policy, "active_adapter", None) or next(iter(peft_config))]
+    targets = lora.target_modules
+    targets = {targets} if isinstance(targets, str) else set(targets or ())
+    modules = tuple(m for m in LINEAR_MODULES if m in targets)
+    # all-linear, or module names the budget does not know (e.g. GPT-NeoX's fused query_key_value): count all layers
+    modules = None if "all-linear" in targets or not modules or len(modules) == len(LINEAR_MODULES) else modules
+    config = policy.config
+    embeddings = policy.get_input_embeddings().weight
+    quantization = _quantization(config)
+    if quantization is None:
+        dtype_bytes = embeddings.element_size()
+    else:
+        dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+        dtype_bytes = dtype.itemsize if isinstance(dtype, torch.dtype) else 2
+    shape = ModelShape.from_config(config)
+    run = PPOShape(
+        batch=args.local_batch_size,
+        micro_batch=args.per_device_train_batch_size,
+        rollout_chunk=1,
+        prompt_length=prompt_length,
+        response_length=args.response_length,
+        lora_r=lora.r,
+        quantization=quantization,
+        lora_modules=modules,
+        dtype_bytes=dtype_bytes,
+        upcast_non_quantized=embeddings.element_size() == 4,
+    )
+    return shape, run
+
+
+def resolve_auto_rollout_chunk(trainer) -> ChunkChoice:
+    """Choose ``trainer.args.local_rollout_forward_batch_size`` for ``"auto"`` and write it into ``trainer.args``.
+
+    Called once by :class:`trl_ext.PPOTrainer` after its models are prepared. Under several processes every process
+    takes the smallest of their choices (the scoring passes must run as many forward calls on each rank).
+    """
+    args = trainer.args
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    policy = getattr(unwrapped, "policy", unwrapped)
+    lengths = [len(ids) for ids in trainer.train_dataset["input_ids"]]
+    shape, run = run_shape_from_models(policy, args, max(lengths))
+    accelerator = trainer.accelerator
+    kwargs = dict(
+        shared=bool(getattr(trainer, "shared_base", False)),
+        value_model=getattr(unwrapped, "value_model", None) is not None,
+        target_name="max_memory_gib" if args.max_memory_gib is not None else "the device's free memory",
+    )
+    target = memory_target_bytes(args.max_memory_gib, accelerator.device)
+    choice = largest_fitting_chunk(shape, run, target, **kwargs)
+    if accelerator.num_processes > 1:
+        smallest = int(accelerator.gather(torch.tensor([choice.chunk], device=accelerator.device)).min())
+        choice = largest_fitting_chunk(shape, run, target, at_most=smallest, **kwargs)
+    args.local_rollout_forward_batch_size = choice.chunk
+    accelerator.print(choice.describe())
+    return choice
