@@ -9,7 +9,7 @@ policy** computing in bfloat16 (`dtype: bfloat16`, no autocast: `bf16: false` on
 trained policy is evaluated as it is (4-bit base + adapter, recipes/gold/gold_eval.py): gold reward, proxy reward
 and KL to the SFT model over the 96 prompts x `--samples-per-prompt`.
 
-    python benchmarks/gold_upcast.py                 # 2 seeds x 2 settings, 96 updates each (~10 minutes on 2 CPU cores)
+    python benchmarks/gold_upcast.py      # 2 seeds x 2 settings, 96 updates each (~11 minutes on 2 CPU cores)
     python benchmarks/gold_upcast.py --updates 8 --seeds 1   # smoke
 """
 

@@ -105,7 +105,7 @@ class PipelineArguments:
     )
     upcast_non_quantized: bool = field(
         default=True,
-        metadata={"help": "Quantized models: float32 embeddings, LM head and norms (peft's upcast); false keeps dtype."},
+        metadata={"help": "Quantized models: float32 embeddings, LM head, norms (peft's upcast); false keeps dtype."},
     )
     value_model_path: Optional[str] = field(
         default=None, metadata={"help": "PPO: value model checkpoint (defaults to reward_model_path)."}
