@@ -10,6 +10,11 @@
   checkpointing.
 * ``biased_score_model.py``: the self-contained loader a centred reward checkpoint ships with.
 * ``paths.py``: the one rule for "local path or Hub id", shared with the recipe checks.
+* ``dtypes.py``: which dtype each parameter has (the rule, tested for every trainer), peft's k-bit preparation
+  without its float32 upcast (``upcast_non_quantized: false``), and keeping loaded dtypes through TRL's trainers.
+* ``positions.py``: positions in padded token sequences (``first_true_indices``), for the heads and PPO.
+
+Nothing here imports :mod:`trl_ext.ppo` or the other trainer packages.
 
 The trainers (:mod:`trl_ext.ppo`, :mod:`trl_ext.preference`) take models loaded here or anywhere else; the recipe
 pipeline (:mod:`trl_ext.recipes`) loads them here.

@@ -19,6 +19,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UserInputError
+from .dtypes import cast_inputs_to_weight_dtype, float32_trainable_parameters
 from .lora import check_lora_targets, lora_config_for
 from .paths import looks_local
 from .quantization import (
@@ -195,8 +196,10 @@ def _is_quantized(model) -> bool:
     )
 
 
-def _finish(model, model_args, lora_config, *, gradient_checkpointing, gradient_checkpointing_kwargs):
-    """Quantized: peft's k-bit preparation + the CPU gradient fix; then the LoRA adapter (or full fine-tuning)."""
+def _finish(model, model_args, lora_config, *, gradient_checkpointing, gradient_checkpointing_kwargs,
+            upcast_non_quantized=True):
+    """Quantized: peft's k-bit preparation (with or without its float32 upcast) + the CPU gradient fix; then the LoRA
+    adapter (trainable parameters in float32, see :mod:`trl_ext.models.dtypes`), or full fine-tuning."""
     if gradient_checkpointing_kwargs is None:
         gradient_checkpointing_kwargs = {"use_reentrant": False}  # torch's recommendation; no input-grad hack needed
     if _is_quantized(model):
@@ -206,6 +209,7 @@ def _finish(model, model_args, lora_config, *, gradient_checkpointing, gradient_
             model,
             gradient_checkpointing=gradient_checkpointing,
             gradient_checkpointing_kwargs=gradient_checkpointing_kwargs,
+            upcast_non_quantized=upcast_non_quantized,
         )
     elif gradient_checkpointing:
         # transformers 5.23 renamed gradient_checkpointing_enable (deprecated) to activation_checkpointing_enable
@@ -222,6 +226,7 @@ def _finish(model, model_args, lora_config, *, gradient_checkpointing, gradient_
 
     model = get_peft_model(model, lora_config)
     disable_bnb_cpu_weight_repacking(model)  # idempotent; covers layers wrapped by peft
+    float32_trainable_parameters(model)  # peft makes LoRA weights float32, not the heads it copies from the base
     return model
 
 
@@ -231,6 +236,7 @@ def load_policy(
     tokenizer=None,
     gradient_checkpointing: bool | None = None,
     gradient_checkpointing_kwargs: dict | None = None,
+    upcast_non_quantized: bool = True,
     **kwargs,
 ) -> PreTrainedModel:
     """The policy: ``AutoModelForCausalLM`` from a ``trl.ModelConfig``, optionally quantized, optionally with LoRA.
@@ -248,6 +254,10 @@ def load_policy(
             (default: on when ``use_peft``); others: ``True`` enables it, ``None``/``False`` leave it to the
             trainer's ``gradient_checkpointing`` argument.
         gradient_checkpointing_kwargs: passed with it; default ``{"use_reentrant": False}``.
+        upcast_non_quantized: quantized models: ``True`` (default) makes the weights that are not quantized
+            (embeddings, LM head, norms) float32, as peft's ``prepare_model_for_kbit_training`` does; ``False`` keeps
+            them in ``dtype`` (the 4-bit compute dtype): a bfloat16/float16 residual stream, less memory, faster
+            (recipe key ``upcast_non_quantized``; see ``docs/dtypes.md``). LoRA weights are float32 either way.
         **kwargs: passed to ``from_pretrained``, overriding what the loader derived (``dtype``, ``device_map``,
             ``quantization_config``, ``revision``, ``trust_remote_code``, ...).
 
@@ -274,6 +284,7 @@ def load_policy(
         lora_config,
         gradient_checkpointing=gradient_checkpointing,
         gradient_checkpointing_kwargs=gradient_checkpointing_kwargs,
+        upcast_non_quantized=upcast_non_quantized,
     )
 
 
@@ -342,6 +353,7 @@ def load_scalar_model(
     tokenizer=None,
     gradient_checkpointing: bool | None = None,
     gradient_checkpointing_kwargs: dict | None = None,
+    upcast_non_quantized: bool = True,
     **kwargs,
 ) -> PreTrainedModel:
     """A reward or value model: ``AutoModelForSequenceClassification`` with exactly one output (``num_labels=1``).
@@ -360,7 +372,7 @@ def load_scalar_model(
             otherwise refused; recipes expose it as ``reinit_score_head``.
         tokenizer: if given, its pad token (set to eos when missing) becomes the model's ``pad_token_id``;
             otherwise a missing ``pad_token_id`` is set from the config's eos id.
-        gradient_checkpointing, gradient_checkpointing_kwargs: as in :func:`load_policy`.
+        gradient_checkpointing, gradient_checkpointing_kwargs, upcast_non_quantized: as in :func:`load_policy`.
         **kwargs: passed to ``from_pretrained``, overriding what the loader derived. ``num_labels`` other than 1
             is refused.
 
@@ -411,6 +423,7 @@ def load_scalar_model(
     if reinit_head and from_classifier:
         _new_scalar_head(model)
     head = score_head_name(model)
+    cast_inputs_to_weight_dtype(getattr(model, head))  # a float32 head reads a bfloat16 residual stream
     if getattr(model, head).out_features != 1 or model.config.num_labels != 1:  # pragma: no cover - safety net
         raise UserInputError(f"model_name_or_path {plan.path!r}: loaded head {head!r} does not have exactly 1 output")
     set_pad_token(tokenizer, model)
@@ -422,4 +435,5 @@ def load_scalar_model(
         lora_config,
         gradient_checkpointing=gradient_checkpointing,
         gradient_checkpointing_kwargs=gradient_checkpointing_kwargs,
+        upcast_non_quantized=upcast_non_quantized,
     )

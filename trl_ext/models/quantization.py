@@ -126,14 +126,25 @@ def disable_bnb_cpu_weight_repacking(model) -> int:
     return count
 
 
-def prepare_quantized_model(model, *, gradient_checkpointing: bool, gradient_checkpointing_kwargs=None):
-    """peft's ``prepare_model_for_kbit_training`` (freeze, upcast norms, optional checkpointing), then the CPU fix.
+def prepare_quantized_model(model, *, gradient_checkpointing: bool, gradient_checkpointing_kwargs=None,
+                            upcast_non_quantized: bool = True):
+    """peft's ``prepare_model_for_kbit_training`` (freeze, upcast the non-quantized weights to float32, optional
+    checkpointing), then the CPU fix. ``upcast_non_quantized=False`` skips the upcast only
+    (:func:`trl_ext.models.dtypes.prepare_kbit_model_keeping_dtypes`): embeddings, LM head and norms stay in the
+    dtype they were loaded in.
 
     Only call it on a model loaded in 4 or 8 bits.
     """
     from peft import prepare_model_for_kbit_training
 
+    from .dtypes import prepare_kbit_model_keeping_dtypes
+
     disable_bnb_cpu_weight_repacking(model)
+    if not upcast_non_quantized:
+        return prepare_kbit_model_keeping_dtypes(
+            model, gradient_checkpointing=gradient_checkpointing,
+            gradient_checkpointing_kwargs=gradient_checkpointing_kwargs,
+        )
     return prepare_model_for_kbit_training(
         model,
         use_gradient_checkpointing=gradient_checkpointing,

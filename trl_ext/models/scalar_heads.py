@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ppo.sequences import first_true_indices
+from .positions import first_true_indices
 
 
 def scalar_model_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:

@@ -486,6 +486,7 @@ def add_scalar_adapter(
     from peft import LoraConfig, PeftModel
     from peft.utils import load_peft_weights
 
+    from .dtypes import cast_inputs_to_weight_dtype, float32_trainable_parameters
     from .quantization import disable_bnb_cpu_weight_repacking
 
     if not isinstance(policy, PeftModel) or policy.peft_type != "LORA":
@@ -533,7 +534,9 @@ def add_scalar_adapter(
     lm_head = policy.get_base_model().get_output_embeddings()
     hidden = policy.get_base_model().config.get_text_config().hidden_size
     reference = lm_head.weight if lm_head is not None else next(policy.get_base_model().parameters())
-    dtype = reference.dtype if reference.dtype.is_floating_point else torch.float32
+    # a trained head is float32 (as LoRA weights: bfloat16 would lose AdamW's small updates); a frozen one has the
+    # residual stream's dtype; either casts what it reads to its own dtype (trl_ext.models.dtypes)
+    dtype = reference.dtype if reference.dtype.is_floating_point and not trainable else torch.float32
     bias = head_weights is not None and "bias" in head_weights and not reinit_head
     score = torch.nn.Linear(hidden, 1, bias=bias, device=reference.device, dtype=dtype)
     with torch.no_grad():
@@ -544,6 +547,8 @@ def add_scalar_adapter(
             std = getattr(policy.get_base_model().config, "initializer_range", 0.02)
             score.weight.normal_(mean=0.0, std=std)
     score.requires_grad_(trainable)
+    cast_inputs_to_weight_dtype(score)
+    float32_trainable_parameters(policy)  # the new adapter's LoRA weights (peft casts only its own adapters)
     return SharedBaseScalarModel(policy, adapter_name, score, head_name=head_name)
 
 

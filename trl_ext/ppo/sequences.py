@@ -12,15 +12,10 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig
 
+from ..models.positions import first_true_indices  # noqa: F401 - also importable from here, as before
+
 INVALID_LOGPROB = 1.0
 """Placeholder log-prob written at padding positions (after a response's last token)."""
-
-
-def first_true_indices(bools: torch.Tensor, dtype: torch.dtype = torch.long) -> torch.Tensor:
-    """Index of the first True along the last dimension, or the row length where a row has none."""
-    row_length = bools.size(-1)
-    positions = torch.arange(row_length, dtype=dtype, device=bools.device)
-    return torch.where(bools, positions, torch.full_like(positions, row_length)).min(dim=-1).values
 
 
 def truncate_response(stop_token_id: int, pad_token_id: int, responses: torch.Tensor) -> torch.Tensor:

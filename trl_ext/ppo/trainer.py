@@ -46,6 +46,7 @@ from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import selective_log_softmax
 
 from ..errors import UserInputError
+from ..models.dtypes import float32_trainable_parameters
 from ..models.scalar_heads import scalar_model_outputs
 from ..models.shared_base import (
     adapter_switch,
@@ -148,6 +149,8 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         ):
             raise UserInputError("kl_controller: needs a `value` attribute and an `update(kl, n_steps)` method")
         self.shared_base = check_shared_base_roles(model, reward_model, value_model, peft_config, args)
+        if args.fp16:  # the loss scaler needs float32 gradients (trl_ext.models.dtypes)
+            float32_trainable_parameters(model, value_model)
 
         super().__init__(
             args=args,

@@ -2,6 +2,7 @@
 
 from trl import DPOTrainer as _TRLDPOTrainer
 
+from ..models.dtypes import KeptParameterDtypes
 from ..runtime.checkpoints import AtomicCheckpointMixin
 from ..runtime.interruption import InterruptibleTrainMixin
 from ..runtime.nonfinite import NonFiniteLossGuardMixin
@@ -22,10 +23,16 @@ class DPOTrainer(InterruptibleTrainMixin, NonFiniteLossGuardMixin, AtomicCheckpo
     `train(resume_from_checkpoint=True)` takes the latest complete one; SIGINT/SIGTERM save a checkpoint at the end
     of the current optimizer step and raise :class:`trl_ext.runtime.interruption.TrainingInterrupted`; a NaN/inf loss raises
     :class:`trl_ext.runtime.nonfinite.NonFiniteError` after saving the state before the step.
+
+    Parameter dtypes stay as loaded (:class:`trl_ext.models.dtypes.KeptParameterDtypes`): TRL casts the trainable
+    parameters of a quantized model to bfloat16, trl-ext keeps them float32; with `fp16` every trainable parameter
+    is float32.
     """
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, model=None, *args, **kwargs):
+        kept = KeptParameterDtypes(model)  # TRL casts a quantized model's trainables to bfloat16
+        super().__init__(model, *args, **kwargs)
+        kept.restore(self.model, fp16=self.args.fp16)
         if self.args.label_smoothing > 0.0 and "sigmoid" in self.loss_types:
             # DPOConfig guarantees that no other loss type reads label_smoothing in this case.
             self.loss_types = ["robust" if t == "sigmoid" else t for t in self.loss_types]

@@ -9,6 +9,7 @@ from trl import RewardTrainer as _TRLRewardTrainer
 from trl.data_utils import get_dataset_column_names
 from trl.trainer.utils import get_config_model_id, pad
 
+from ..models.dtypes import KeptParameterDtypes
 from ..runtime.checkpoints import AtomicCheckpointMixin
 from ..runtime.interruption import InterruptibleTrainMixin
 from ..runtime.nonfinite import NonFiniteLossGuardMixin
@@ -36,6 +37,9 @@ class RewardTrainer(InterruptibleTrainMixin, NonFiniteLossGuardMixin, AtomicChec
       `train(resume_from_checkpoint=True)` takes the latest complete one; SIGINT/SIGTERM save a checkpoint at the
       end of the current optimizer step and raise :class:`trl_ext.runtime.interruption.TrainingInterrupted`; a NaN/inf
       loss raises :class:`trl_ext.runtime.nonfinite.NonFiniteError` after saving the state before the step.
+    - Parameter dtypes stay as loaded (:class:`trl_ext.models.dtypes.KeptParameterDtypes`): TRL casts the trainable
+      parameters of a quantized model to bfloat16, trl-ext keeps them float32; with `fp16` every trainable
+      parameter is float32.
 
     Args:
         *args, **kwargs: as for [`trl.RewardTrainer`].
@@ -58,7 +62,9 @@ class RewardTrainer(InterruptibleTrainMixin, NonFiniteLossGuardMixin, AtomicChec
         elif not isinstance(bound["args"], RewardConfig):
             raise TypeError(f"`args` must be a trl_ext.RewardConfig, got {type(bound['args']).__name__}")
         user_collator = bound.get("data_collator")
+        kept = KeptParameterDtypes(bound.get("model"))  # TRL casts a quantized model's trainables to bfloat16
         super().__init__(**bound)
+        kept.restore(self.model, fp16=self.args.fp16)
         if user_collator is None:
             self.data_collator = DataCollatorForRankedPreference(
                 pad_token_id=self.processing_class.pad_token_id, pad_to_multiple_of=self.args.pad_to_multiple_of

@@ -59,6 +59,13 @@ class PipelineArguments:
         reinit_score_head (`bool`, *optional*, defaults to `False`):
             Reward training: start from a fresh one-output score head even if the checkpoint has a head with more
             outputs (passed to `trl_ext.models.load_scalar_model(reinit_head=...)`).
+        upcast_non_quantized (`bool`, *optional*, defaults to `True`):
+            Quantized (4/8-bit) models: `True` makes the weights that stay unquantized (embeddings, LM head, norms)
+            float32, as peft's `prepare_model_for_kbit_training` does, so activations and the KV cache are
+            float32; `False` keeps them in `dtype` (the 4-bit compute dtype, e.g. bfloat16): about half the memory
+            for those weights and the activations, faster. Norms compute in float32 inside either way; LoRA weights,
+            score heads that train and their optimizer states stay float32. Applies to every model of the run
+            (policy, reference, reward, value, shared base). See `docs/dtypes.md`.
         value_model_path (`str`, *optional*):
             PPO: checkpoint of the value model. Defaults to `reward_model_path`.
         value_reinit_score_head (`bool`, *optional*, defaults to `False`):
@@ -95,6 +102,10 @@ class PipelineArguments:
     )
     reinit_score_head: bool = field(
         default=False, metadata={"help": "Reward training: re-initialise the score head with one output."}
+    )
+    upcast_non_quantized: bool = field(
+        default=True,
+        metadata={"help": "Quantized models: float32 embeddings, LM head, norms (peft's upcast); false keeps dtype."},
     )
     value_model_path: Optional[str] = field(
         default=None, metadata={"help": "PPO: value model checkpoint (defaults to reward_model_path)."}

@@ -99,14 +99,15 @@ def open_ptx_dataset(recipe: Recipe):
     return ptx_texts(ds, p.ptx_text_column)
 
 
-def load_scalar_checkpoint(model_args, *, trainable: bool, reinit_head: bool = False, tokenizer=None):
+def load_scalar_checkpoint(model_args, *, trainable: bool, reinit_head: bool = False, tokenizer=None,
+                           upcast_non_quantized: bool = True):
     """A reward/value model from ``model_args``; also from a LoRA reward checkpoint (an adapter directory, as a
     reward recipe with ``use_peft`` writes), which ``load_scalar_model`` cannot read alone.
 
     For an adapter directory the base model named in its ``adapter_config.json`` is loaded with ``model_args``'
     quantization and the saved adapter and score head are put on top: frozen for a reward model; for a value
     model (``trainable``) the same adapter keeps training when ``use_peft`` is set (else it is merged into an
-    unquantized base, which then trains in full).
+    unquantized base, which then trains in full). ``upcast_non_quantized``: as in ``load_scalar_model``.
     """
     import dataclasses
     import json
@@ -114,8 +115,11 @@ def load_scalar_checkpoint(model_args, *, trainable: bool, reinit_head: bool = F
     path = model_args.model_name_or_path
     adapter = Path(path or "") / "adapter_config.json"
     if not (adapter.is_file() and not (Path(path) / "config.json").exists()):
-        return load_scalar_model(model_args, reinit_head=reinit_head, tokenizer=tokenizer)
+        return load_scalar_model(model_args, reinit_head=reinit_head, tokenizer=tokenizer,
+                                 upcast_non_quantized=upcast_non_quantized)
     from peft import PeftModel
+
+    from ..models.dtypes import float32_trainable_parameters
 
     base = json.loads(adapter.read_text()).get("base_model_name_or_path")
     if not base:
@@ -128,11 +132,14 @@ def load_scalar_checkpoint(model_args, *, trainable: bool, reinit_head: bool = F
     base_args = dataclasses.replace(model_args, model_name_or_path=resolve_model_path(base), use_peft=False)
     # a trained adapter on a quantized base gets activation checkpointing, as load_scalar_model gives QLoRA models
     checkpointing = True if trainable and quantized and model_args.use_peft else None
-    model = load_scalar_model(base_args, tokenizer=tokenizer, gradient_checkpointing=checkpointing)
+    model = load_scalar_model(base_args, tokenizer=tokenizer, gradient_checkpointing=checkpointing,
+                              upcast_non_quantized=upcast_non_quantized)
     model = PeftModel.from_pretrained(model, path, is_trainable=trainable and model_args.use_peft)
     if trainable and not model_args.use_peft:
         model = model.merge_and_unload()
         model.requires_grad_(True)
+    else:
+        float32_trainable_parameters(model)  # the score head peft copied from the base (trl_ext.models.dtypes)
     return model
 
 
@@ -169,7 +176,7 @@ def train_sft(recipe: Recipe):
     train_ds, eval_ds = open_datasets(recipe)
     model_args = _resolved(recipe.model_args)
     tokenizer = load_tokenizer(model_args)
-    model = load_policy(model_args, tokenizer=tokenizer)
+    model = load_policy(model_args, tokenizer=tokenizer, upcast_non_quantized=recipe.pipeline.upcast_non_quantized)
     trainer = SFTTrainer(model=model, args=recipe.training_args, train_dataset=train_ds, eval_dataset=eval_ds,
                          processing_class=tokenizer)
     trainer.train(resume_from_checkpoint=_resume_arg(recipe))
@@ -184,7 +191,8 @@ def train_reward(recipe: Recipe):
     train_ds, eval_ds = open_datasets(recipe)
     model_args = _resolved(recipe.model_args)
     tokenizer = load_tokenizer(model_args)
-    model = load_scalar_model(model_args, reinit_head=recipe.pipeline.reinit_score_head, tokenizer=tokenizer)
+    model = load_scalar_model(model_args, reinit_head=recipe.pipeline.reinit_score_head, tokenizer=tokenizer,
+                              upcast_non_quantized=recipe.pipeline.upcast_non_quantized)
     trainer = RewardTrainer(model=model, args=recipe.training_args, train_dataset=train_ds, eval_dataset=eval_ds,
                             processing_class=tokenizer)
     trainer.train(resume_from_checkpoint=_resume_arg(recipe))
@@ -202,7 +210,7 @@ def train_dpo(recipe: Recipe):
     train_ds, eval_ds = open_datasets(recipe)
     model_args = _resolved(recipe.model_args)
     tokenizer = load_tokenizer(model_args)
-    model = load_policy(model_args, tokenizer=tokenizer)
+    model = load_policy(model_args, tokenizer=tokenizer, upcast_non_quantized=recipe.pipeline.upcast_non_quantized)
     trainer = DPOTrainer(model=model, ref_model=None, args=recipe.training_args, train_dataset=train_ds,
                          eval_dataset=eval_ds, processing_class=tokenizer)
     trainer.train(resume_from_checkpoint=_resume_arg(recipe))
@@ -234,22 +242,25 @@ def train_ppo(recipe: Recipe):
     if eval_ds is not None:
         eval_ds = tokenize_prompts(eval_ds, tokenizer, num_proc=args.dataset_num_proc)
 
-    policy = load_policy(model_args, tokenizer=tokenizer)
+    upcast = recipe.pipeline.upcast_non_quantized
+    policy = load_policy(model_args, tokenizer=tokenizer, upcast_non_quantized=upcast)
     ref_model = None  # TRL: the policy with its adapter disabled (LoRA), else a frozen copy of the policy
     if not model_args.use_peft and is_deepspeed_zero3_enabled():
         # TRL's copy (create_reference_model) refuses ZeRO-3's partitioned parameters: load the reference itself
-        ref_model = load_policy(model_args, tokenizer=tokenizer)
+        ref_model = load_policy(model_args, tokenizer=tokenizer, upcast_non_quantized=upcast)
     if recipe.pipeline.shared_base:
         reward_model, value_model = shared_base_scalar_models(recipe, policy)
     else:
         reward_args = _resolved(recipe.reward_model_args)
-        reward_model = load_scalar_checkpoint(reward_args, trainable=False, tokenizer=tokenizer)
+        reward_model = load_scalar_checkpoint(reward_args, trainable=False, tokenizer=tokenizer,
+                                              upcast_non_quantized=upcast)
         reward_model.eval()
         for p in reward_model.parameters():
             p.requires_grad_(False)
         value_args = _resolved(recipe.value_model_args)
         value_model = load_scalar_checkpoint(value_args, trainable=True, tokenizer=tokenizer,
-                                             reinit_head=recipe.pipeline.value_reinit_score_head)
+                                             reinit_head=recipe.pipeline.value_reinit_score_head,
+                                             upcast_non_quantized=upcast)
 
     trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=ref_model,
                          reward_model=reward_model, value_model=value_model, train_dataset=train_ds,

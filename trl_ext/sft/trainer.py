@@ -3,6 +3,7 @@
 from trl import SFTConfig
 from trl import SFTTrainer as _TRLSFTTrainer
 
+from ..models.dtypes import KeptParameterDtypes
 from ..runtime.checkpoints import AtomicCheckpointMixin
 from ..runtime.interruption import InterruptibleTrainMixin
 from ..runtime.nonfinite import NonFiniteLossGuardMixin
@@ -21,4 +22,13 @@ class SFTTrainer(InterruptibleTrainMixin, NonFiniteLossGuardMixin, AtomicCheckpo
     SIGINT/SIGTERM save a checkpoint at the end of the current optimizer step and raise
     :class:`trl_ext.runtime.interruption.TrainingInterrupted`; a NaN/inf loss raises
     :class:`trl_ext.runtime.nonfinite.NonFiniteError` after saving the state before the step.
+
+    Parameter dtypes stay as loaded (:class:`trl_ext.models.dtypes.KeptParameterDtypes`): TRL casts the trainable
+    parameters of a quantized model to bfloat16, trl-ext keeps them float32; with `fp16` every trainable parameter
+    is float32.
     """
+
+    def __init__(self, model=None, *args, **kwargs):
+        kept = KeptParameterDtypes(model)  # TRL casts a quantized model's trainables to bfloat16
+        super().__init__(model, *args, **kwargs)
+        kept.restore(self.model, fp16=self.args.fp16)
