@@ -5,11 +5,11 @@ The pipeline of benchmarks/gold_reward.py (data, random base, SFT, 1000 noisy pr
 model), then PPO (recipes/gold/ppo.yaml: 16 responses per update, 4 PPO epochs, 2 mini-batches, lr 3e-4, KL coefficient
 0.05) with each advantage estimator; the group estimators sample each prompt k = 4 times (4 prompts x 4 samples per
 update, where GAE and plain REINFORCE++ see 16 prompts once). The KL coefficient is 0.05 everywhere: in the reward for
-GAE, RLOO and REINFORCE++, in the loss (k3, GRPO's own choice) for GRPO. Every checkpoint is evaluated by
+GAE, RLOO and REINFORCE++, for GRPO both in the loss (k3, GRPO's own choice) and in the reward. Every checkpoint is evaluated by
 recipes/gold/gold_eval.py: gold reward, proxy reward, KL to the SFT model, LM loss. Also measured per run: wall time
 per update (the trainer's time/rollout + time/scoring + time/optimization) and the peak anonymous RSS of the run.
 
-    python benchmarks/gold_critic_free.py            # 48 updates x 5 estimators x 3 seeds (about 15 min under load)
+    python benchmarks/gold_critic_free.py            # 48 updates x 6 variants x 3 seeds (about 9 min under load)
     python benchmarks/gold_critic_free.py --quick    # 24 updates, 1 seed
 
 Writes benchmarks/results/gold_critic_free.json and benchmarks/figures/gold_critic_free.png.
@@ -34,6 +34,7 @@ ESTIMATORS = {
     "GAE (value model)": {},
     f"RLOO k={K}": {"advantage_estimator": "rloo", "num_samples_per_prompt": K},
     f"GRPO k={K} (KL in loss)": {"advantage_estimator": "grpo", "num_samples_per_prompt": K},
+    f"GRPO k={K} (KL in reward)": {"advantage_estimator": "grpo", "num_samples_per_prompt": K, "kl_in": "reward"},
     "REINFORCE++": {"advantage_estimator": "reinforce_pp"},
     f"REINFORCE++-baseline k={K}": {"advantage_estimator": "reinforce_pp_baseline", "num_samples_per_prompt": K},
 }
