@@ -241,7 +241,8 @@ def test_nan_loss_is_caught_before_backward(tiny_models, tok, data, tmp_path):
     assert (tmp_path / "checkpoint-1" / "trl_ext_ppo_state_0.pt").is_file()
 
 
-def test_nan_loss_after_an_optimizer_step_names_the_last_checkpoint(tiny_models, tok, data, tmp_path):
+@pytest.mark.parametrize("variant", ["full", "critic_free"])
+def test_nan_loss_after_an_optimizer_step_names_the_last_checkpoint(tiny_models, tok, data, tmp_path, variant):
     import trl_ext
     from trl_ext.runtime.nonfinite import NonFiniteError
 
@@ -252,7 +253,7 @@ def test_nan_loss_after_an_optimizer_step_names_the_last_checkpoint(tiny_models,
                 out.loss = out.loss * float("nan")
             return out
 
-    trainer = make_trainer(tiny_models, tok, data, tmp_path, "full", trainer_cls=NaNOnSecondStep,
+    trainer = make_trainer(tiny_models, tok, data, tmp_path, variant, trainer_cls=NaNOnSecondStep,
                            save_strategy="steps", save_steps=1, total_episodes=8)
     with pytest.raises(NonFiniteError, match="weights had already changed in this update") as caught:
         trainer.train()
