@@ -88,7 +88,7 @@ def recording_trainer():
     return Recording
 
 
-@pytest.mark.parametrize("estimator", ["rloo", "grpo", "reinforce_pp_baseline"])
+@pytest.mark.parametrize("estimator", ["rloo", "grpo", "reinforce_pp", "reinforce_pp_baseline"])
 def test_groups_and_advantages_in_the_trainer(tiny_models, tok, data, tmp_path, estimator):
     """Each prompt sampled k = 2 times in consecutive rows; the advantages are the estimator's on the trainer's own
     scores and KL; no value model is trained, saved or logged."""
@@ -111,8 +111,9 @@ def test_groups_and_advantages_in_the_trainer(tiny_models, tok, data, tmp_path, 
         assert not torch.equal(rollout.queries[0], rollout.queries[2])
         mask = ~rollout.padding_mask
         kl_coef = rollout.kl_coef if trainer.args.kl_in == "reward" else 0.0
-        if estimator == "reinforce_pp_baseline":
-            expected = reinforce_pp_advantages(rollout.scores, rollout.kl, kl_coef, mask, group_size=2)
+        if estimator.startswith("reinforce_pp"):
+            group_size = 2 if estimator == "reinforce_pp_baseline" else None
+            expected = reinforce_pp_advantages(rollout.scores, rollout.kl, kl_coef, mask, group_size=group_size)
         else:
             rewards = rollout.scores - kl_coef * (rollout.kl * mask).sum(1)
             fn = rloo_advantages if estimator == "rloo" else grpo_advantages
