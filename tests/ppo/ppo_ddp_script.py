@@ -1,9 +1,11 @@
 """Run by test_ppo_ddp.py under `torchrun --nproc_per_node 2`: a LoRA-policy PPO run with the extensions on.
 
-Usage: ppo_ddp_script.py TINY_MODELS_DIR OUT_DIR [trl|joint|separate|shared [REWARD_ADAPTER]]. Each rank writes
+Usage: ppo_ddp_script.py TINY_MODELS_DIR OUT_DIR [trl|joint|separate|shared [REWARD_ADAPTER]|critic_free]. Each rank writes
 OUT_DIR/rank{N}.json with its logged kl_coef values and a checksum of its trainable weights. `trl` runs TRL's own
 trainer; `joint` (default) and `separate` pick trl_ext's ptx_mode; `shared` (joint ptx) puts the reward and value
-models as adapters on the policy's base (from REWARD_ADAPTER), saves checkpoint-2 and also resumes from it.
+models as adapters on the policy's base (from REWARD_ADAPTER), saves checkpoint-2 and also resumes from it;
+`critic_free` (joint ptx) trains with REINFORCE++-baseline (2 samples per prompt, no value model) and also writes
+the first update's advantages and response masks.
 """
 
 import hashlib
@@ -43,12 +45,23 @@ def main():
         from trl_ext import PPOConfig, PPOTrainer
 
         kwargs.update(kl_controller="adaptive", kl_target=0.01, kl_horizon=8, value_clip="mean", ptx_coef=0.5,
-                      ptx_max_length=16, ptx_mode=mode)
+                      ptx_max_length=16, ptx_mode="joint" if mode == "critic_free" else mode)
         extra = {"ptx_dataset": ptx_dataset()}
     if mode == "shared":
         result = run_shared(tiny, tok, out, Path(sys.argv[4]), kwargs, extra)
         (out / f"rank{result['rank']}.json").write_text(json.dumps(result))
         return
+    rollouts = []
+    if mode == "critic_free":
+        kwargs.update(advantage_estimator="reinforce_pp_baseline", num_samples_per_prompt=2)
+        value = None
+
+        class Recording(PPOTrainer):
+            def compute_advantages(self, rollout):
+                super().compute_advantages(rollout)
+                rollouts.append(rollout)
+
+        PPOTrainer = Recording  # noqa: N806
     trainer = PPOTrainer(
         args=PPOConfig(**kwargs), processing_class=tok, model=policy, ref_model=None, reward_model=reward,
         train_dataset=prompt_dataset(tok), value_model=value,
@@ -56,6 +69,10 @@ def main():
     )
     trainer.train()
     result = summary(trainer)
+    if rollouts:
+        result["advantages"] = rollouts[0].advantages.tolist()
+        result["mask"] = (~rollouts[0].padding_mask).tolist()
+        result["queries"] = rollouts[0].queries.tolist()
     (out / f"rank{result['rank']}.json").write_text(json.dumps(result))
 
 

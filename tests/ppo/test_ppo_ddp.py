@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -47,3 +49,29 @@ def test_shared_base_ppo_under_ddp_identical_ranks_and_resume(tiny_models, rewar
     files = ranks[0]["checkpoint_files"]
     assert "adapter_model.safetensors" in files and "reward" not in files and "value" not in files
     assert ranks[0]["value_model_files"] == ["adapter_config.json", "adapter_model.safetensors"]
+
+
+def test_critic_free_ppo_under_ddp_whitens_over_both_processes(tiny_models, tmp_path):
+    """REINFORCE++-baseline (2 samples per prompt, no value model) with ptx and adaptive KL on 2 processes: identical
+    ranks, and the advantages are whitened over the tokens of both processes together (not each alone)."""
+    import torch
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(ROOT / "tests" / "ppo" / "ppo_ddp_script.py"), str(tiny_models.root), str(tmp_path), "critic_free"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert ranks[0]["checksum"] == ranks[1]["checksum"] and ranks[0]["kl_coef"] == ranks[1]["kl_coef"]
+    assert ranks[0]["kl_coef"][1] != 0.05 and len(ranks[0]["ptx_losses"]) == 2
+    for rank in ranks:  # each process: one prompt, sampled twice
+        assert rank["queries"][0] == rank["queries"][1]
+    assert ranks[0]["queries"][0] != ranks[1]["queries"][0]
+    counted = [torch.tensor(r["advantages"])[torch.tensor(r["mask"])] for r in ranks]
+    together = torch.cat(counted)
+    assert together.mean().item() == pytest.approx(0.0, abs=1e-5)
+    assert together.std().item() == pytest.approx(1.0, abs=1e-4)
+    # whitened on its own, each process's tokens would have std 1
+    assert max(abs(c.std().item() - 1) for c in counted) > 1e-2

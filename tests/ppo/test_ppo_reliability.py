@@ -45,14 +45,15 @@ SHARED = {}
 def make_trainer(tiny_models, tok, data, out, variant, trainer_cls=None, callbacks=None, reward_model=None,
                  **overrides):
     """Adaptive KL and joint ptx on; `full` has its own reference model, `lora` a LoRA policy (reference = adapters
-    off), `shared` a LoRA policy whose base also carries the reward and value models as adapters. The same seed
-    every time, so two trainers made alike start alike."""
+    off), `shared` a LoRA policy whose base also carries the reward and value models as adapters, `critic_free` the
+    same with GRPO (2 samples per prompt, KL in the loss) and no value adapter. The same seed every time, so two
+    trainers made alike start alike."""
     import trl_ext
 
     seed_all(0)
     policy, value, reward = load_models(tiny_models)
     ref = load_models(tiny_models)[0] if variant == "full" else None
-    if variant == "shared":
+    if variant in ("shared", "critic_free"):
         from peft import get_peft_model
 
         from trl_ext.models.shared_base import add_scalar_adapter
@@ -62,6 +63,9 @@ def make_trainer(tiny_models, tok, data, out, variant, trainer_cls=None, callbac
         value = add_scalar_adapter(policy, "value", source=SHARED["adapter"], trainable=True)
     kwargs = dict(total_episodes=4 * N_UPDATES, kl_controller="adaptive", kl_target=0.01, kl_horizon=8,
                   ptx_coef=0.5, ptx_max_length=16)
+    if variant == "critic_free":
+        value = None
+        kwargs.update(advantage_estimator="grpo", num_samples_per_prompt=2)
     kwargs.update(overrides)
     return (trainer_cls or trl_ext.PPOTrainer)(
         args=trl_ext.PPOConfig(**config_kwargs(out, **kwargs)), processing_class=tok, model=policy, ref_model=ref,
@@ -94,7 +98,7 @@ def reference_runs(tiny_models, tok, data, tmp_path_factory):
     """Uninterrupted runs of N_UPDATES updates, with checkpoints, for a full and a LoRA policy."""
     runs = {}
     for variant, save in (("full", dict(save_steps=3)), ("lora", dict(save_steps=2, save_total_limit=2)),
-                          ("shared", dict(save_steps=2, save_total_limit=2))):
+                          ("shared", dict(save_steps=2, save_total_limit=2)), ("critic_free", dict(save_steps=2))):
         out = tmp_path_factory.mktemp(f"reference_{variant}")
         trainer = make_trainer(tiny_models, tok, data, out, variant, save_strategy="steps", **save)
         trainer.train()
@@ -102,7 +106,7 @@ def reference_runs(tiny_models, tok, data, tmp_path_factory):
     return runs
 
 
-@pytest.mark.parametrize("variant, checkpoint_step", [("full", 3), ("lora", 4), ("shared", 4)])
+@pytest.mark.parametrize("variant, checkpoint_step", [("full", 3), ("lora", 4), ("shared", 4), ("critic_free", 2)])
 def test_resumed_run_logs_the_same_numbers(tiny_models, tok, data, tmp_path, reference_runs, variant,
                                            checkpoint_step):
     ref_dir, ref_logs, ref_weights = reference_runs[variant]
@@ -151,9 +155,15 @@ def test_checkpoints_are_complete_and_rotated(reference_runs):
 
     with safe_open(shared / "value_model" / "adapter_model.safetensors", "pt") as f:
         assert "base_model.model.score.weight" in set(f.keys())
+    # critic-free: the policy's adapter, no value model, and the 2 prompts per update in the prompt stream's position
+    critic_free = reference_runs["critic_free"][0] / "checkpoint-2"
+    assert (critic_free / "adapter_model.safetensors").is_file() and not (critic_free / "value_model").exists()
+    extra = torch.load(critic_free / "trl_ext_ppo_state_0.pt", weights_only=True)
+    assert extra["prompt_stream"]["batches_in_epoch"] == 2  # 8 prompts, 2 per update: an epoch is 4 updates
+    assert all("loss/kl_avg" in e and "val/ratio" not in e for e in reference_runs["critic_free"][1])
 
 
-@pytest.mark.parametrize("variant", ["full", "shared"])
+@pytest.mark.parametrize("variant", ["full", "shared", "critic_free"])
 def test_sigterm_saves_a_checkpoint_that_resumes(tiny_models, tok, data, tmp_path, reference_runs, variant):
     from trl_ext.runtime.interruption import TrainingInterrupted
 
@@ -202,18 +212,19 @@ def test_nan_scores_stop_with_the_state_before_the_update(tiny_models, tok, data
     assert_same_updates(reference_runs["full"][1], update_logs(resumed), 3)
 
 
-def test_nan_scores_of_a_shared_base_reward_adapter(tiny_models, tok, data, tmp_path, reference_runs):
+@pytest.mark.parametrize("variant", ["shared", "critic_free"])
+def test_nan_scores_of_a_shared_base_reward_adapter(tiny_models, tok, data, tmp_path, reference_runs, variant):
     """The reward adapter's head turns NaN after update 2: caught, state before update 3 saved, and it resumes."""
     from trl_ext.runtime.nonfinite import NonFiniteError
 
-    trainer = make_trainer(tiny_models, tok, data, tmp_path, "shared", save_strategy="no")
+    trainer = make_trainer(tiny_models, tok, data, tmp_path, variant, save_strategy="no")
     trainer.add_callback(PoisonAfterStep(trainer.reward_model.score, 2))
     with pytest.raises(NonFiniteError, match=r"^update 3: objective/scores contains NaN \(4 of 4 rollouts\)") as caught:
         trainer.train()
     assert caught.value.saved and caught.value.checkpoint == str(tmp_path / "checkpoint-2")
-    resumed = make_trainer(tiny_models, tok, data, tmp_path, "shared", save_strategy="no")
+    resumed = make_trainer(tiny_models, tok, data, tmp_path, variant, save_strategy="no")
     resumed.train(resume_from_checkpoint=caught.value.checkpoint)
-    assert_same_updates(reference_runs["shared"][1], update_logs(resumed), 3)
+    assert_same_updates(reference_runs[variant][1], update_logs(resumed), 3)
 
 
 def test_nan_loss_is_caught_before_backward(tiny_models, tok, data, tmp_path):
@@ -230,7 +241,8 @@ def test_nan_loss_is_caught_before_backward(tiny_models, tok, data, tmp_path):
     assert (tmp_path / "checkpoint-1" / "trl_ext_ppo_state_0.pt").is_file()
 
 
-def test_nan_loss_after_an_optimizer_step_names_the_last_checkpoint(tiny_models, tok, data, tmp_path):
+@pytest.mark.parametrize("variant", ["full", "critic_free"])
+def test_nan_loss_after_an_optimizer_step_names_the_last_checkpoint(tiny_models, tok, data, tmp_path, variant):
     import trl_ext
     from trl_ext.runtime.nonfinite import NonFiniteError
 
@@ -241,7 +253,7 @@ def test_nan_loss_after_an_optimizer_step_names_the_last_checkpoint(tiny_models,
                 out.loss = out.loss * float("nan")
             return out
 
-    trainer = make_trainer(tiny_models, tok, data, tmp_path, "full", trainer_cls=NaNOnSecondStep,
+    trainer = make_trainer(tiny_models, tok, data, tmp_path, variant, trainer_cls=NaNOnSecondStep,
                            save_strategy="steps", save_steps=1, total_episodes=8)
     with pytest.raises(NonFiniteError, match="weights had already changed in this update") as caught:
         trainer.train()

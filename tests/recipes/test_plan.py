@@ -144,3 +144,15 @@ def test_demo_recipe_on_the_tiny_policy(tiny_models):
     assert replace(plan.shape, name="") == replace(shape, name="")
     assert plan.fits and plan.budget.peak == ppo_memory_budget(plan.shape, plan.run, shared=True).peak
     assert plan.fastest == {"local_rollout_forward_batch_size": plan.run.batch}
+
+
+def test_critic_free_recipe_is_planned_without_a_value_model(llama_8b):
+    """An advantage_estimator without a critic holds no value adapter: the plan's budget is memory_budget's with
+    value_model=False, smaller than the GAE plan's."""
+    overrides = ["--model_name_or_path", str(llama_8b)]
+    gae = make_plan(SHARED, overrides, gpu_memory=24)
+    rloo = make_plan(SHARED, overrides + ["--advantage_estimator", "rloo", "--num_samples_per_prompt", "4"],
+                     gpu_memory=24)
+    expected = ppo_memory_budget(LLAMA_3_8B, recipe_run(), shared=True, value_model=False)
+    assert rloo.budget.parts == expected.parts and rloo.budget.peak == expected.peak
+    assert rloo.budget.peak < gae.budget.peak

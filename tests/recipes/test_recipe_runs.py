@@ -91,6 +91,22 @@ def test_ppo_demo_learns(demo_reward, tmp_path):
     assert {"model.safetensors", "tokenizer.json", "trl_ext_recipe.yaml", "trainer_state.json"} <= names
 
 
+def test_ppo_rloo_demo_learns_without_a_value_model(demo_reward, tmp_path):
+    """The shipped critic-free demo (RLOO, 4 samples per prompt, no value model) learns as ppo.yaml does."""
+    out = tmp_path / "ppo_rloo"
+    trainer = train(DEMO / "ppo_rloo.yaml", "--output_dir", out, "--reward_model_path", demo_reward)
+    logs = [h for h in history(out) if "objective/scores" in h]
+    scores = [h["objective/scores"] for h in logs]
+    assert len(scores) == 32
+    first, last = sum(scores[:8]) / 8, sum(scores[-8:]) / 8
+    assert first < -1.0 and last > 1.5, (first, last)
+    assert not [key for key in logs[0] if key.startswith("val/")] and "objective/frac_groups_equal_scores" in logs[0]
+    from trl_ext.ppo.critic_free import NoValueModel
+
+    assert isinstance(trainer.accelerator.unwrap_model(trainer.model).value_model, NoValueModel)
+    assert "value_model" not in {p.name for p in out.iterdir()}
+
+
 @pytest.fixture(scope="module")
 def demo_reward_lora(tiny_env, tmp_path_factory):
     """recipes/demo/reward_lora.yaml for one epoch (16 steps): a LoRA reward adapter on the tiny policy's base."""

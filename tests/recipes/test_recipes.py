@@ -457,10 +457,38 @@ def test_shared_base_refuses_an_adapter_of_another_base(shared, tmp_path, reward
 def test_demo_recipes_pass_check(capsys, monkeypatch, tmp_path, tiny_models, reward_adapter):
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("TRL_EXT_TINY_DIR", str(tiny_models.root))
-    for name in ("reward", "reward_lora", "dpo", "ppo", "ppo_shared"):
-        extra = {"ppo": ["--reward_model_path", "tiny://reward"],
+    for name in ("reward", "reward_lora", "dpo", "ppo", "ppo_shared", "ppo_rloo"):
+        extra = {"ppo": ["--reward_model_path", "tiny://reward"], "ppo_rloo": ["--reward_model_path", "tiny://reward"],
                  "ppo_shared": ["--reward_model_path", str(reward_adapter)]}.get(name, [])
         assert main(["check", str(DEMO / f"{name}.yaml"), "--output_dir", str(tmp_path / name), *extra]) == 0
     out = capsys.readouterr().out
     assert "trainer: ppo" in out and "# value model: tiny://reward (float32)" in out
     assert f"# shared base tiny://policy: policy adapter; reward: adapter {reward_adapter} (frozen)" in out
+
+
+def test_critic_free_recipe_has_no_value_model_and_refuses_value_keys(tmp_path):
+    keys = ppo_keys(tmp_path, advantage_estimator="grpo", num_samples_per_prompt=2)
+    recipe = resolve_recipe(write_recipe(tmp_path, **keys))
+    assert recipe.value_model_args is None and recipe.training_args.kl_in == "loss"
+    message = error_of(write_recipe(tmp_path, **keys, value_model_path="tiny://reward"))
+    assert message == ("recipe: key 'value_model_path' configures the value model, but advantage_estimator 'grpo' "
+                       "uses none; remove the key (or use advantage_estimator: gae)")
+    assert error_of(write_recipe(tmp_path, **keys), ["--value_load_in_4bit", "true"]).startswith(
+        "recipe: key 'value_load_in_4bit' configures the value model")
+    message = error_of(write_recipe(tmp_path, **ppo_keys(tmp_path, advantage_estimator="rloo")))
+    assert message.startswith("num_samples_per_prompt: advantage_estimator 'rloo' compares the samples")
+
+
+def test_critic_free_shared_base_recipe_builds_no_value_adapter(shared, tiny_models):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from trl_ext.recipes.pipeline import shared_base_scalar_models
+
+    recipe = resolve_recipe(shared(advantage_estimator="rloo", num_samples_per_prompt=2))
+    assert recipe.value_model_args is None
+
+    policy = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_models.policy),
+                            LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    reward, value = shared_base_scalar_models(recipe, policy)
+    assert value is None and sorted(policy.peft_config) == ["default", "reward"]

@@ -5,13 +5,17 @@
 * ``config.py``: ``PPOConfig``, TRL's PPO fields plus the extensions, validated in ``__post_init__``.
 * ``base.py``: what those two extend, depending on the installed TRL: TRL's ``experimental.ppo`` classes (TRL
   1.10-1.12) or trl-ext's own base, ``base_trainer.py`` and ``base_config.py`` (TRL 1.13+, which has no PPO).
-* ``losses.py`` (clipped policy loss, value loss in three clip modes, ptx LM loss), ``advantages.py`` (GAE),
-  ``kl_controllers.py`` (fixed, adaptive, doubling): pure functions and small classes, each with its source.
+* ``losses.py`` (clipped policy loss, value loss in three clip modes, ptx LM loss, k3 KL loss), ``advantages.py``
+  (GAE, and the critic-free RLOO, GRPO/Dr. GRPO, REINFORCE++/-baseline), ``kl_controllers.py`` (fixed, adaptive,
+  doubling): pure functions and small classes, each with its source.
+* ``critic_free.py``: what the trainer's steps call for a critic-free ``advantage_estimator``: no value model,
+  ``num_samples_per_prompt`` groups, the estimators on a scored rollout, the group metrics.
 * ``sequences.py`` (sampling responses, truncation at the stop token, padded forward passes) and
   ``masked_stats.py`` (masked mean, variance, whitening): the tensor helpers of the steps, the same on every TRL.
 * ``rollout.py``: the containers passed between the steps of one update.
 * ``rollout_logprobs.py``: the sampled tokens' log-probs taken while ``generate`` samples them (no
-  ``(batch, length, vocab)`` scores tensor), and the reference pass's logits without every layer's hidden states.
+  ``(batch, length, vocab)`` scores tensor; TRL's path with that tensor for the configs it cannot rebuild), and the
+  reference pass's logits without every layer's hidden states.
 * ``memory_budget.py``: the bytes each part of a PPO run holds (weights, adapters, optimizer, rollout, scoring,
   training), from the model's shape and the run's settings; ``rollout_chunk.py``: ``local_rollout_forward_batch_size:
   auto``, the largest rollout/scoring chunk whose budget fits ``max_memory_gib``, chosen once from the loaded models.

@@ -1,8 +1,11 @@
-"""Generalised advantage estimation (GAE) for PPO, as a pure function.
+"""Advantage estimators for the PPO trainer, as pure functions.
 
-Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage Estimation", eq. 16:
-``delta_t = r_t + gamma * V_{t+1} - V_t`` (``V_T = 0`` after the last position) and
-``A_t = delta_t + gamma * lam * A_{t+1}``; returns ``R_t = A_t + V_t``. Same loop as TRL 1.12's PPO.
+`gae_advantages`: generalised advantage estimation (Schulman et al. 2016, "High-Dimensional Continuous Control Using
+Generalized Advantage Estimation", eq. 16): ``delta_t = r_t + gamma * V_{t+1} - V_t`` (``V_T = 0`` after the last
+position) and ``A_t = delta_t + gamma * lam * A_{t+1}``; returns ``R_t = A_t + V_t``. Same loop as TRL 1.12's PPO.
+
+Critic-free estimators (no value model), from k samples per prompt: `rloo_advantages`, `grpo_advantages` (and Dr.
+GRPO), `reinforce_pp_advantages` (and REINFORCE++-baseline); their formulas and papers are in their docstrings.
 """
 
 from __future__ import annotations
@@ -28,3 +31,105 @@ def gae_advantages(
     advantages = torch.stack(advantages_reversed[::-1], axis=1)
     returns = advantages + values
     return advantages, returns
+
+
+# ---------------------------------------------------------------------------------------------------- critic-free
+
+ADVANTAGE_ESTIMATORS = ("gae", "rloo", "grpo", "reinforce_pp", "reinforce_pp_baseline")
+"""Values of `PPOConfig.advantage_estimator`; all but `gae` need no value model."""
+GROUP_ESTIMATORS = ("rloo", "grpo", "reinforce_pp_baseline")
+"""Estimators whose baseline is the other samples of the same prompt: they need `num_samples_per_prompt >= 2`."""
+GRPO_STD_EPS = 1e-4
+"""`eps` of GRPO's `(r - mean) / (std + eps)` (TRL's `GRPOTrainer` uses 1e-4)."""
+
+
+def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``(batch,)`` -> ``(batch / group_size, group_size)``: the k samples of a prompt are consecutive rows."""
+    if rewards.dim() != 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards of shape {tuple(rewards.shape)} do not split into groups of {group_size}")
+    return rewards.view(-1, group_size)
+
+
+def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """REINFORCE Leave-One-Out (Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization for
+    Learning from Human Feedback in LLMs", eq. 5; Kool et al. 2019).
+
+    For the ``k = group_size`` samples of one prompt: ``A_i = r_i - 1/(k-1) * sum_{j != i} r_j``, one advantage per
+    sequence ``(batch,)``. A group of equal rewards gets 0 everywhere. ``rewards`` ``(batch,)``, groups consecutive.
+    """
+    if group_size < 2:
+        raise ValueError("rloo needs at least 2 samples per prompt")
+    grouped = _groups(rewards, group_size)
+    baseline = (grouped.sum(1, keepdim=True) - grouped) / (group_size - 1)
+    return (grouped - baseline).reshape(-1)
+
+
+def grpo_advantages(
+    rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = GRPO_STD_EPS
+) -> torch.Tensor:
+    """Group Relative Policy Optimization (Shao et al. 2024, "DeepSeekMath", sec. 4.1.2, outcome supervision).
+
+    ``A_i = (r_i - mean(r_group)) / (std(r_group) + eps)`` with the unbiased std of the group (as TRL's
+    ``GRPOTrainer`` and OpenRLHF compute it). ``scale_by_std=False`` is Dr. GRPO (Liu et al. 2025, "Understanding
+    R1-Zero-Like Training: A Critical Perspective", sec. 3.2): ``A_i = r_i - mean(r_group)``, no division, which
+    otherwise up-weights prompts whose rewards barely differ. One advantage per sequence ``(batch,)``.
+    """
+    if group_size < 2:
+        raise ValueError("grpo needs at least 2 samples per prompt")
+    grouped = _groups(rewards, group_size)
+    centered = grouped - grouped.mean(1, keepdim=True)
+    if scale_by_std:
+        centered = centered / (grouped.std(1, keepdim=True) + eps)
+    return centered.reshape(-1)
+
+
+def group_mean_baseline(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``r_i - mean(r_group)`` ``(batch,)``: the baseline of REINFORCE++-baseline (and of Dr. GRPO)."""
+    grouped = _groups(rewards, group_size)
+    return (grouped - grouped.mean(1, keepdim=True)).reshape(-1)
+
+
+def reinforce_pp_advantages(
+    scores: torch.Tensor,
+    kl: torch.Tensor,
+    kl_coef: float,
+    mask: torch.Tensor,
+    group_size: int | None = None,
+    reduce_sum=None,
+) -> torch.Tensor:
+    """REINFORCE++ (Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models",
+    sec. 3; OpenRLHF's ``reinforce`` / ``reinforce_baseline`` estimators).
+
+    Per-token reward ``r_t = -kl_coef * KL_t`` on every response token, plus the sequence's score on its last counted
+    token; advantages are the returns-to-go with gamma 1, ``G_t = sum_{s >= t} r_s``, whitened over every counted
+    token of the GLOBAL batch: ``A_t = (G_t - mean) / sqrt(var + 1e-8)`` (unbiased variance, as ``masked_whiten``).
+    With ``group_size`` (REINFORCE++-baseline) the score first becomes ``score - mean(score_group)``.
+
+    Args:
+        scores: ``(batch,)`` sequence scores.
+        kl: ``(batch, T)`` per-token KL estimate (0 where ``mask`` is False is not required: it is masked here).
+        kl_coef: ``beta``; 0 when the KL goes into the loss instead.
+        mask: ``(batch, T)`` True on the response tokens that count (each row at least one).
+        group_size: subtract the group mean of the scores first (``None``: plain REINFORCE++).
+        reduce_sum: sums a tensor over all processes (``accelerator.reduce(t, "sum")``); ``None`` = one process.
+    Returns ``(batch, T)`` advantages, 0 where ``mask`` is False.
+    """
+    if group_size is not None:
+        scores = group_mean_baseline(scores, group_size)
+    maskf = mask.to(kl.dtype)
+    rewards = -kl_coef * kl * maskf
+    last = (maskf.sum(1).long() - 1).clamp(min=0)
+    rewards[torch.arange(rewards.shape[0], device=rewards.device), last] += scores.to(rewards.dtype)
+    returns = rewards.flip(1).cumsum(1).flip(1) * maskf
+    moments = torch.stack([maskf.sum(), returns.sum(), (returns**2).sum()])
+    if reduce_sum is not None:
+        moments = reduce_sum(moments)
+    count, total, total_sq = moments[0], moments[1], moments[2]
+    mean = total / count
+    var = (total_sq / count - mean**2).clamp(min=0) * (count / (count - 1))
+    return (returns - mean) * torch.rsqrt(var + 1e-8) * maskf
+
+
+def sequence_advantages_to_tokens(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Broadcast one advantage per sequence ``(batch,)`` onto its counted tokens ``(batch, T)`` (0 elsewhere)."""
+    return advantages.unsqueeze(1) * mask.to(advantages.dtype)

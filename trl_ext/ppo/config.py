@@ -5,12 +5,14 @@ from typing import Literal
 
 from ..errors import UserInputError
 from ..runtime.engines import DEEPSPEED, FSDP, EngineOnCPUArgsMixin, launched_engine
+from .advantages import ADVANTAGE_ESTIMATORS, GROUP_ESTIMATORS
 from .base import ParentPPOConfig
 from .kl_controllers import KL_CONTROLLERS
 from .losses import VALUE_CLIP_MODES
 from .rollout_chunk import AUTO, rollout_chunk_value
 
 PTX_MODES = ("joint", "separate")
+KL_IN = ("reward", "loss")
 
 
 @dataclass
@@ -70,6 +72,24 @@ class PPOConfig(EngineOnCPUArgsMixin, ParentPPOConfig):
             Defaults, on CUDA, to the device's free memory when the trainer is built plus what this process's
             allocator already holds (`torch.cuda.mem_get_info`); required on other devices (the budget models a
             GPU's allocator, not a CPU process). With it set, the choice depends on the models and settings only.
+        advantage_estimator (`str`, *optional*, defaults to `"gae"`):
+            `"gae"` (TRL: a value model, GAE, advantages whitened per process) or a critic-free estimator (no value
+            model: pass `value_model=None`): `"rloo"` (leave-one-out baseline), `"grpo"` (group mean and std),
+            `"reinforce_pp"` (REINFORCE++: returns-to-go whitened over the global batch) or `"reinforce_pp_baseline"`
+            (group mean subtracted first). Formulas: :mod:`trl_ext.ppo.advantages`; guide: `docs/critic-free.md`.
+        num_samples_per_prompt (`int`, *optional*, defaults to `1`):
+            `k`: each prompt is sampled `k` times per update. The episodes per update and process stay
+            `per_device_train_batch_size * gradient_accumulation_steps` (`local_batch_size`), of which
+            `local_batch_size / k` distinct prompts, so `k` must divide it. `rloo`, `grpo` and
+            `reinforce_pp_baseline` need `k >= 2`.
+        kl_in (`str`, *optional*):
+            Where the KL to the reference goes: `"reward"` (a per-token penalty `-kl_coef * KL_t` in the reward, as
+            PPO; for `rloo`/`grpo` the sequence reward becomes `score - kl_coef * sum_t KL_t`) or `"loss"` (GRPO:
+            `kl_coef * masked_mean(k3)` of the current policy added to each micro-batch loss, logged as
+            `loss/kl_avg`). Defaults to `"loss"` for `grpo` and `"reward"` otherwise; `gae` takes `"reward"` only.
+            `kl_controller` sets `kl_coef` either way, from the rollout's `objective/kl`.
+        grpo_scale_by_std (`bool`, *optional*, defaults to `True`):
+            `grpo` only: divide by the group's std. `False` is Dr. GRPO (Liu et al. 2025): `A_i = r_i - mean`.
     """
 
     local_rollout_forward_batch_size: rollout_chunk_value = field(
@@ -125,6 +145,28 @@ class PPOConfig(EngineOnCPUArgsMixin, ParentPPOConfig):
         },
     )
 
+    advantage_estimator: Literal["gae", "rloo", "grpo", "reinforce_pp", "reinforce_pp_baseline"] = field(
+        default="gae",
+        metadata={"help": "'gae' (value model) or a critic-free one: 'rloo', 'grpo', 'reinforce_pp', "
+                  "'reinforce_pp_baseline'."},
+    )
+    num_samples_per_prompt: int = field(
+        default=1, metadata={"help": "Samples per prompt in each update (k); must divide the per-process batch."}
+    )
+    kl_in: Literal["reward", "loss"] | None = field(
+        default=None,
+        metadata={"help": "KL as a penalty in the 'reward' or a k3 term in the 'loss' (default: loss for grpo, "
+                  "reward otherwise)."},
+    )
+    grpo_scale_by_std: bool = field(
+        default=True, metadata={"help": "grpo: divide by the group std (False = Dr. GRPO)."}
+    )
+
+    @property
+    def critic_free(self) -> bool:
+        """True when the advantage estimator needs no value model (every one but `gae`)."""
+        return self.advantage_estimator != "gae"
+
     def __post_init__(self):
         # engine limits first: before accelerate's state is set up for that engine
         if launched_engine() == FSDP:
@@ -168,3 +210,35 @@ class PPOConfig(EngineOnCPUArgsMixin, ParentPPOConfig):
         for name in ("kl_coef", "vf_coef", "ptx_coef", "cliprange", "cliprange_value"):
             if getattr(self, name) < 0:
                 raise UserInputError(f"{name}: must not be negative, got {getattr(self, name)!r}")
+        self._check_advantage_estimator()
+
+    def _check_advantage_estimator(self) -> None:
+        """The critic-free keys: known values and combinations that make sense (before any model is loaded)."""
+        estimator, k = self.advantage_estimator, self.num_samples_per_prompt
+        if estimator not in ADVANTAGE_ESTIMATORS:
+            raise UserInputError(
+                f"advantage_estimator: unknown value {estimator!r}; use one of {', '.join(ADVANTAGE_ESTIMATORS)}"
+            )
+        if not (isinstance(k, int) and k >= 1):
+            raise UserInputError(f"num_samples_per_prompt: must be a positive integer, got {k!r}")
+        local_batch = self.per_device_train_batch_size * self.gradient_accumulation_steps
+        if local_batch % k:
+            raise UserInputError(
+                f"num_samples_per_prompt: {k} does not divide the episodes per update and process, "
+                f"per_device_train_batch_size * gradient_accumulation_steps = {local_batch}; use a divisor of it"
+            )
+        if estimator in GROUP_ESTIMATORS and k < 2:
+            raise UserInputError(
+                f"num_samples_per_prompt: advantage_estimator {estimator!r} compares the samples of a prompt and needs "
+                f"at least 2, got {k}"
+            )
+        if self.kl_in is None:
+            self.kl_in = "loss" if estimator == "grpo" else "reward"
+        if self.kl_in not in KL_IN:
+            raise UserInputError(f"kl_in: unknown value {self.kl_in!r}; use one of {', '.join(KL_IN)}")
+        if estimator == "gae" and self.kl_in != "reward":
+            raise UserInputError("kl_in: 'loss' needs a critic-free advantage_estimator; gae takes 'reward'")
+        if self.critic_free and self.whiten_rewards:
+            raise UserInputError(
+                f"whiten_rewards: applies to advantage_estimator 'gae' only, not {estimator!r}; set it to false"
+            )

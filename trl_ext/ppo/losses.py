@@ -105,3 +105,13 @@ def ptx_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: t
     target_logprobs = selective_log_softmax(logits[:, :-1].float(), input_ids[:, 1:])
     mask = attention_mask[:, 1:].bool()
     return -masked_mean(target_logprobs, mask)
+
+
+def kl_loss_k3(new_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """KL to the reference as a loss term (GRPO, Shao et al. 2024, eq. 4; the k3 estimator of Schulman 2020,
+    http://joschu.net/blog/kl-approx.html): ``masked_mean(exp(ref - logp) - (ref - logp) - 1)`` over the counted
+    tokens, with ``logp`` the current policy's (differentiable) log-probs. Non-negative; 0 when the two agree. The
+    trainer adds ``kl_coef *`` this to the loss when ``kl_in="loss"``.
+    """
+    log_ratio = ref_logprobs - new_logprobs
+    return masked_mean(torch.exp(log_ratio) - log_ratio - 1, mask)

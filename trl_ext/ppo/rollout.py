@@ -41,6 +41,10 @@ class Rollout:
     returns: torch.Tensor | None = None
     scores_clipfrac: torch.Tensor | None = None
     """Fraction of this process's scores clipped by `reward_clip` (set by ``clip_scores``; None when it is off)."""
+    kl_coef: float | None = None
+    """The KL coefficient of this update (set by ``compute_rewards``; the loss uses it when ``kl_in="loss"``)."""
+    estimator_stats: dict = field(default_factory=dict)
+    """Critic-free estimators' per-process quantities for the metrics (:mod:`trl_ext.ppo.critic_free`)."""
 
 
 @dataclass
@@ -53,6 +57,8 @@ class MicroBatchOutput:
     logits: torch.Tensor
     """Temperature-scaled response logits (for the entropy statistic)."""
     ptx_loss: torch.Tensor | None = None
+    kl_loss: torch.Tensor | None = None
+    """The k3 KL loss term before its coefficient (``kl_in="loss"`` only)."""
 
 
 @dataclass
@@ -70,6 +76,8 @@ class UpdateStats:
     ratio: torch.Tensor = field(init=False)
     ptx_losses: list = field(default_factory=list)
     """Every ptx LM loss computed in the update (joint: one per micro-batch; separate: one per optimizer step)."""
+    kl_losses: list = field(default_factory=list)
+    """Every k3 KL loss term of the update (``kl_in="loss"``: one per micro-batch)."""
 
     def __post_init__(self):
         for name in ("approxkl", "pg_clipfrac", "pg_loss", "vf_loss", "vf_clipfrac", "entropy", "ratio"):
@@ -90,3 +98,5 @@ class UpdateStats:
         self.ratio[index] = out.policy.ratio.mean()
         if out.ptx_loss is not None:
             self.ptx_losses.append(out.ptx_loss.detach())
+        if out.kl_loss is not None:
+            self.kl_losses.append(out.kl_loss.detach())

@@ -204,7 +204,7 @@ def resolve_auto_rollout_chunk(trainer) -> ChunkChoice:
     accelerator = trainer.accelerator
     kwargs = dict(
         shared=bool(getattr(trainer, "shared_base", False)),
-        value_model=getattr(unwrapped, "value_model", None) is not None,
+        value_model=not args.critic_free,  # critic-free runs hold a parameterless stand-in, no value model
         target_name="max_memory_gib" if args.max_memory_gib is not None else "the device's free memory",
     )
     target = memory_target_bytes(args.max_memory_gib, accelerator.device)

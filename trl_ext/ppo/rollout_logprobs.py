@@ -41,8 +41,13 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
+from trl.trainer.utils import selective_log_softmax
 
-__all__ = ["SampledTokenLogprobs", "SamplingPlan", "sampling_plan", "generate_with_logprobs", "sequence_logits"]
+from ..runtime.devices import empty_cache
+from .sequences import batch_generation
+
+__all__ = ["SampledTokenLogprobs", "SamplingPlan", "sampling_plan", "generate_with_logprobs", "sequence_logits",
+           "generate_with_full_scores"]
 
 
 def token_logprobs(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -199,3 +204,19 @@ def sequence_logits(model, query_responses: torch.Tensor, pad_token_id: int):
     position_ids = attention_mask.cumsum(1) - attention_mask.long()
     input_ids = torch.masked_fill(query_responses, ~attention_mask, 0)
     return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, return_dict=True)
+
+
+def generate_with_full_scores(model, queries: torch.Tensor, chunk: int, pad_token_id: int,
+                              generation_config: GenerationConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """TRL's rollout, for the generation configs :func:`sampling_plan` does not rebuild: ``batch_generation`` keeps
+    the ``(batch, response_length, vocab)`` scores, then ``selective_log_softmax`` per chunk of ``chunk`` rows.
+    Returns the query+response ids and the response tokens' log-probs (TRL 1.12's numbers)."""
+    context_length = queries.shape[1]
+    query_responses, logitss = batch_generation(model, queries, chunk, pad_token_id, generation_config)
+    logprobs = []
+    for i in range(0, queries.shape[0], chunk):
+        response = query_responses[i : i + chunk, context_length:]
+        logprobs.append(selective_log_softmax(logitss[i : i + chunk], response))
+    del logitss
+    empty_cache()
+    return query_responses, torch.cat(logprobs, 0)

@@ -13,7 +13,9 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
    Then ``check_finite("objective/scores", ...)`` (NaN/inf stop training, see ``check_finite``) and ``clip_scores``
    (``reward_clip``). Each micro-batch loss is checked the same way before its backward.
 4. ``compute_rewards(rollout, kl_coef)``: per-token reward ``-kl_coef * KL`` plus the score at the last token.
-5. ``compute_advantages(rollout)``: GAE (:func:`trl_ext.ppo.advantages.gae_advantages`) and whitening.
+5. ``compute_advantages(rollout)``: GAE (:func:`trl_ext.ppo.advantages.gae_advantages`) and whitening; with a
+   critic-free ``advantage_estimator`` (RLOO, GRPO, REINFORCE++) :mod:`trl_ext.ppo.critic_free` instead (no value
+   model; ``num_samples_per_prompt`` samples of each prompt, repeated by ``next_prompt_batch``).
 6. ``optimize(rollout) -> UpdateStats``: PPO epochs (numpy permutation per epoch) over mini/micro-batches;
    each micro-batch calls ``compute_micro_batch_loss`` (policy, value and joint ptx losses from
    :mod:`trl_ext.ppo.losses`); separate ptx steps go through ``ptx_step``.
@@ -63,15 +65,17 @@ from .accumulation_state import dataloader_stack, restore_dataloader_stack
 from .advantages import gae_advantages
 from .base import OnlineTrainerState, ParentPPOTrainer
 from .config import PPOConfig
+from .critic_free import check_value_model, critic_free_advantages, critic_free_metrics, group_prompts, no_value_loss
+from .critic_free import repeat_prompts
 from .kl_controllers import KLController, build_kl_controller
-from .losses import policy_loss, ptx_lm_loss, value_loss
+from .losses import kl_loss_k3, policy_loss, ptx_lm_loss, value_loss
 from .masked_stats import masked_whiten
 from .prompt_stream import PromptStream
 from .ptx_data import PtxStream, tokenize_ptx_dataset
 from .rollout import MicroBatchOutput, Rollout, UpdateStats
-from .rollout_logprobs import generate_with_logprobs, sampling_plan, sequence_logits
 from .rollout_chunk import AUTO, resolve_auto_rollout_chunk
-from .sequences import INVALID_LOGPROB, batch_generation, first_true_indices, forward, truncate_response
+from .rollout_logprobs import generate_with_full_scores, generate_with_logprobs, sampling_plan, sequence_logits
+from .sequences import INVALID_LOGPROB, first_true_indices, forward, truncate_response
 
 __all__ = ["PPOConfig", "PPOTrainer", "VALUE_MODEL_DIR", "ppo_state_file"]
 
@@ -97,6 +101,7 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
             Your own KL controller (any object with a float `value` and `update(kl, n_steps)`); overrides
             `args.kl_controller`. Its `value` is the coefficient of the next update's rewards.
 
+    `value_model` is None with a critic-free `args.advantage_estimator` (:mod:`trl_ext.ppo.critic_free`).
     `reward_model` and `value_model` may be [`trl_ext.models.shared_base.SharedBaseScalarModel`]s made by
     `add_scalar_adapter(model, ...)`: LoRA adapters with their own score heads on the policy's base (one base for
     policy, reference, reward and value; `peft_config` must then be None, the policy being a peft model already;
@@ -148,6 +153,7 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
             hasattr(kl_controller, "value") and callable(getattr(kl_controller, "update", None))
         ):
             raise UserInputError("kl_controller: needs a `value` attribute and an `update(kl, n_steps)` method")
+        value_model = check_value_model(args, value_model)  # critic-free: a stand-in without parameters
         self.shared_base = check_shared_base_roles(model, reward_model, value_model, peft_config, args)
         if args.fp16:  # the loss scaler needs float32 gradients (trl_ext.models.dtypes)
             float32_trainable_parameters(model, value_model)
@@ -167,6 +173,7 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
             peft_config=peft_config,
         )
         # Nothing below may touch the global torch/numpy RNGs: the parent left them exactly where its train() expects.
+        group_prompts(self)  # num_samples_per_prompt > 1: local_batch_size / k prompts per update (same RNG after)
         if args.local_rollout_forward_batch_size == AUTO:  # the largest chunk that fits args.max_memory_gib
             self.rollout_chunk_choice = resolve_auto_rollout_chunk(self)
         if not args.sync_with_dataloader:
@@ -390,7 +397,7 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         each process's trl-ext state (KL controller, prompt and ptx stream positions)."""
         unwrapped = self.accelerator.unwrap_model(self.model)
         with gathered_parameters(unwrapped.value_model, self.accelerator):  # ZeRO-3: whole weights, all processes
-            if self.args.should_save:
+            if self.args.should_save and not self.args.critic_free:
                 unwrapped.value_model.save_pretrained(os.path.join(checkpoint_dir, VALUE_MODEL_DIR))
         os.makedirs(checkpoint_dir, exist_ok=True)
         state = {
@@ -437,7 +444,8 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         else:
             unwrapped = self.accelerator.unwrap_model(self.model)
             load_weights_in_place(unwrapped.policy, checkpoint)
-            load_weights_in_place(unwrapped.value_model, os.path.join(checkpoint, VALUE_MODEL_DIR))
+            if not self.args.critic_free:
+                load_weights_in_place(unwrapped.value_model, os.path.join(checkpoint, VALUE_MODEL_DIR))
         self._load_optimizer_and_scheduler(checkpoint)
         if extra["kl_controller"] is not None and hasattr(self.kl_ctl, "load_state_dict"):
             self.kl_ctl.load_state_dict(extra["kl_controller"])
@@ -540,7 +548,7 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
 
     def next_prompt_batch(self) -> dict:
         """The next batch of `args.local_batch_size` tokenized prompts (cycles over the train set forever)."""
-        return next(self.prompt_iterator)
+        return repeat_prompts(next(self.prompt_iterator), self.args.num_samples_per_prompt)
 
     # ------------------------------------------------------------------ rollout and scoring
 
@@ -560,48 +568,24 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
             generation_kwargs=self.generation_kwargs,  # fixes transformers#42762, as TRL does
         ) as unwrapped_model:
             plan = sampling_plan(unwrapped_model.policy, self.generation_config)
+            pad_token_id, chunk = self.processing_class.pad_token_id, args.local_rollout_forward_batch_size
             if plan is not None:
-                query_responses, logprobs = generate_with_logprobs(
-                    unwrapped_model.policy,
-                    queries,
-                    args.local_rollout_forward_batch_size,
-                    self.processing_class.pad_token_id,
-                    plan,
+                query_responses, logprobs = generate_with_logprobs(unwrapped_model.policy, queries, chunk,
+                                                                   pad_token_id, plan)
+            else:
+                warnings.warn(
+                    "generate_rollouts: trl_ext.ppo.rollout_logprobs does not rebuild this generation config's "
+                    "sampling; keeping TRL's (batch, response_length, vocab) scores tensor",
+                    stacklevel=2,
                 )
-                return Rollout(
-                    queries=queries,
-                    context_length=context_length,
-                    query_responses=query_responses,
-                    responses=query_responses[:, context_length:].contiguous(),
-                    logprobs=logprobs,
-                )
-            warnings.warn(
-                "generate_rollouts: trl_ext.ppo.rollout_logprobs does not rebuild this generation config's sampling; "
-                "keeping TRL's (batch, response_length, vocab) scores tensor",
-                stacklevel=2,
-            )
-            query_responses, logitss = batch_generation(
-                unwrapped_model.policy,
-                queries,
-                args.local_rollout_forward_batch_size,
-                self.processing_class.pad_token_id,
-                self.generation_config,
-            )
-        responses, logprobs = [], []
-        for i in range(0, queries.shape[0], args.local_rollout_forward_batch_size):
-            response = query_responses[i : i + args.local_rollout_forward_batch_size, context_length:]
-            logits = logitss[i : i + args.local_rollout_forward_batch_size]
-            logprobs.append(selective_log_softmax(logits, response))
-            responses.append(response)
-            del logits
-        del logitss
-        empty_cache()
+                query_responses, logprobs = generate_with_full_scores(unwrapped_model.policy, queries, chunk,
+                                                                      pad_token_id, self.generation_config)
         return Rollout(
             queries=queries,
             context_length=context_length,
             query_responses=query_responses,
-            responses=torch.cat(responses, 0),
-            logprobs=torch.cat(logprobs, 0),
+            responses=query_responses[:, context_length:].contiguous(),
+            logprobs=logprobs,
         )
 
     def score_rollouts(self, rollout: Rollout) -> None:
@@ -668,6 +652,8 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
 
     def compute_values(self, query_response: torch.Tensor, context_length: int) -> torch.Tensor:
         """Per-response-token values `(batch, response_length)` from the value model (plain or PEFT)."""
+        if self.args.critic_free:
+            return torch.zeros(query_response[:, context_length:].shape, device=query_response.device)
         value_model = self.accelerator.unwrap_model(self.model).value_model
         full_value, _, _ = scalar_model_outputs(
             value_model, query_response, self.processing_class.pad_token_id, context_length
@@ -697,10 +683,12 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         if args.whiten_rewards:
             rewards = masked_whiten(rewards, mask=~rollout.padding_mask_p1, shift_mean=False)
             rewards = torch.masked_fill(rewards, rollout.padding_mask_p1, 0)
-        rollout.kl, rollout.non_score_reward, rollout.rewards = kl, non_score_reward, rewards
+        rollout.kl, rollout.non_score_reward, rollout.rewards, rollout.kl_coef = kl, non_score_reward, rewards, kl_coef
 
     def compute_advantages(self, rollout: Rollout) -> None:
-        """GAE advantages and returns; advantages whitened over the response tokens."""
+        """GAE advantages and returns; advantages whitened over the response tokens. (Critic-free: the estimator.)"""
+        if self.args.critic_free:
+            return critic_free_advantages(rollout, self.args, self.accelerator)
         advantages, returns = gae_advantages(rollout.rewards, rollout.values, self.args.gamma, self.args.lam)
         advantages = masked_whiten(advantages, ~rollout.padding_mask)
         rollout.advantages = torch.masked_fill(advantages, rollout.padding_mask, 0)
@@ -762,26 +750,26 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         logits /= args.temperature + 1e-7
         new_logprobs = selective_log_softmax(logits, rollout.responses[micro_batch_inds])
         new_logprobs = torch.masked_fill(new_logprobs, padding_mask, INVALID_LOGPROB)
-        vpred = vpred_temp[:, context_length - 1 : -1].squeeze(-1)
-        vpred = torch.masked_fill(vpred, padding_mask_p1, 0)
-        vf = value_loss(
-            vpred,
-            rollout.values[micro_batch_inds],
-            rollout.returns[micro_batch_inds],
-            ~padding_mask_p1,
-            args.cliprange_value,
-            args.value_clip,
-        )
+        if args.critic_free:
+            vf = no_value_loss(logits.device)
+        else:
+            vpred = torch.masked_fill(vpred_temp[:, context_length - 1 : -1].squeeze(-1), padding_mask_p1, 0)
+            vf = value_loss(vpred, rollout.values[micro_batch_inds], rollout.returns[micro_batch_inds],
+                            ~padding_mask_p1, args.cliprange_value, args.value_clip)
         pg = policy_loss(
             new_logprobs, rollout.logprobs[micro_batch_inds], rollout.advantages[micro_batch_inds], ~padding_mask,
             args.cliprange,
         )
         loss = pg.loss + args.vf_coef * vf.loss
+        kl_loss = None
+        if args.kl_in == "loss":
+            kl_loss = kl_loss_k3(new_logprobs, rollout.ref_logprobs[micro_batch_inds], ~padding_mask)
+            loss = loss + rollout.kl_coef * kl_loss
         ptx_loss = None
         if ptx_batch is not None:
             ptx_loss = self.compute_ptx_loss(ptx_batch)
             loss = loss + args.ptx_coef * ptx_loss
-        return MicroBatchOutput(loss=loss, policy=pg, value=vf, logits=logits, ptx_loss=ptx_loss)
+        return MicroBatchOutput(loss=loss, policy=pg, value=vf, logits=logits, ptx_loss=ptx_loss, kl_loss=kl_loss)
 
     def next_ptx_batch(self) -> dict:
         """The next ptx micro-batch from `self.ptx_stream` (its own data order, cycled)."""
@@ -849,6 +837,8 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
             metrics["objective/scores_clipfrac"] = gather(rollout.scores_clipfrac).mean().item()
         if stats.ptx_losses:
             metrics["loss/ptx_avg"] = gather(torch.stack(stats.ptx_losses).mean()).mean().item()
+        if self.args.critic_free:
+            critic_free_metrics(metrics, rollout, stats, self.args, self.accelerator)
         metrics.update(timings)
         metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
         metrics["episode"] = self.state.episode

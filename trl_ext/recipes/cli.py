@@ -185,8 +185,10 @@ def _run(args: argparse.Namespace) -> int:
             from .loader import shared_value_is_fresh
 
             base = recipe.model_args.model_name_or_path
-            value = recipe.value_model_args.model_name_or_path
-            value = "fresh adapter and head" if shared_value_is_fresh(value, base) else f"adapter {value}"
+            value = "none (critic-free advantage_estimator)"
+            if recipe.value_model_args is not None:
+                value = recipe.value_model_args.model_name_or_path
+                value = "fresh adapter and head" if shared_value_is_fresh(value, base) else f"adapter {value}"
             print(f"# shared base {base}: policy adapter; reward: adapter {recipe.reward_model_args.model_name_or_path}"
                   f" (frozen); value: {value}; reference: adapters disabled")
         for role, margs in (("reward model", recipe.reward_model_args), ("value model", recipe.value_model_args)):

@@ -441,8 +441,11 @@ def resolve_recipe(
     reward_args = value_args = None
     if trainer == "ppo":
         reward_args = _model_config_from_prefix(parsed[4], "reward", model_args, training_args.reward_model_path)
-        value_path = pipeline.value_model_path or training_args.reward_model_path
-        value_args = _model_config_from_prefix(parsed[5], "value", model_args, value_path)
+        if getattr(training_args, "critic_free", False):
+            _check_critic_free(merged, training_args)  # no value model: value_model_args stays None
+        else:
+            value_path = pipeline.value_model_path or training_args.reward_model_path
+            value_args = _model_config_from_prefix(parsed[5], "value", model_args, value_path)
         _check_ptx(training_args, pipeline)
         if pipeline.shared_base:
             _check_shared_base(merged, parsed, model_args, training_args, pipeline)
@@ -536,6 +539,16 @@ def _check_shared_base(merged: dict, parsed, model_args, training_args, pipeline
     for key, path in sources:
         if looks_local(path):  # a Hub adapter is checked when it is loaded
             read_scalar_adapter(path, policy_base=policy_base, key=f"recipe: key '{key}':")
+
+
+def _check_critic_free(merged: dict, training_args) -> None:
+    """A critic-free `advantage_estimator` loads no value model: a `value_*` key would be silently ignored."""
+    for key in merged:
+        if key.startswith("value_"):
+            raise UserInputError(
+                f"recipe: key '{key}' configures the value model, but advantage_estimator "
+                f"'{training_args.advantage_estimator}' uses none; remove the key (or use advantage_estimator: gae)"
+            )
 
 
 def _model_config_from_prefix(prefixed, prefix: str, policy_args, path: Optional[str]):

@@ -223,9 +223,10 @@ def train_ppo(recipe: Recipe):
 
     Policy from ``model_name_or_path`` (reference: adapter disabled with LoRA, else a frozen copy; under DeepSpeed
     ZeRO-3 the reference is loaded from ``model_name_or_path`` too, as TRL asks), reward model
-    from ``reward_model_path``, value model from ``value_model_path`` (default: the reward model), each with its own
-    ``reward_*``/``value_*`` quantization and LoRA keys. Prompts come from the ``prompt`` column, tokenized as in
-    TRL's PPO example; the eval split (if the dataset has one) feeds TRL's sample generations.
+    from ``reward_model_path``, value model (none with a critic-free ``advantage_estimator``) from ``value_model_path``
+    (default: the reward model), each with its own ``reward_*``/``value_*`` quantization and LoRA keys. Prompts come
+    from the ``prompt`` column, tokenized as in TRL's PPO example; the eval split (if the dataset has one) feeds
+    TRL's sample generations.
     """
     from transformers.integrations import is_deepspeed_zero3_enabled
 
@@ -257,17 +258,19 @@ def train_ppo(recipe: Recipe):
         reward_model.eval()
         for p in reward_model.parameters():
             p.requires_grad_(False)
-        value_args = _resolved(recipe.value_model_args)
-        value_model = load_scalar_checkpoint(value_args, trainable=True, tokenizer=tokenizer,
-                                             reinit_head=recipe.pipeline.value_reinit_score_head,
-                                             upcast_non_quantized=upcast)
+        value_model = None  # critic-free advantage_estimator: no value model
+        if recipe.value_model_args is not None:
+            value_args = _resolved(recipe.value_model_args)
+            value_model = load_scalar_checkpoint(value_args, trainable=True, tokenizer=tokenizer,
+                                                 reinit_head=recipe.pipeline.value_reinit_score_head,
+                                                 upcast_non_quantized=upcast)
 
     trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=ref_model,
                          reward_model=reward_model, value_model=value_model, train_dataset=train_ds,
                          eval_dataset=eval_ds, ptx_dataset=ptx)
     trainer.train(resume_from_checkpoint=_resume_arg(recipe))
     _finish(trainer, recipe, tokenizer)
-    if recipe.pipeline.shared_base:  # the value adapter lives nowhere else: keep it beside the policy's adapter
+    if recipe.pipeline.shared_base and value_model is not None:  # the value adapter lives nowhere else: keep it
         from ..ppo.trainer import VALUE_MODEL_DIR
 
         value_model.save_pretrained(str(Path(args.output_dir) / VALUE_MODEL_DIR),
@@ -279,7 +282,8 @@ def train_ppo(recipe: Recipe):
 def shared_base_scalar_models(recipe: Recipe, policy):
     """``shared_base: true``: the reward and value models as adapters with their own heads on ``policy``'s base
     (:mod:`trl_ext.models.shared_base`): the reward adapter (frozen) from ``reward_model_path``; the value adapter
-    from ``value_model_path`` (default: the reward adapter), or fresh when that names the policy's own base."""
+    from ``value_model_path`` (default: the reward adapter), or fresh when that names the policy's own base; none
+    with a critic-free ``advantage_estimator``."""
     import dataclasses
 
     from ..models.lora import lora_config_for
@@ -290,6 +294,8 @@ def shared_base_scalar_models(recipe: Recipe, policy):
     reward_model = add_scalar_adapter(policy, REWARD_ADAPTER, source=resolve_model_path(args.reward_model_path),
                                       trainable=False)
     reward_model.eval()
+    if recipe.value_model_args is None:  # critic-free advantage_estimator: no value adapter
+        return reward_model, None
     value_path = pipeline.value_model_path or args.reward_model_path
     if shared_value_is_fresh(value_path, recipe.model_args.model_name_or_path):
         # the policy's LoRA settings, with the value_lora_* keys the recipe sets

@@ -163,10 +163,13 @@ def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memor
     if targets and targets != "all-linear" and "all-linear" not in targets:  # else all seven (an over-estimate)
         run = replace(run, lora_modules=tuple(m for m in LINEAR_MODULES if m in targets) or None)
     shared = bool(pipeline.shared_base)
+    critic = not args.critic_free  # a critic-free advantage_estimator: no value model to budget
     notes = []
     if not shared:
-        for key, path in (("reward_model_path", args.reward_model_path),
-                          ("value_model_path", pipeline.value_model_path)):
+        paths = [("reward_model_path", args.reward_model_path)]
+        if critic:
+            paths.append(("value_model_path", pipeline.value_model_path))
+        for key, path in paths:
             try:
                 other = ModelShape.from_config(read_model_config(path, key), name=shape.name) if path else None
             except UserInputError:
@@ -181,7 +184,8 @@ def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memor
 
     def fit_at(micro: int, base_run: PPOShape = run, is_shared: bool = shared):
         try:
-            return largest_fitting_chunk(shape, replace(base_run, micro_batch=micro), target, shared=is_shared)
+            return largest_fitting_chunk(shape, replace(base_run, micro_batch=micro), target, shared=is_shared,
+                                         value_model=critic)
         except UserInputError:
             return None
 
@@ -194,7 +198,7 @@ def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memor
         written = replace(run, rollout_chunk=chunk)
     if getattr(args, "max_memory_gib", None) and args.max_memory_gib != gpu_memory:
         notes.append(f"the recipe's max_memory_gib is {args.max_memory_gib:g}, the plan's target {gpu_memory:g} GiB")
-    budget = ppo_memory_budget(shape, written, shared=shared)
+    budget = ppo_memory_budget(shape, written, shared=shared, value_model=critic)
     plan = Plan(recipe=recipe_path, shape=shape, run=written, shared=shared, target_bytes=target, budget=budget,
                 fits=budget.fits(target), chunk_as_written=chunk, notes=notes,
                 written={"per_device_train_batch_size": args.per_device_train_batch_size,
@@ -226,7 +230,7 @@ def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memor
         for key, value, other_run, is_shared in candidates:
             choice = fit_at(1, other_run, is_shared)
             peak = choice.budget.peak if choice else ppo_memory_budget(
-                shape, replace(other_run, micro_batch=1, rollout_chunk=1), shared=is_shared).peak
+                shape, replace(other_run, micro_batch=1, rollout_chunk=1), shared=is_shared, value_model=critic).peak
             plan.remedies.append((key, value, peak))
     return plan
 

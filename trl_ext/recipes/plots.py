@@ -24,7 +24,9 @@ from .loader import RECIPE_FILENAME
 #: Metrics drawn for each kind of run, in panel order (TRL's names; absent ones are skipped).
 PANELS = {
     "ppo": ["objective/scores", "objective/kl", "objective/kl_coef", "objective/rlhf_reward", "loss/policy_avg",
-            "loss/value_avg", "loss/ptx_avg", "objective/entropy"],
+            "loss/value_avg", "loss/ptx_avg", "objective/entropy",
+            # critic-free estimators (docs/critic-free.md)
+            "objective/group_scores_std", "objective/frac_groups_equal_scores", "loss/kl_avg"],
     "reward": ["loss", "accuracy", "margin", "mean_reward"],
     "dpo": ["loss", "rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected"],
     "sft": ["loss", "mean_token_accuracy", "entropy"],

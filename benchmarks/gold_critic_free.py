@@ -1,0 +1,175 @@
+"""Critic-free advantage estimators on the gold task (issue 19): GAE with a value model vs RLOO, GRPO and REINFORCE++
+at the same number of generated responses and the same KL coefficient, several training seeds.
+
+The pipeline of benchmarks/gold_reward.py (data, random base, SFT, 1000 noisy preference pairs, the seed-0 proxy reward
+model), then PPO (recipes/gold/ppo.yaml: 16 responses per update, 4 PPO epochs, 2 mini-batches, lr 3e-4, KL coefficient
+0.05) with each advantage estimator; the group estimators sample each prompt k = 4 times (4 prompts x 4 samples per
+update, where GAE and plain REINFORCE++ see 16 prompts once). The KL coefficient is 0.05 everywhere: in the reward for
+GAE, RLOO and REINFORCE++, for GRPO both in the loss (k3, GRPO's own choice) and in the reward. Every checkpoint is evaluated by
+recipes/gold/gold_eval.py: gold reward, proxy reward, KL to the SFT model, LM loss. Also measured per run: wall time
+per update (the trainer's time/rollout + time/scoring + time/optimization) and the peak anonymous RSS of the run.
+
+    python benchmarks/gold_critic_free.py            # 48 updates x 6 variants x 3 seeds (about 9 min under load)
+    python benchmarks/gold_critic_free.py --quick    # 24 updates, 1 seed
+
+Writes benchmarks/results/gold_critic_free.json and benchmarks/figures/gold_critic_free.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _common import RESULTS, AnonPeakSampler, load_average, print_table, setup_env, write_result  # noqa: E402
+from gold_reward import FIGURES, NOISE, _cleanup, _mean, _slug, log_series, train  # noqa: E402
+
+K = 4
+ESTIMATORS = {
+    "GAE (value model)": {},
+    f"RLOO k={K}": {"advantage_estimator": "rloo", "num_samples_per_prompt": K},
+    f"GRPO k={K} (KL in loss)": {"advantage_estimator": "grpo", "num_samples_per_prompt": K},
+    f"GRPO k={K} (KL in reward)": {"advantage_estimator": "grpo", "num_samples_per_prompt": K, "kl_in": "reward"},
+    "REINFORCE++": {"advantage_estimator": "reinforce_pp"},
+    f"REINFORCE++-baseline k={K}": {"advantage_estimator": "reinforce_pp_baseline", "num_samples_per_prompt": K},
+}
+LOGGED = ("objective/kl", "objective/scores", "objective/frac_groups_equal_scores", "time/rollout", "time/scoring",
+          "time/optimization")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="24 updates, one seed")
+    p.add_argument("--ppo-updates", type=int, default=None, help="PPO updates per run (default 48, quick 24)")
+    p.add_argument("--seeds", type=int, default=None, help="training seeds per estimator (default 3, quick 1)")
+    p.add_argument("--samples-per-prompt", type=int, default=4, help="evaluation samples per prompt (96 prompts)")
+    p.add_argument("--only", nargs="*", default=None, help="run only these estimators (names as in the table)")
+    p.add_argument("--workdir", default=str(RESULTS / "gold_critic_free_runs"), help="where the runs are written")
+    p.add_argument("--figures", default=str(FIGURES), help="where the PNG figure goes ('' for none)")
+    p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/gold_critic_free.json)")
+    a = p.parse_args(argv)
+    updates = a.ppo_updates or (24 if a.quick else 48)
+    seeds = list(range(a.seeds or (1 if a.quick else 3)))
+
+    setup_env(threads=1)
+    import gold_eval
+    from make_data import make_data
+    from make_pairs import make_pairs
+    from transformers import AutoTokenizer
+
+    work = Path(a.workdir)
+    if work.exists():
+        shutil.rmtree(work)
+    started = time.perf_counter()
+    make_data(work)
+    data = work / "data"
+    train("sft", {"model_name_or_path": work / "base", "dataset_name": data / "sft", "output_dir": work / "sft",
+                  "eval_strategy": "no", "disable_tqdm": True})
+    make_pairs(work / "sft", data / "pairs", noise=NOISE)
+    reward_dir = work / "reward"
+    train("reward", {"model_name_or_path": work / "sft", "dataset_name": data / "pairs", "output_dir": reward_dir,
+                     "seed": 0, "eval_strategy": "no", "disable_tqdm": True})
+    tokenizer = AutoTokenizer.from_pretrained(work / "sft")
+    heldout = [json.loads(line) for line in open(data / "sft" / "test.jsonl")]
+    evaluator = gold_eval.GoldEvaluator(tokenizer, sft=work / "sft", reward_model=reward_dir, heldout=heldout,
+                                        samples_per_prompt=a.samples_per_prompt)
+    sft_point = {"step": 0, **evaluator.evaluate(work / "sft")}
+
+    common = {"model_name_or_path": work / "sft", "reward_model_path": reward_dir,
+              "dataset_name": data / "prompts.jsonl", "total_episodes": updates * 16, "save_strategy": "steps",
+              "save_steps": max(1, updates // 4), "disable_tqdm": True}
+    runs = {}
+    for seed in seeds:  # seeds outermost: a cut-short study still has every estimator
+        for name, overrides in ESTIMATORS.items():
+            if a.only is not None and name not in a.only:
+                continue
+            run = runs.setdefault(name, {"overrides": overrides, "seeds": []})
+            out = work / f"{_slug(name).replace('(', '').replace(')', '').replace('=', '')}-seed{seed}"
+            with AnonPeakSampler(interval=0.02) as peak:
+                trainer, secs = train("ppo", {**common, **overrides, "output_dir": out, "seed": seed})
+            logged = log_series(trainer, *LOGGED)
+            per_update = [sum(logged[k]["value"][i] for k in ("time/rollout", "time/scoring", "time/optimization"))
+                          for i in range(1, len(logged["time/rollout"]["value"]))]  # the first update left out
+            run["seeds"].append({"seed": seed, "seconds": secs, "seconds_per_update": _mean(per_update),
+                                 "peak_anon_mb": peak.peak_mb, "points": [sft_point] + evaluator.evaluate_run(out),
+                                 "logged": {k: logged[k] for k in LOGGED[:3]}})
+            del trainer
+            _cleanup(out, False)
+            write_result("gold_critic_free", {"updates": updates, "seeds": seeds}, {"sft": sft_point, "runs": runs},
+                         out=a.out)  # after every run: a partial study is kept
+
+    total = time.perf_counter() - started
+    report(sft_point, runs)
+    settings = {"quick": a.quick, "ppo_updates": updates, "seeds": seeds, "k": K, "noise": NOISE,
+                "samples_per_prompt": a.samples_per_prompt, "seconds": {"total": total}}
+    write_result("gold_critic_free", settings, {"sft": sft_point, "runs": runs}, out=a.out)
+    if a.figures:
+        draw_figure(Path(a.figures), sft_point, runs)
+    print(f"total {total:.0f} s; load average now {load_average()}")
+    return 0
+
+
+def report(sft_point, runs) -> None:
+    headers = ["estimator", "seeds", "gold at the end (range)", "proxy", "KL to SFT", "LM loss",
+               "best gold on the way (KL there)", "gold / KL at the end", "frac. groups all equal",
+               "s per update", "peak anon MB"]
+    table = [["SFT model", "-", f"{sft_point['gold']:.2f}", sft_point["proxy"], 0.0, sft_point["lm_loss"], "-", "-",
+              "-", "-", "-"]]
+    for name, run in runs.items():
+        ends = [r["points"][-1] for r in run["seeds"]]
+        golds = [e["gold"] for e in ends]
+        bests = [max(r["points"], key=lambda q: q["gold"]) for r in run["seeds"]]
+        spread = f" ({min(golds):.2f}-{max(golds):.2f})" if len(golds) > 1 else ""
+        frac = [v for r in run["seeds"] for v in r["logged"]["objective/frac_groups_equal_scores"]["value"]]
+        gain = [(e["gold"] - sft_point["gold"]) / max(e["kl"], 1e-6) for e in ends]
+        table.append([name, len(ends), f"{_mean(golds):.2f}{spread}", _mean(e["proxy"] for e in ends),
+                      _mean(e["kl"] for e in ends), _mean(e["lm_loss"] for e in ends),
+                      f"{_mean(b['gold'] for b in bests):.2f} ({_mean(b['kl'] for b in bests):.2f})",
+                      _mean(gain), _mean(frac) if frac else "-",
+                      _mean(r["seconds_per_update"] for r in run["seeds"]),
+                      _mean(r["peak_anon_mb"] for r in run["seeds"])])
+    print_table(headers, table)
+
+
+def draw_figure(folder: Path, sft_point, runs) -> None:
+    """Gold vs KL (every checkpoint of every seed) and proxy vs gold, one colour per estimator."""
+    try:
+        import matplotlib
+    except ImportError:
+        print('matplotlib is not installed (pip install "trl-ext[plot]"): no figure')
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    colors = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, (name, run) in enumerate(runs.items()):
+        for j, r in enumerate(run["seeds"]):
+            pts = r["points"]
+            kw = dict(color=colors(i), marker="o", markersize=3, linewidth=1, alpha=0.8,
+                      label=name if j == 0 else None)
+            axes[0].plot([max(q["kl"], 0.0) for q in pts], [q["gold"] for q in pts], **kw)
+            axes[1].plot([q["proxy"] for q in pts], [q["gold"] for q in pts], **kw)
+    for ax in axes:
+        ax.axhline(sft_point["gold"], color="grey", linewidth=0.8, linestyle=":", label="SFT")
+        ax.set_ylabel("gold reward (max 3)")
+        ax.grid(alpha=0.3)
+    axes[0].set_xlabel("KL(policy || SFT) per response (nats)")
+    axes[0].set_title("Gold reward vs KL (every checkpoint, every seed)", fontsize=10)
+    axes[1].set_xlabel("proxy reward (reward model score)")
+    axes[1].set_title("Proxy vs gold reward over training", fontsize=10)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(folder / "gold_critic_free.png", dpi=80)
+    plt.close(fig)
+    print(f"figure: {folder / 'gold_critic_free.png'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
