@@ -30,11 +30,13 @@ from typing import Any, Optional
 
 from ..errors import UserInputError
 from ..models.paths import looks_local
+from . import validation
 
 TRAINERS = ("sft", "reward", "dpo", "ppo")
 RECIPE_FILENAME = "trl_ext_recipe.yaml"
 TINY_SCHEME = "tiny://"
 TINY_NAMES = ("tokenizer", "policy", "reward")
+TINY_DIR_ENV = "TRL_EXT_TINY_DIR"
 
 # Keys of TRL's ModelConfig that the reward and value models inherit from the policy when not set with a prefix.
 INHERITED_MODEL_KEYS = ("model_revision", "dtype", "attn_implementation")
@@ -378,15 +380,25 @@ def resolve_recipe(
         if given("reward_model_path") in (None, ""):
             raise UserInputError("recipe: missing key 'reward_model_path' (the reward model PPO optimises)")
 
-    # Type and choice checks: as TRL's CLI would parse them, with one-line errors.
-    argv: list[str] = []
-    for key, value in merged.items():
-        if value is None:
-            parser.set_defaults(**{key: None})
-        elif value is True and key in cli and actions[key].nargs == "?":
-            argv.append(f"--{key}")
-        else:
-            argv += _to_argv(key, value, actions[key])
+    # Type and choice checks: as TRL's CLI would parse them, with one-line errors; then nullability and ranges
+    # (trl_ext.recipes.validation), before the libraries' own checks in the dataclasses' __post_init__.
+    specs = validation.key_specs(types)
+
+    def argv_of(keys) -> list[str]:
+        argv: list[str] = []
+        for key in keys:
+            value = merged[key]
+            if value is None:
+                validation.check_null(key, specs[key])
+                parser.set_defaults(**{key: None})
+            elif value is True and key in cli and actions[key].nargs == "?":
+                argv.append(f"--{key}")
+            else:
+                argv += _to_argv(key, value, actions[key])
+        return argv
+
+    argv = argv_of(merged)
+    validation.check_namespace(parser.parse_known_args(argv)[0], merged, specs)
 
     notes: list[str] = []
     try:
@@ -401,8 +413,16 @@ def resolve_recipe(
                 f"recipe: key 'bf16'/'fp16': this machine cannot train in that precision ({msg}); TRL's configs "
                 "default to bf16: true, so on CPU set use_cpu: true (or bf16: false)"
             ) from None
-        if not for_check:
-            raise UserInputError(f"recipe: {msg}") from None
+        if not precision:
+            def builds(keys):
+                _RecipeArgumentParser(types).parse_args_into_dataclasses(
+                    args=argv_of([k for k in keys]) + (["--bf16", "false", "--fp16", "false"] if for_check else []),
+                    look_for_args_file=False)
+                return True
+
+            culprit = validation.find_culprit(msg, list(merged), builds)
+            where = f"key '{culprit}': " if culprit else ""
+            raise UserInputError(f"recipe: {where}{msg}") from None
         # `check` on a machine without a GPU: validate the rest with fp32 and say so.
         notes.append(f"this machine cannot run the recipe's precision ({msg}); checked the rest with fp32")
         argv += ["--bf16", "false", "--fp16", "false"]
@@ -435,11 +455,16 @@ def resolve_recipe(
         _check_ptx(training_args, pipeline)
         if pipeline.shared_base:
             _check_shared_base(merged, parsed, model_args, training_args, pipeline)
+        else:
+            validation.check_lora(reward_args, prefix="reward_")
+            validation.check_lora(value_args, prefix="value_")
     elif any(getattr(pipeline, k) not in (None, f.default) for k, f in _PPO_ONLY.items()):
         bad = next(k for k, f in _PPO_ONLY.items() if getattr(pipeline, k) not in (None, f.default))
         raise UserInputError(f"recipe: key '{bad}' is for PPO recipes only (this recipe has trainer: {trainer})")
     if trainer == "reward" and "lora_task_type" not in merged:
         model_args.lora_task_type = "SEQ_CLS"  # the reward model is a sequence classifier
+    validation.check_lora(model_args)
+    validation.check_nothing_to_do(trainer, training_args, merged)
 
     # The output directory: never overwrite a non-empty one unless asked (or resuming into it).
     out = Path(training_args.output_dir)
@@ -482,9 +507,12 @@ def resolve_tiny_name(path: str) -> str:
     """``tiny://NAME`` as the directory it stands for (without building it); other paths unchanged."""
     if not path.startswith(TINY_SCHEME):
         return path
-    from .pipeline import tiny_models_dir
-
     return str(tiny_models_dir() / path[len(TINY_SCHEME):])
+
+
+def tiny_models_dir() -> Path:
+    """Where ``tiny://`` models are built: ``$TRL_EXT_TINY_DIR`` or ``~/.cache/trl_ext/tiny-models``."""
+    return Path(os.environ.get(TINY_DIR_ENV) or Path.home() / ".cache" / "trl_ext" / "tiny-models")
 
 
 def shared_value_is_fresh(value_path: Optional[str], policy_path: str) -> bool:

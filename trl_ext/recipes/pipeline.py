@@ -15,14 +15,7 @@ from pathlib import Path
 from ..errors import UserInputError
 from ..models.loaders import load_policy, load_scalar_model, load_tokenizer
 from .data import check_columns, open_split, ptx_texts, tokenize_prompts
-from .loader import RECIPE_FILENAME, TINY_SCHEME, Recipe
-
-TINY_DIR_ENV = "TRL_EXT_TINY_DIR"
-
-
-def tiny_models_dir() -> Path:
-    """Where ``tiny://`` models are built: ``$TRL_EXT_TINY_DIR`` or ``~/.cache/trl_ext/tiny-models``."""
-    return Path(os.environ.get(TINY_DIR_ENV) or Path.home() / ".cache" / "trl_ext" / "tiny-models")
+from .loader import RECIPE_FILENAME, TINY_DIR_ENV, TINY_SCHEME, Recipe, tiny_models_dir  # noqa: F401 (re-exported)
 
 
 def resolve_model_path(path: str | None) -> str | None:
