@@ -22,6 +22,7 @@ Every check raises :class:`~trl_ext.errors.UserInputError` with one line: the ke
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import types
@@ -204,8 +205,13 @@ def _kind(members: list) -> str:
     return "other"
 
 
-def key_specs(dataclass_types: list) -> dict[str, KeySpec]:
+def key_specs(dataclass_types) -> dict[str, KeySpec]:
     """A :class:`KeySpec` for every field of ``dataclass_types`` (the recipe's dataclasses), by recipe key."""
+    return dict(_key_specs(tuple(dataclass_types)))
+
+
+@functools.lru_cache(maxsize=None)
+def _key_specs(dataclass_types: tuple) -> dict[str, KeySpec]:
     specs: dict[str, KeySpec] = {}
     for dc in dataclass_types:
         try:
@@ -269,8 +275,13 @@ def check_value(key: str, value: Any, spec: KeySpec) -> None:
         for v in value:
             check_value(key, v, spec)
         return
+    if isinstance(value, str):  # a union with str (pad_to_multiple_of: int | str) parses numbers as strings
+        try:
+            value = int(value) if spec.kind == "int" else float(value)
+        except ValueError:
+            return  # a string value of the key (e.g. "auto")
     if not isinstance(value, (int, float)):
-        return  # e.g. pad_to_multiple_of's string choices
+        return
     if isinstance(value, float) and not math.isfinite(value):
         raise UserInputError(f"recipe: key '{key}': {value} is not a finite number (valid: {spec.describe()})")
     if isinstance(value, int) and abs(value) > INT64_MAX:
