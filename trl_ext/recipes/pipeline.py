@@ -94,10 +94,14 @@ def check_lengths(recipe: Recipe, tokenizer, *datasets, model_config=None) -> No
             check_prompt_lengths(ds, recipe.trainer, tokenizer, limit, name=s.dataset_name, split=split)
 
 
-def refuse_empty_after_filtering(trainer, recipe: Recipe) -> None:
-    """TRL's reward trainer drops pairs longer than max_length: refuse a run left with no pair, before it trains."""
+def refuse_empty_after_filtering(trainer, recipe: Recipe, *, out_existed: bool) -> None:
+    """TRL's reward trainer drops pairs longer than max_length: refuse a run left with no pair, before it trains
+    (and remove the empty output_dir that transformers' Trainer made, unless it was there before)."""
     ds = getattr(trainer, "train_dataset", None)
     if ds is not None and hasattr(ds, "__len__") and len(ds) == 0:
+        out = Path(recipe.training_args.output_dir)
+        if not out_existed and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
         raise UserInputError(
             f"dataset '{recipe.script_args.dataset_name}': no row fits max_length: "
             f"{recipe.training_args.max_length} (TRL drops longer rows); raise max_length or shorten the rows"
@@ -215,9 +219,10 @@ def train_reward(recipe: Recipe):
     tokenizer = load_tokenizer(model_args)
     check_lengths(recipe, tokenizer, train_ds, eval_ds)
     model = load_scalar_model(model_args, reinit_head=recipe.pipeline.reinit_score_head, tokenizer=tokenizer)
+    out_existed = Path(recipe.training_args.output_dir).exists()
     trainer = RewardTrainer(model=model, args=recipe.training_args, train_dataset=train_ds, eval_dataset=eval_ds,
                             processing_class=tokenizer)
-    refuse_empty_after_filtering(trainer, recipe)
+    refuse_empty_after_filtering(trainer, recipe, out_existed=out_existed)
     trainer.train(resume_from_checkpoint=_resume_arg(recipe))
     _finish(trainer, recipe, tokenizer)
     return trainer
