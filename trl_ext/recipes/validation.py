@@ -96,6 +96,9 @@ RANGES: dict[str, str] = {
     "ptx_batch_size": "[1, inf)",
     "ptx_max_length": "[1, inf)",
     "reward_clip": "(0, inf)",
+    # keys being added beside this module (issues 18/19): a row applies once the field exists
+    "num_samples_per_prompt": "[1, inf)",
+    "max_memory_gib": "(0, inf)",
 }
 
 MODEL_PREFIXES = ("reward_", "value_")
