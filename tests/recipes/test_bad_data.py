@@ -66,6 +66,18 @@ def test_bad_rows_of_a_jsonl_file(tmp_path, cli, trainer, rows, expected):
         assert rc == 2 and line == f"trl-ext: error: dataset '{path}' split 'train' {expected}", line
 
 
+def test_empty_responses_on_request(tmp_path, cli):
+    """allow_empty_responses: true accepts empty responses (sampled data), never an empty prompt or a missing value."""
+    path = jsonl(tmp_path, [PAIR, {**PAIR, "rejected": " "}])
+    assert cli("check", "reward", path)[0] == 2
+    assert cli("check", "reward", path, allow_empty_responses=True)[0] == 0
+    path = jsonl(tmp_path, [PAIR, {**PAIR, "prompt": ""}])
+    rc, line = cli("check", "reward", path, allow_empty_responses=True)
+    assert rc == 2 and line.endswith("row 1 (line 2) column 'prompt': empty text")
+    path = jsonl(tmp_path, [PAIR, {"prompt": "x", "chosen": "a"}])
+    assert cli("check", "dpo", path, allow_empty_responses=True)[0] == 2
+
+
 def test_undecodable_text_and_broken_lines(tmp_path, cli):
     path = tmp_path / "data.jsonl"
     path.write_bytes(json.dumps(PAIR).encode() + b"\n\n" + b'{"prompt": "x", "chosen": "caf\xe9", "rejected": "b"}\n')
@@ -90,7 +102,8 @@ def test_json_and_parquet_files(tmp_path, cli):
     path = tmp_path / "pairs.parquet"
     datasets.Dataset.from_list([PAIR, PAIR, {**PAIR, "chosen": "  "}]).to_parquet(str(path))
     rc, line = cli("check", "dpo", path)
-    assert rc == 2 and line == f"trl-ext: error: dataset '{path}' split 'train' row 2 column 'chosen': whitespace-only text"
+    assert rc == 2
+    assert line == f"trl-ext: error: dataset '{path}' split 'train' row 2 column 'chosen': whitespace-only text"
 
 
 def test_prompt_alone_over_the_length_limit(tmp_path, cli):
@@ -108,6 +121,10 @@ def test_prompt_alone_over_the_length_limit(tmp_path, cli):
     rc, line = cli("check", "ppo", path)
     assert rc == 2 and "row 1 (line 2) column 'prompt': the prompt alone has" in line
     assert "(the model's max_position_embeddings 256 - response_length 4)" in line
+    # the checkpoint's config.json alone: a response that leaves no room for a prompt
+    rc, line = cli("check", "ppo", path, response_length=256)
+    assert rc == 2 and line == ("trl-ext: error: recipe: key 'response_length': 256 leaves no room for a prompt in the "
+                                "model's max_position_embeddings 256 (valid: an integer < 256)")
 
 
 def test_train_checks_what_check_cannot_see(tmp_path, cli):

@@ -119,9 +119,14 @@ def _columns(trainer: str, names, text_column: str) -> list[str]:
     return cols
 
 
-def check_rows(dataset, trainer: str, *, name: str, split: str, text_column: str = "text") -> None:
+RESPONSE_COLUMNS = ("chosen", "rejected", "responses", "completion")
+
+
+def check_rows(dataset, trainer: str, *, name: str, split: str, text_column: str = "text",
+               allow_empty_responses: bool = False) -> None:
     """Refuse an empty dataset and the first bad row (see the module docstring); ``dataset`` is a ``datasets``
-    ``Dataset`` (a streamed dataset is not read here)."""
+    ``Dataset`` (a streamed dataset is not read here). ``allow_empty_responses``: the recipe key of that name
+    (empty or whitespace-only text in :data:`RESPONSE_COLUMNS` is then accepted)."""
     if not hasattr(dataset, "__len__"):
         return
     if len(dataset) == 0:
@@ -142,6 +147,9 @@ def check_rows(dataset, trainer: str, *, name: str, split: str, text_column: str
                 if col == "prompt" and trainer in ("reward", "dpo", "sft") and value is None:
                     continue  # an optional prompt (reward/DPO pairs with the prompt in chosen/rejected)
                 problem = _text_problem(value)
+                if problem and allow_empty_responses and col in RESPONSE_COLUMNS and problem.endswith("text") \
+                        and ("empty" in problem or "whitespace" in problem):
+                    problem = None
                 if problem:
                     raise UserInputError(f"{_where(name, split, start + i, col)}: {problem}")
             if pairs and batch["chosen"][i] == batch["rejected"][i]:
@@ -223,7 +231,8 @@ def check_local_data(recipe) -> None:
         text_column = getattr(args, "dataset_text_field", "text")
         ds = open_split(s.dataset_name, s.dataset_train_split, config=s.dataset_config)
         check_columns(ds, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split, text_column=text_column)
-        check_rows(ds, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split, text_column=text_column)
+        check_rows(ds, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split, text_column=text_column,
+                   allow_empty_responses=recipe.pipeline.allow_empty_responses)
         tokenizer, config = _local_tokenizer_and_config(recipe.model_args.model_name_or_path)
         if tokenizer is not None:
             limit = prompt_length_limit(recipe.trainer, args, config)

@@ -82,6 +82,10 @@ class PipelineArguments:
             PPO-ptx: split to use.
         ptx_text_column (`str`, *optional*, defaults to `"text"`):
             PPO-ptx: column holding the plain text (a tokenized `input_ids` column is used as is).
+        allow_empty_responses (`bool`, *optional*, defaults to `False`):
+            Accept empty or whitespace-only responses (`chosen`, `rejected`, `responses`, `completion`) in the data,
+            e.g. sampled responses that ended at once, as "saying nothing" examples. Without it such a row is
+            refused before training (`trl-ext check` for local data). Empty prompts are always refused.
         wandb_project (`str`, *optional*):
             Weights & Biases project (sets `WANDB_PROJECT`); used with `report_to: wandb`.
         wandb_entity (`str`, *optional*):
@@ -113,6 +117,9 @@ class PipelineArguments:
     ptx_dataset_config: Optional[str] = field(default=None, metadata={"help": "PPO-ptx: dataset config name."})
     ptx_dataset_split: str = field(default="train", metadata={"help": "PPO-ptx: dataset split."})
     ptx_text_column: str = field(default="text", metadata={"help": "PPO-ptx: text column."})
+    allow_empty_responses: bool = field(
+        default=False, metadata={"help": "Accept empty or whitespace-only responses in the data."}
+    )
     wandb_project: Optional[str] = field(default=None, metadata={"help": "W&B project (WANDB_PROJECT)."})
     wandb_entity: Optional[str] = field(default=None, metadata={"help": "W&B entity (WANDB_ENTITY)."})
     wandb_group: Optional[str] = field(default=None, metadata={"help": "W&B run group (WANDB_RUN_GROUP)."})
@@ -434,7 +441,7 @@ def _resolve(path, merged, cli, env, trainer, types, parser, actions, for_check)
         if not precision:
             def builds(keys):
                 parser.parse_args_into_dataclasses(
-                    args=argv_of([k for k in keys]) + (["--bf16", "false", "--fp16", "false"] if for_check else []),
+                    args=argv_of(keys) + (["--bf16", "false", "--fp16", "false"] if for_check else []),
                     look_for_args_file=False)
                 return True
 
@@ -482,7 +489,8 @@ def _resolve(path, merged, cli, env, trainer, types, parser, actions, for_check)
     if trainer == "reward" and "lora_task_type" not in merged:
         model_args.lora_task_type = "SEQ_CLS"  # the reward model is a sequence classifier
     validation.check_lora(model_args)
-    validation.check_nothing_to_do(trainer, training_args, merged)
+    validation.check_model_limits(trainer, training_args, _local_model_config(model_args.model_name_or_path))
+    validation.check_nothing_to_do(trainer, training_args)
 
     # The output directory: never overwrite a non-empty one unless asked (or resuming into it).
     out = Path(training_args.output_dir)
@@ -526,6 +534,17 @@ def resolve_tiny_name(path: str) -> str:
     if not path.startswith(TINY_SCHEME):
         return path
     return str(tiny_models_dir() / path[len(TINY_SCHEME):])
+
+
+def _local_model_config(path: Optional[str]) -> Optional[dict]:
+    """A local checkpoint's ``config.json`` (``tiny://`` once built), or None (hub names are not fetched here)."""
+    if not path:
+        return None
+    config = Path(resolve_tiny_name(path)).expanduser() / "config.json"
+    try:
+        return json.loads(config.read_text()) if config.is_file() else None
+    except (OSError, ValueError):
+        return None
 
 
 def tiny_models_dir() -> Path:

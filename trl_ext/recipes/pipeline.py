@@ -66,7 +66,8 @@ def open_datasets(recipe: Recipe):
                        streaming=s.dataset_streaming)
     text_column = getattr(args, "dataset_text_field", "text")  # SFT's text column
     check_columns(train, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split, text_column=text_column)
-    check_rows(train, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split, text_column=text_column)
+    check_rows(train, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split, text_column=text_column,
+               allow_empty_responses=recipe.pipeline.allow_empty_responses)
     required = str(getattr(args, "eval_strategy", "no")).split(".")[-1].lower() != "no"
     sample_generations = recipe.trainer == "ppo" and args.num_sample_generations > 0
     evaluate, optional = required or sample_generations, not required
@@ -80,7 +81,8 @@ def open_datasets(recipe: Recipe):
             return train, None
         raise
     check_columns(eval_ds, recipe.trainer, name=s.dataset_name, split=s.dataset_test_split, text_column=text_column)
-    check_rows(eval_ds, recipe.trainer, name=s.dataset_name, split=s.dataset_test_split, text_column=text_column)
+    check_rows(eval_ds, recipe.trainer, name=s.dataset_name, split=s.dataset_test_split, text_column=text_column,
+               allow_empty_responses=recipe.pipeline.allow_empty_responses)
     return train, eval_ds
 
 

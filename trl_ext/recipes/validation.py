@@ -22,6 +22,7 @@ Every check raises :class:`~trl_ext.errors.UserInputError` with one line: the ke
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import math
 import re
@@ -203,7 +204,7 @@ def _kind(members: list) -> str:
         return "list"
     if dict in bases:
         return "dict"
-    if any(isinstance(b, type) and issubclass(b, __import__("enum").Enum) for b in bases):
+    if any(isinstance(b, type) and issubclass(b, enum.Enum) for b in bases):
         return "str"
     return "other"
 
@@ -233,7 +234,7 @@ def _key_specs(dataclass_types: tuple) -> dict[str, KeySpec]:
             choices = f.metadata.get("choices")
             if choices is None:
                 lits = [a for a in members if typing.get_origin(a) is typing.Literal]
-                enums = [a for a in members if isinstance(a, type) and issubclass(a, __import__("enum").Enum)]
+                enums = [a for a in members if isinstance(a, type) and issubclass(a, enum.Enum)]
                 if lits and len(lits) == len(members):
                     choices = [c for lit in lits for c in typing.get_args(lit)]
                 elif enums and len(enums) == len(members):
@@ -322,7 +323,7 @@ def find_culprit(message: str, keys: list[str], builds: Callable[[list[str]], bo
     return None
 
 
-def check_nothing_to_do(trainer: str, training_args, explicit: dict) -> None:
+def check_nothing_to_do(trainer: str, training_args) -> None:
     """Refuse runs that would train zero steps (before anything is written).
 
     Zero episodes (PPO ``total_episodes``: in :data:`RANGES`) and ``num_train_epochs: 0`` with no positive
@@ -361,3 +362,15 @@ def check_lora(model_args, *, prefix: str = "") -> None:
                        "lora_modules_to_save", "use_dora": "use_dora", "use_rslora": "use_rslora"}
         key = next((k for p, k in peft_to_key.items() if re.search(rf"\b{p}\b", msg)), "use_peft")
         raise UserInputError(f"recipe: key '{prefix}{key}': {msg}") from None
+
+
+def check_model_limits(trainer: str, training_args, model_config: Optional[dict]) -> None:
+    """Values that cannot fit the policy checkpoint (its ``config.json``, when local): PPO's ``response_length``
+    must leave room for a prompt within ``max_position_embeddings``."""
+    positions = (model_config or {}).get("max_position_embeddings")
+    response = getattr(training_args, "response_length", None)
+    if trainer == "ppo" and positions and response is not None and response >= positions:
+        raise UserInputError(
+            f"recipe: key 'response_length': {response} leaves no room for a prompt in the model's "
+            f"max_position_embeddings {positions} (valid: an integer < {positions})"
+        )
