@@ -172,6 +172,27 @@ def test_issue_21_cases_fail_before_anything_is_written(tmp_path, monkeypatch, c
             assert err.strip() == f"trl-ext: error: {expected}" or err.strip().startswith(f"trl-ext: error: {expected}")
 
 
+def test_ppo_combinations_its_trainer_refuses_late(tmp_path, monkeypatch, capsys, tiny_models):
+    """What PPO's trainer checks only after the models load is refused by `check` and before `train` loads them."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("TRL_EXT_TINY_DIR", str(tiny_models.root))
+    ppo = dict(yaml.safe_load((ROOT / "recipes/demo/ppo.yaml").read_text()), reward_model_path="tiny://reward",
+               output_dir=str(tmp_path / "out"))
+    cases = [
+        ({"num_mini_batches": 3}, "num_mini_batches", "3 does not divide the rollout batch per_device_train_batch_size "
+         "* gradient_accumulation_steps = 8"),
+        ({"whiten_rewards": True, "num_mini_batches": 2}, "whiten_rewards", "mini-batches of at least 8 samples"),
+        ({"stop_token": "eos", "stop_token_id": 2}, "stop_token", "both set"),
+        ({"total_episodes": None, "num_train_epochs": 0.001}, "num_train_epochs", "is zero episodes"),
+        ({"response_length": 256}, "response_length", "max_position_embeddings 256"),
+    ]
+    for command in ("check", "train"):
+        for extra, key, needle in cases:
+            rc, err = run_cli(command, {**ppo, **extra}, tmp_path / "recipe.yaml", capsys)
+            assert_refused(rc, err, key, tmp_path / "out", f"{command} {extra}")
+            assert needle in err, err
+
+
 def test_library_errors_name_the_key(tmp_path, monkeypatch, capsys):
     """A ValueError from transformers' TrainingArguments (its own validation) becomes one line naming the key."""
     monkeypatch.chdir(ROOT)

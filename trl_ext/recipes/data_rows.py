@@ -233,6 +233,10 @@ def check_local_data(recipe) -> None:
         check_columns(ds, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split, text_column=text_column)
         check_rows(ds, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split, text_column=text_column,
                    allow_empty_responses=recipe.pipeline.allow_empty_responses)
+        if recipe.trainer == "ppo":
+            from .validation import check_episodes
+
+            check_episodes(args, len(ds))
         tokenizer, config = _local_tokenizer_and_config(recipe.model_args.model_name_or_path)
         if tokenizer is not None:
             limit = prompt_length_limit(recipe.trainer, args, config)

@@ -478,6 +478,7 @@ def _resolve(path, merged, cli, env, trainer, types, parser, actions, for_check)
         value_path = pipeline.value_model_path or training_args.reward_model_path
         value_args = _model_config_from_prefix(parsed[5], "value", model_args, value_path)
         _check_ptx(training_args, pipeline)
+        validation.check_ppo_batches(training_args)
         if pipeline.shared_base:
             _check_shared_base(merged, parsed, model_args, training_args, pipeline)
         else:

@@ -17,6 +17,7 @@ from ..models.loaders import load_policy, load_scalar_model, load_tokenizer
 from .data import check_columns, open_split, ptx_texts, tokenize_prompts
 from .data_rows import check_prompt_lengths, check_rows, prompt_length_limit
 from .loader import RECIPE_FILENAME, TINY_DIR_ENV, TINY_SCHEME, Recipe, tiny_models_dir  # noqa: F401 (re-exported)
+from .validation import check_episodes
 
 
 def resolve_model_path(path: str | None) -> str | None:
@@ -68,6 +69,8 @@ def open_datasets(recipe: Recipe):
     check_columns(train, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split, text_column=text_column)
     check_rows(train, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split, text_column=text_column,
                allow_empty_responses=recipe.pipeline.allow_empty_responses)
+    if recipe.trainer == "ppo" and hasattr(train, "__len__"):
+        check_episodes(args, len(train))
     required = str(getattr(args, "eval_strategy", "no")).split(".")[-1].lower() != "no"
     sample_generations = recipe.trainer == "ppo" and args.num_sample_generations > 0
     evaluate, optional = required or sample_generations, not required

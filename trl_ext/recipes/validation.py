@@ -374,3 +374,33 @@ def check_model_limits(trainer: str, training_args, model_config: Optional[dict]
             f"recipe: key 'response_length': {response} leaves no room for a prompt in the model's "
             f"max_position_embeddings {positions} (valid: an integer < {positions})"
         )
+
+
+def check_ppo_batches(training_args) -> None:
+    """PPO's combinations that its trainer would refuse only after every model has loaded (TRL's checks, earlier):
+    the rollout batch (``per_device_train_batch_size * gradient_accumulation_steps``) split into
+    ``num_mini_batches``; ``whiten_rewards`` with mini-batches under 8; ``stop_token`` with ``stop_token_id``."""
+    a = training_args
+    local_batch = a.per_device_train_batch_size * a.gradient_accumulation_steps
+    if local_batch % a.num_mini_batches:
+        raise UserInputError(
+            f"recipe: key 'num_mini_batches': {a.num_mini_batches} does not divide the rollout batch "
+            f"per_device_train_batch_size * gradient_accumulation_steps = {local_batch} (valid: a divisor of it)"
+        )
+    if getattr(a, "whiten_rewards", False) and local_batch // a.num_mini_batches < 8:
+        raise UserInputError(
+            f"recipe: key 'whiten_rewards': needs mini-batches of at least 8 samples per process, got "
+            f"{local_batch // a.num_mini_batches} (per_device_train_batch_size * gradient_accumulation_steps / "
+            "num_mini_batches)"
+        )
+    if getattr(a, "stop_token", None) and getattr(a, "stop_token_id", None) is not None:
+        raise UserInputError("recipe: keys 'stop_token' and 'stop_token_id' are both set; choose one")
+
+
+def check_episodes(training_args, num_rows: int) -> None:
+    """PPO without ``total_episodes`` trains ``int(num_train_epochs * rows)`` episodes: refuse zero."""
+    if getattr(training_args, "total_episodes", 0) is None and int(training_args.num_train_epochs * num_rows) < 1:
+        raise UserInputError(
+            f"recipe: key 'num_train_epochs': {training_args.num_train_epochs} of {num_rows} prompts is zero "
+            "episodes (valid: num_train_epochs * prompts >= 1, or set total_episodes)"
+        )
