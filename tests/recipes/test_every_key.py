@@ -199,6 +199,10 @@ def test_library_errors_name_the_key(tmp_path, monkeypatch, capsys):
     keys = dict(yaml.safe_load((ROOT / "recipes/demo/reward.yaml").read_text()), output_dir=str(tmp_path / "out"))
     rc, err = run_cli("check", {**keys, "logging_steps": 2.5}, tmp_path / "r.yaml", capsys)
     assert rc == 2 and err.startswith("trl-ext: error: recipe: key 'logging_steps': ") and "integer" in err
+    # a GPU recipe (bf16) checked on a machine without one: the same, after the precision is relaxed for `check`
+    gpu = dict(yaml.safe_load((ROOT / "recipes/qwen2.5-0.5b/reward.yaml").read_text()), output_dir=str(tmp_path / "o"))
+    rc, err = run_cli("check", {**gpu, "logging_steps": 2.5}, tmp_path / "r.yaml", capsys)
+    assert rc == 2 and err.startswith("trl-ext: error: recipe: key 'logging_steps': ") and "integer" in err
     # the message names other keys than the culprit: found by removing keys until the configs build
     rc, err = run_cli("check", {**keys, "eval_strategy": "steps", "eval_steps": 5, "save_strategy": "steps",
                                 "save_steps": 7, "load_best_model_at_end": True}, tmp_path / "r.yaml", capsys)

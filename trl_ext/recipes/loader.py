@@ -425,6 +425,17 @@ def _resolve(path, merged, cli, env, trainer, types, parser, actions, for_check)
     argv = argv_of(merged)
     validation.check_namespace(parser.parse_known_args(argv)[0], merged, specs)
 
+    def builds(keys) -> bool:
+        parser.parse_args_into_dataclasses(
+            args=argv_of(keys) + (["--bf16", "false", "--fp16", "false"] if for_check else []),
+            look_for_args_file=False)
+        return True
+
+    def library_error(msg: str) -> UserInputError:
+        """A library's validation error, naming the recipe key at fault (validation.find_culprit)."""
+        culprit = validation.find_culprit(msg, list(merged), builds)
+        return UserInputError(f"recipe: {f'key {culprit!r}: ' if culprit else ''}{msg}")
+
     notes: list[str] = []
     try:
         parsed = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
@@ -439,22 +450,16 @@ def _resolve(path, merged, cli, env, trainer, types, parser, actions, for_check)
                 "default to bf16: true, so on CPU set use_cpu: true (or bf16: false)"
             ) from None
         if not precision:
-            def builds(keys):
-                parser.parse_args_into_dataclasses(
-                    args=argv_of(keys) + (["--bf16", "false", "--fp16", "false"] if for_check else []),
-                    look_for_args_file=False)
-                return True
-
-            culprit = validation.find_culprit(msg, list(merged), builds)
-            where = f"key '{culprit}': " if culprit else ""
-            raise UserInputError(f"recipe: {where}{msg}") from None
+            raise library_error(msg) from None
         # `check` on a machine without a GPU: validate the rest with fp32 and say so.
         notes.append(f"this machine cannot run the recipe's precision ({msg}); checked the rest with fp32")
         argv += ["--bf16", "false", "--fp16", "false"]
         try:
             parsed = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+        except UserInputError:
+            raise
         except ValueError as err2:
-            raise UserInputError(f"recipe: {str(err2).strip().splitlines()[0]}") from None
+            raise library_error(str(err2).strip().splitlines()[0]) from None
 
     script_args, model_args, training_args, pipeline = parsed[:4]
 
