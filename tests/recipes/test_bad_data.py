@@ -146,3 +146,14 @@ def test_a_dataset_left_empty_by_trls_length_filter_is_refused(tmp_path, cli):
     rc, line = cli("train", "reward", path, max_length=16)
     assert rc == 2 and line == (f"trl-ext: error: dataset '{path}': no row fits max_length: 16 (TRL drops longer "
                                 "rows); raise max_length or shorten the rows")
+
+
+def test_chat_messages(tmp_path, cli):
+    """Conversational SFT data: an empty system prompt is fine, an empty user or assistant turn is not."""
+    turns = [{"role": "system", "content": ""}, {"role": "user", "content": "hi"},
+             {"role": "assistant", "content": "hello"}]
+    path = jsonl(tmp_path, [{"messages": turns}])
+    assert cli("check", "sft", path)[0] == 0
+    path = jsonl(tmp_path, [{"messages": turns}, {"messages": [*turns[:2], {"role": "assistant", "content": " "}]}])
+    rc, line = cli("check", "sft", path)
+    assert rc == 2 and line.endswith("row 1 (line 2) column 'messages': whitespace-only text")

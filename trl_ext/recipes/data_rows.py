@@ -100,7 +100,9 @@ def _text_problem(value) -> Optional[str]:
         if "\ufffd" in value:
             return "undecodable text (U+FFFD replacement characters)"
         return None if value.strip() else ("empty text" if not value else "whitespace-only text")
-    if isinstance(value, dict):  # a chat message
+    if isinstance(value, dict):  # a chat message; an empty system prompt or a tool call's null content is fine
+        if value.get("role") == "system" and isinstance(value.get("content"), str) or value.get("tool_calls"):
+            return None
         return _text_problem(value.get("content"))
     if isinstance(value, (list, tuple)):
         if not value:
