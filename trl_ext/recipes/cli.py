@@ -170,14 +170,9 @@ def _run(args: argparse.Namespace) -> int:
         return run_plan(args.recipe, overrides, gpu_memory=args.gpu_memory, prompt_length=args.prompt_length)
     if args.command == "check":
         recipe = resolve_recipe(args.recipe, overrides, for_check=True)
-        from ..models.paths import looks_local
-        from .data import check_columns, open_split
+        from .data_rows import check_local_data
 
-        s = recipe.script_args
-        if s.dataset_name and looks_local(s.dataset_name):  # local data: check columns too (no network)
-            ds = open_split(s.dataset_name, s.dataset_train_split, config=s.dataset_config)
-            check_columns(ds, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split,
-                          text_column=getattr(recipe.training_args, "dataset_text_field", "text"))
+        check_local_data(recipe)  # local data: columns, rows and prompt lengths too (no network, no model)
         print(f"# {args.recipe}: OK ({recipe.trainer} recipe, {type(recipe.training_args).__name__})")
         for note in recipe.notes:
             print(f"# note: {note}")

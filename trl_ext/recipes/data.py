@@ -8,6 +8,8 @@ Columns are checked as soon as a split is opened, before any model loads:
 * dpo: ``chosen`` and ``rejected`` (``prompt`` optional);
 * ppo: ``prompt`` (plain text, or a list of chat messages), or an already tokenized ``input_ids`` column;
 * ppo-ptx: the ``ptx_text_column`` (default ``text``), or ``input_ids``.
+
+Their rows are checked next, in :mod:`trl_ext.recipes.data_rows`.
 """
 
 from __future__ import annotations
@@ -37,7 +39,18 @@ def open_split(name: str, split: str, *, config: str | None = None, key: str = "
             raise UserInputError(
                 f"{key}: unsupported file type '{path.suffix}' for '{name}' (use .json, .jsonl, .parquet or .csv)"
             )
-        splits = {"train": lambda: datasets.load_dataset(builder, data_files=str(path), split="train")}
+        from .data_rows import check_file_text
+
+        check_file_text(path, key=key)  # undecodable text or a bad jsonl line: one line, not a parser traceback
+
+        def load_file():
+            try:
+                return datasets.load_dataset(builder, data_files=str(path), split="train")
+            except Exception as err:  # noqa: BLE001 - any parser failure is reported as the user's file
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise UserInputError(f"{key}: cannot read '{name}': {first}") from None
+
+        splits = {"train": load_file}
     elif path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
         loaded = datasets.load_from_disk(str(path))
         if isinstance(loaded, datasets.Dataset):

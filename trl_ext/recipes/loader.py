@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import enum
 import json
 import os
@@ -30,11 +31,13 @@ from typing import Any, Optional
 
 from ..errors import UserInputError
 from ..models.paths import looks_local
+from . import validation
 
 TRAINERS = ("sft", "reward", "dpo", "ppo")
 RECIPE_FILENAME = "trl_ext_recipe.yaml"
 TINY_SCHEME = "tiny://"
 TINY_NAMES = ("tokenizer", "policy", "reward")
+TINY_DIR_ENV = "TRL_EXT_TINY_DIR"
 
 # Keys of TRL's ModelConfig that the reward and value models inherit from the policy when not set with a prefix.
 INHERITED_MODEL_KEYS = ("model_revision", "dtype", "attn_implementation")
@@ -86,6 +89,10 @@ class PipelineArguments:
             PPO-ptx: split to use.
         ptx_text_column (`str`, *optional*, defaults to `"text"`):
             PPO-ptx: column holding the plain text (a tokenized `input_ids` column is used as is).
+        allow_empty_responses (`bool`, *optional*, defaults to `False`):
+            Accept empty or whitespace-only responses (`chosen`, `rejected`, `responses`, `completion`) in the data,
+            e.g. sampled responses that ended at once, as "saying nothing" examples. Without it such a row is
+            refused before training (`trl-ext check` for local data). Empty prompts are always refused.
         wandb_project (`str`, *optional*):
             Weights & Biases project (sets `WANDB_PROJECT`); used with `report_to: wandb`.
         wandb_entity (`str`, *optional*):
@@ -121,6 +128,9 @@ class PipelineArguments:
     ptx_dataset_config: Optional[str] = field(default=None, metadata={"help": "PPO-ptx: dataset config name."})
     ptx_dataset_split: str = field(default="train", metadata={"help": "PPO-ptx: dataset split."})
     ptx_text_column: str = field(default="text", metadata={"help": "PPO-ptx: text column."})
+    allow_empty_responses: bool = field(
+        default=False, metadata={"help": "Accept empty or whitespace-only responses in the data."}
+    )
     wandb_project: Optional[str] = field(default=None, metadata={"help": "W&B project (WANDB_PROJECT)."})
     wandb_entity: Optional[str] = field(default=None, metadata={"help": "W&B entity (WANDB_ENTITY)."})
     wandb_group: Optional[str] = field(default=None, metadata={"help": "W&B run group (WANDB_RUN_GROUP)."})
@@ -221,6 +231,7 @@ def trainer_config_class(trainer: str):
             "ppo": trl_ext.PPOConfig}[trainer]
 
 
+@functools.lru_cache(maxsize=None)
 def _prefixed_model_class(prefix: str):
     """A dataclass with the fields of TRL's ModelConfig (but the model path) renamed ``<prefix>_<field>``.
 
@@ -252,6 +263,13 @@ class _RecipeArgumentParser:
                 raise UserInputError(f"recipe: {message}")
 
         return Parser(dataclass_types, allow_abbrev=False)
+
+
+@functools.lru_cache(maxsize=None)
+def _parser_of(trainer: str):
+    """The argument parser of a trainer's recipes (built once: ~50 ms). :func:`resolve_recipe` restores the
+    defaults it changes for `null` values."""
+    return _RecipeArgumentParser(_dataclass_types(trainer))
 
 
 def _dataclass_types(trainer: str) -> list:
@@ -352,9 +370,18 @@ def resolve_recipe(
         raise UserInputError(f"recipe: key 'trainer': invalid choice '{trainer}' (choose from {', '.join(TRAINERS)})")
 
     types = _dataclass_types(trainer)
-    parser = _RecipeArgumentParser(types)
+    parser = _parser_of(trainer)
     actions = {a.dest: a for a in parser._actions if a.dest != "help"}
+    defaults = {dest: a.default for dest, a in actions.items()}
+    try:
+        return _resolve(path, merged, cli, env, trainer, types, parser, actions, for_check)
+    finally:  # `null` values are set as parser defaults: put the parser back as it was
+        for dest, a in actions.items():
+            a.default = defaults[dest]
+        parser._defaults.clear()
 
+
+def _resolve(path, merged, cli, env, trainer, types, parser, actions, for_check) -> Recipe:
     for key in merged:
         if key in UNSUPPORTED_KEYS:
             raise UserInputError(f"recipe: key '{key}' is not used by trl-ext: {UNSUPPORTED_KEYS[key]}")
@@ -389,15 +416,36 @@ def resolve_recipe(
         if given("reward_model_path") in (None, ""):
             raise UserInputError("recipe: missing key 'reward_model_path' (the reward model PPO optimises)")
 
-    # Type and choice checks: as TRL's CLI would parse them, with one-line errors.
-    argv: list[str] = []
-    for key, value in merged.items():
-        if value is None:
-            parser.set_defaults(**{key: None})
-        elif value is True and key in cli and actions[key].nargs == "?":
-            argv.append(f"--{key}")
-        else:
-            argv += _to_argv(key, value, actions[key])
+    # Type and choice checks: as TRL's CLI would parse them, with one-line errors; then nullability and ranges
+    # (trl_ext.recipes.validation), before the libraries' own checks in the dataclasses' __post_init__.
+    specs = validation.key_specs(types)
+
+    def argv_of(keys) -> list[str]:
+        argv: list[str] = []
+        for key in keys:
+            value = merged[key]
+            if value is None:
+                validation.check_null(key, specs[key])
+                parser.set_defaults(**{key: None})
+            elif value is True and key in cli and actions[key].nargs == "?":
+                argv.append(f"--{key}")
+            else:
+                argv += _to_argv(key, value, actions[key])
+        return argv
+
+    argv = argv_of(merged)
+    validation.check_namespace(parser.parse_known_args(argv)[0], merged, specs)
+
+    def builds(keys) -> bool:
+        parser.parse_args_into_dataclasses(
+            args=argv_of(keys) + (["--bf16", "false", "--fp16", "false"] if for_check else []),
+            look_for_args_file=False)
+        return True
+
+    def library_error(msg: str) -> UserInputError:
+        """A library's validation error, naming the recipe key at fault (validation.find_culprit)."""
+        culprit = validation.find_culprit(msg, list(merged), builds)
+        return UserInputError(f"recipe: {f'key {culprit!r}: ' if culprit else ''}{msg}")
 
     notes: list[str] = []
     try:
@@ -412,15 +460,17 @@ def resolve_recipe(
                 f"recipe: key 'bf16'/'fp16': this machine cannot train in that precision ({msg}); TRL's configs "
                 "default to bf16: true, so on CPU set use_cpu: true (or bf16: false)"
             ) from None
-        if not for_check:
-            raise UserInputError(f"recipe: {msg}") from None
+        if not precision:
+            raise library_error(msg) from None
         # `check` on a machine without a GPU: validate the rest with fp32 and say so.
         notes.append(f"this machine cannot run the recipe's precision ({msg}); checked the rest with fp32")
         argv += ["--bf16", "false", "--fp16", "false"]
         try:
             parsed = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+        except UserInputError:
+            raise
         except ValueError as err2:
-            raise UserInputError(f"recipe: {str(err2).strip().splitlines()[0]}") from None
+            raise library_error(str(err2).strip().splitlines()[0]) from None
 
     script_args, model_args, training_args, pipeline = parsed[:4]
 
@@ -447,13 +497,20 @@ def resolve_recipe(
             value_path = pipeline.value_model_path or training_args.reward_model_path
             value_args = _model_config_from_prefix(parsed[5], "value", model_args, value_path)
         _check_ptx(training_args, pipeline)
+        validation.check_ppo_batches(training_args)
         if pipeline.shared_base:
             _check_shared_base(merged, parsed, model_args, training_args, pipeline)
+        else:
+            validation.check_lora(reward_args, prefix="reward_")
+            validation.check_lora(value_args, prefix="value_")
     elif any(getattr(pipeline, k) not in (None, f.default) for k, f in _PPO_ONLY.items()):
         bad = next(k for k, f in _PPO_ONLY.items() if getattr(pipeline, k) not in (None, f.default))
         raise UserInputError(f"recipe: key '{bad}' is for PPO recipes only (this recipe has trainer: {trainer})")
     if trainer == "reward" and "lora_task_type" not in merged:
         model_args.lora_task_type = "SEQ_CLS"  # the reward model is a sequence classifier
+    validation.check_lora(model_args)
+    validation.check_model_limits(trainer, training_args, _local_model_config(model_args.model_name_or_path))
+    validation.check_nothing_to_do(trainer, training_args)
 
     # The output directory: never overwrite a non-empty one unless asked (or resuming into it).
     out = Path(training_args.output_dir)
@@ -496,9 +553,23 @@ def resolve_tiny_name(path: str) -> str:
     """``tiny://NAME`` as the directory it stands for (without building it); other paths unchanged."""
     if not path.startswith(TINY_SCHEME):
         return path
-    from .pipeline import tiny_models_dir
-
     return str(tiny_models_dir() / path[len(TINY_SCHEME):])
+
+
+def _local_model_config(path: Optional[str]) -> Optional[dict]:
+    """A local checkpoint's ``config.json`` (``tiny://`` once built), or None (hub names are not fetched here)."""
+    if not path:
+        return None
+    config = Path(resolve_tiny_name(path)).expanduser() / "config.json"
+    try:
+        return json.loads(config.read_text()) if config.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+def tiny_models_dir() -> Path:
+    """Where ``tiny://`` models are built: ``$TRL_EXT_TINY_DIR`` or ``~/.cache/trl_ext/tiny-models``."""
+    return Path(os.environ.get(TINY_DIR_ENV) or Path.home() / ".cache" / "trl_ext" / "tiny-models")
 
 
 def shared_value_is_fresh(value_path: Optional[str], policy_path: str) -> bool:

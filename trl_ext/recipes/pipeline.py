@@ -15,14 +15,9 @@ from pathlib import Path
 from ..errors import UserInputError
 from ..models.loaders import load_policy, load_scalar_model, load_tokenizer
 from .data import check_columns, open_split, ptx_texts, tokenize_prompts
-from .loader import RECIPE_FILENAME, TINY_SCHEME, Recipe
-
-TINY_DIR_ENV = "TRL_EXT_TINY_DIR"
-
-
-def tiny_models_dir() -> Path:
-    """Where ``tiny://`` models are built: ``$TRL_EXT_TINY_DIR`` or ``~/.cache/trl_ext/tiny-models``."""
-    return Path(os.environ.get(TINY_DIR_ENV) or Path.home() / ".cache" / "trl_ext" / "tiny-models")
+from .data_rows import check_prompt_lengths, check_rows, prompt_length_limit
+from .loader import RECIPE_FILENAME, TINY_DIR_ENV, TINY_SCHEME, Recipe, tiny_models_dir  # noqa: F401 (re-exported)
+from .validation import check_episodes
 
 
 def resolve_model_path(path: str | None) -> str | None:
@@ -72,6 +67,10 @@ def open_datasets(recipe: Recipe):
                        streaming=s.dataset_streaming)
     text_column = getattr(args, "dataset_text_field", "text")  # SFT's text column
     check_columns(train, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split, text_column=text_column)
+    check_rows(train, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split, text_column=text_column,
+               allow_empty_responses=recipe.pipeline.allow_empty_responses)
+    if recipe.trainer == "ppo" and hasattr(train, "__len__"):
+        check_episodes(args, len(train))
     required = str(getattr(args, "eval_strategy", "no")).split(".")[-1].lower() != "no"
     sample_generations = recipe.trainer == "ppo" and args.num_sample_generations > 0
     evaluate, optional = required or sample_generations, not required
@@ -85,7 +84,33 @@ def open_datasets(recipe: Recipe):
             return train, None
         raise
     check_columns(eval_ds, recipe.trainer, name=s.dataset_name, split=s.dataset_test_split, text_column=text_column)
+    check_rows(eval_ds, recipe.trainer, name=s.dataset_name, split=s.dataset_test_split, text_column=text_column,
+               allow_empty_responses=recipe.pipeline.allow_empty_responses)
     return train, eval_ds
+
+
+def check_lengths(recipe: Recipe, tokenizer, *datasets, model_config=None) -> None:
+    """Refuse a prompt that alone reaches the length limit (:mod:`trl_ext.recipes.data_rows`), before models load.
+    ``datasets``: the train and eval splits (None skipped)."""
+    s = recipe.script_args
+    limit = prompt_length_limit(recipe.trainer, recipe.training_args, model_config)
+    for ds, split in zip(datasets, (s.dataset_train_split, s.dataset_test_split)):
+        if ds is not None:
+            check_prompt_lengths(ds, recipe.trainer, tokenizer, limit, name=s.dataset_name, split=split)
+
+
+def refuse_empty_after_filtering(trainer, recipe: Recipe, *, out_existed: bool) -> None:
+    """TRL's reward trainer drops pairs longer than max_length: refuse a run left with no pair, before it trains
+    (and remove the empty output_dir that transformers' Trainer made, unless it was there before)."""
+    ds = getattr(trainer, "train_dataset", None)
+    if ds is not None and hasattr(ds, "__len__") and len(ds) == 0:
+        out = Path(recipe.training_args.output_dir)
+        if not out_existed and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise UserInputError(
+            f"dataset '{recipe.script_args.dataset_name}': no row fits max_length: "
+            f"{recipe.training_args.max_length} (TRL drops longer rows); raise max_length or shorten the rows"
+        )
 
 
 def open_ptx_dataset(recipe: Recipe):
@@ -96,6 +121,7 @@ def open_ptx_dataset(recipe: Recipe):
     ds = open_split(p.ptx_dataset_name, p.ptx_dataset_split, config=p.ptx_dataset_config,
                     key="ptx_dataset_name", split_key="ptx_dataset_split")
     check_columns(ds, "ptx", name=p.ptx_dataset_name, split=p.ptx_dataset_split, text_column=p.ptx_text_column)
+    check_rows(ds, "ptx", name=p.ptx_dataset_name, split=p.ptx_dataset_split, text_column=p.ptx_text_column)
     return ptx_texts(ds, p.ptx_text_column)
 
 
@@ -143,6 +169,17 @@ def load_scalar_checkpoint(model_args, *, trainable: bool, reinit_head: bool = F
     return model
 
 
+def _model_config(model_args):
+    """The policy checkpoint's config (a small file), or None when it cannot be read here."""
+    try:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision,
+                                          trust_remote_code=model_args.trust_remote_code)
+    except Exception:  # noqa: BLE001 - the model load reports it
+        return None
+
+
 def _resume_arg(recipe: Recipe):
     value = getattr(recipe.training_args, "resume_from_checkpoint", None)
     if isinstance(value, str) and value.lower() in ("true", "false"):
@@ -176,6 +213,7 @@ def train_sft(recipe: Recipe):
     train_ds, eval_ds = open_datasets(recipe)
     model_args = _resolved(recipe.model_args)
     tokenizer = load_tokenizer(model_args)
+    check_lengths(recipe, tokenizer, train_ds, eval_ds)
     model = load_policy(model_args, tokenizer=tokenizer, upcast_non_quantized=recipe.pipeline.upcast_non_quantized)
     trainer = SFTTrainer(model=model, args=recipe.training_args, train_dataset=train_ds, eval_dataset=eval_ds,
                          processing_class=tokenizer)
@@ -191,10 +229,13 @@ def train_reward(recipe: Recipe):
     train_ds, eval_ds = open_datasets(recipe)
     model_args = _resolved(recipe.model_args)
     tokenizer = load_tokenizer(model_args)
+    check_lengths(recipe, tokenizer, train_ds, eval_ds)
     model = load_scalar_model(model_args, reinit_head=recipe.pipeline.reinit_score_head, tokenizer=tokenizer,
                               upcast_non_quantized=recipe.pipeline.upcast_non_quantized)
+    out_existed = Path(recipe.training_args.output_dir).exists()
     trainer = RewardTrainer(model=model, args=recipe.training_args, train_dataset=train_ds, eval_dataset=eval_ds,
                             processing_class=tokenizer)
+    refuse_empty_after_filtering(trainer, recipe, out_existed=out_existed)
     trainer.train(resume_from_checkpoint=_resume_arg(recipe))
     _finish(trainer, recipe, tokenizer)
     return trainer
@@ -210,6 +251,7 @@ def train_dpo(recipe: Recipe):
     train_ds, eval_ds = open_datasets(recipe)
     model_args = _resolved(recipe.model_args)
     tokenizer = load_tokenizer(model_args)
+    check_lengths(recipe, tokenizer, train_ds, eval_ds)
     model = load_policy(model_args, tokenizer=tokenizer, upcast_non_quantized=recipe.pipeline.upcast_non_quantized)
     trainer = DPOTrainer(model=model, ref_model=None, args=recipe.training_args, train_dataset=train_ds,
                          eval_dataset=eval_ds, processing_class=tokenizer)
@@ -242,6 +284,7 @@ def train_ppo(recipe: Recipe):
     train_ds = tokenize_prompts(train_ds, tokenizer, num_proc=args.dataset_num_proc)
     if eval_ds is not None:
         eval_ds = tokenize_prompts(eval_ds, tokenizer, num_proc=args.dataset_num_proc)
+    check_lengths(recipe, tokenizer, train_ds, eval_ds, model_config=_model_config(model_args))
 
     upcast = recipe.pipeline.upcast_non_quantized
     policy = load_policy(model_args, tokenizer=tokenizer, upcast_non_quantized=upcast)
