@@ -79,7 +79,6 @@ RANGES: dict[str, str] = {
     "total_episodes": "[1, inf)",
     "num_ppo_epochs": "[1, inf)",
     "num_mini_batches": "[1, inf)",
-    "local_rollout_forward_batch_size": "[1, inf)",
     "cliprange": "(0, inf)",
     "gamma": "[0, 1]",
     "lam": "[0, 1]",
@@ -97,9 +96,10 @@ RANGES: dict[str, str] = {
     "ptx_batch_size": "[1, inf)",
     "ptx_max_length": "[1, inf)",
     "reward_clip": "(0, inf)",
-    # keys being added beside this module (issues 18/19): a row applies once the field exists
     "num_samples_per_prompt": "[1, inf)",
     "max_memory_gib": "(0, inf)",
+    # local_rollout_forward_batch_size (an int or "auto") is checked by its own argparse type,
+    # trl_ext.ppo.rollout_chunk.rollout_chunk_value
 }
 
 MODEL_PREFIXES = ("reward_", "value_")
