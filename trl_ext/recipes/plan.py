@@ -88,7 +88,7 @@ def split_plan_options(tokens: list[str]) -> tuple[dict, list[str]]:
 
 
 def parse_ppo_recipe(path: str, overrides: list[str]):
-    """(merged raw keys, ScriptArguments, ModelConfig, PPOConfig, PipelineArguments) of a PPO recipe, typed by the
+    """(ScriptArguments, ModelConfig, PPOConfig, PipelineArguments) of a PPO recipe, typed by the
     recipe loader's parser; no path has to exist and precision is not checked (planning happens anywhere)."""
     from . import loader
 
@@ -99,11 +99,8 @@ def parse_ppo_recipe(path: str, overrides: list[str]):
     types = loader._dataclass_types("ppo")
     parser = loader._RecipeArgumentParser(types)
     actions = {a.dest: a for a in parser._actions if a.dest != "help"}
-    extra = {}
-    for key in list(merged):
-        if key == "upcast_non_quantized" and key not in actions:  # the loader option, where this install lacks it
-            extra[key] = merged.pop(key)
-        elif key not in actions:
+    for key in merged:
+        if key not in actions:
             raise UserInputError(f"recipe: unknown key '{key}' (not a key of a ppo recipe)")
     argv: list[str] = []
     for key, value in merged.items():
@@ -116,8 +113,7 @@ def parse_ppo_recipe(path: str, overrides: list[str]):
         raise
     except ValueError as err:
         raise UserInputError(f"recipe: {str(err).strip().splitlines()[0]}") from None
-    merged.update(extra)
-    return merged, *parsed[:4]
+    return tuple(parsed[:4])
 
 
 def read_model_config(path: str, key: str):
@@ -149,12 +145,11 @@ def read_model_config(path: str, key: str):
 def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memory: float = 24.0,
               prompt_length: int = DEFAULT_PROMPT_LENGTH) -> Plan:
     """The :class:`Plan` of a PPO recipe (see the module docstring)."""
-    merged, _script, model_args, args, pipeline = parse_ppo_recipe(recipe_path, list(overrides or []))
+    _script, model_args, args, pipeline = parse_ppo_recipe(recipe_path, list(overrides or []))
     if not model_args.use_peft:
         raise UserInputError("plan: the memory budget models LoRA policies (use_peft: true); this recipe trains the "
                              "policy in full")
-    upcast = merged.get("upcast_non_quantized", True)
-    upcast = upcast if isinstance(upcast, bool) else str(upcast).lower() in ("true", "1", "yes")
+    upcast = pipeline.upcast_non_quantized
     config = read_model_config(model_args.model_name_or_path, "model_name_or_path")
     name = f"{os.path.basename(os.path.normpath(model_args.model_name_or_path))} ({config.model_type})"
     shape = ModelShape.from_config(config, name=name)
