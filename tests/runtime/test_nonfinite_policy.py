@@ -210,3 +210,35 @@ def test_float16_models_train_with_skip(tiny_models, tokenizer, tmp_path, kind):
     assert all(torch.isfinite(p).all() for p in params.values())
     assert any(not torch.equal(before[n], p) for n, p in params.items())
     assert logs(trainer)[MAX_STEPS]["nonfinite/skipped_steps"] == trainer.step_guard.skipped_steps < MAX_STEPS
+
+
+def test_loss_scaler_skips_are_counted_not_failures():
+    """fp16's loss scaler (accelerate's optimizer with a GradScaler; here torch's CPU one, since accelerate gives
+    none on CPU): a scaled loss that overflows makes inf gradients, the scaler skips that step and halves its scale;
+    under `stop` this is no failure, the weights stay, the skip is counted apart; the next step goes through."""
+    from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
+
+    from trl_ext.runtime.nonfinite import guarded_optimizer_step
+
+    def fail(finding):
+        raise AssertionError(f"not a failure: {finding}")
+
+    accelerator = Accelerator(cpu=True)
+    layer = torch.nn.Linear(3, 1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    optimizer = AcceleratedOptimizer(torch.optim.SGD(layer.parameters(), lr=0.1), scaler=scaler)
+    guard = StepGuard("stop")
+    start = [p.detach().clone() for p in layer.parameters()]
+    for factor, stepped in ((1e35, False), (1.0, True)):  # 1e35 * 2**16 overflows float32: inf gradients
+        loss = layer(torch.ones(1, 3)).sum() * factor
+        guard.observe(loss)  # finite: the loss itself is fine
+        scaler.scale(loss).backward()
+        assert guarded_optimizer_step(guard, optimizer, accelerator, fail) is stepped
+        optimizer.zero_grad()
+        if not stepped:
+            assert all(torch.equal(a, b) for a, b in zip(start, layer.parameters()))
+            assert scaler.get_scale() == 2.0**15
+    assert not all(torch.equal(a, b) for a, b in zip(start, layer.parameters()))
+    assert guard.metrics() == {"nonfinite/scaler_skipped_steps": 1}
+    assert guard.skipped_steps == 0
