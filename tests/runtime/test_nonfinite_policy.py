@@ -242,3 +242,20 @@ def test_loss_scaler_skips_are_counted_not_failures():
     assert not all(torch.equal(a, b) for a, b in zip(start, layer.parameters()))
     assert guard.metrics() == {"nonfinite/scaler_skipped_steps": 1}
     assert guard.skipped_steps == 0
+
+    # a NaN loss under `skip`, after the gradients were unscaled for clipping (as HF Trainer does): skipped by the
+    # guard, the scaler keeps its scale and its next step goes through
+    guard, weights = StepGuard("skip"), [p.detach().clone() for p in layer.parameters()]
+    for factor, stepped in ((float("nan"), False), (1.0, True)):
+        loss = layer(torch.ones(1, 3)).sum() * factor
+        guard.observe(loss)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer.optimizer)
+        assert guarded_optimizer_step(guard, optimizer, accelerator, fail) is stepped
+        optimizer.zero_grad()
+        if not stepped:
+            assert all(torch.equal(a, b) for a, b in zip(weights, layer.parameters()))
+            assert optimizer.step_was_skipped and scaler.get_scale() == 2.0**15
+    assert not all(torch.equal(a, b) for a, b in zip(weights, layer.parameters()))
+    assert guard.metrics() == {"nonfinite/skipped_steps": 1, "nonfinite/consecutive_skips": 0,
+                               "nonfinite/scaler_skipped_steps": 0}

@@ -188,7 +188,8 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         self._resumed_dataloader_stack = None
         self._update_start_state = None
         self._optimizer_stepped = False
-        self.step_guard = StepGuard(args.nonfinite_policy, args.max_consecutive_nonfinite_skips)
+        self.step_guard = StepGuard(args.nonfinite_policy, args.max_consecutive_nonfinite_skips,
+                                    (self.accelerator, self.stop_on_nonfinite) if self.is_deepspeed_enabled else None)
 
     # ------------------------------------------------------------------ parent fixes
 
@@ -361,7 +362,8 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
                 metrics = self.update_metrics(rollout, stats, kl_coef, timings)
             self.log_update(metrics)
         else:  # NaN/inf scores under nonfinite_policy "skip": the update is dropped (nor scheduler nor KL step)
-            self.state.global_step += 1; self.log({**self.step_guard.metrics(), "episode": self.state.episode})
+            self.state.global_step += 1
+            self.log({**self.step_guard.metrics(), "episode": self.state.episode})
         if self._optimizer_stepped:  # False only when every optimizer step of the update was skipped
             self.lr_scheduler.step()
         self.control = self.callback_handler.on_step_end(args, self.state, self.control)
@@ -505,10 +507,7 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         counts = count_nonfinite(tensor, self.accelerator)
         if counts.ok:
             return True
-        finding = Finding(quantity, counts, unit, where)
-        if self.step_guard.must_stop(finding):
-            self.stop_on_nonfinite(finding)
-        return self.step_guard.decide(finding)
+        return self.step_guard.apply(Finding(quantity, counts, unit, where), self.stop_on_nonfinite)
 
     def stop_on_nonfinite(self, finding: Finding) -> None:
         """Raise :class:`~trl_ext.runtime.nonfinite.NonFiniteError` for `finding` (scores, a loss, gradients). If no

@@ -169,9 +169,12 @@ class StepGuard:
     non-finite policy (see the module docstring).
 
     ``observe(loss, where)`` after each micro-batch (device side only); ``inspect(optimizer, accelerator)`` right
-    before the optimizer step returns None (all finite) or the first :class:`Finding`; then ``stepped()`` or
-    ``skipped()`` records what was done. Counters: ``skipped_steps`` (total), ``consecutive_skips``,
+    before the optimizer step returns None (all finite) or the first :class:`Finding`; then ``apply(finding,
+    on_stop)`` applies the policy and counts. Counters: ``skipped_steps`` (total), ``consecutive_skips``,
     ``scaler_skipped_steps`` (the fp16 loss scaler's own skips, counted by :func:`guarded_optimizer_step`).
+
+    ``at_once=(accelerator, on_stop)`` checks each observed tensor at once instead (one synchronisation per call;
+    ``on_stop(finding)`` raises): for DeepSpeed, whose engine steps inside the backward pass.
 
     Gradients are checked through their per-parameter norms (``torch._foreach_norm``, float32 accumulation, as
     ``torch.nn.utils.clip_grad_norm_`` computes them): a gradient with a NaN/inf entry has a NaN/inf norm. They are
@@ -179,7 +182,7 @@ class StepGuard:
     (DeepSpeed).
     """
 
-    def __init__(self, policy: str = "stop", max_consecutive_skips: int = 10):
+    def __init__(self, policy: str = "stop", max_consecutive_skips: int = 10, at_once=None):
         if policy not in NONFINITE_POLICIES:
             raise UserInputError(f"nonfinite_policy: unknown value {policy!r}; use one of "
                                  f"{', '.join(NONFINITE_POLICIES)}")
@@ -189,11 +192,17 @@ class StepGuard:
         self.consecutive_skips = 0
         self.scaler_skipped_steps = 0
         self.uses_scaler = False
+        self.at_once = at_once
         self._observed: list[tuple[torch.Tensor, str, str, str]] = []
 
     def observe(self, tensor: torch.Tensor, quantity: str = "loss", unit: str = "processes", where: str = "") -> None:
         """Record ``tensor``'s NaN/inf counts for the coming optimizer step (no host synchronisation)."""
         self._observed.append((nonfinite_counts(tensor), quantity, unit, where))
+        if self.at_once is not None:
+            accelerator, on_stop = self.at_once
+            finding = self.inspect(accelerator=accelerator)
+            if finding is not None:
+                on_stop(finding)
 
     def inspect(self, optimizer=None, accelerator=None, check_gradients: bool = True) -> Finding | None:
         """The first non-finite observed quantity (then the gradients) since the last call, over all processes;
@@ -219,14 +228,20 @@ class StepGuard:
         return None
 
     def decide(self, finding: Finding | None) -> bool:
-        """True: take the step. False: skip it (policy ``skip``, bound not reached). Raises nothing itself: the
-        caller raises :class:`NonFiniteError` when ``must_stop(finding)``."""
+        """Count ``finding``; True: take the step (nothing non-finite), False: skip it."""
         if finding is None:
             self.consecutive_skips = 0
             return True
         self.skipped_steps += 1
         self.consecutive_skips += 1
         return False
+
+    def apply(self, finding: Finding | None, on_stop) -> bool:
+        """The policy for ``finding``: ``on_stop(finding)`` (which raises) if it ends training, else whether to take
+        the step (:meth:`decide`)."""
+        if self.must_stop(finding):
+            on_stop(finding)
+        return self.decide(finding)
 
     def must_stop(self, finding: Finding | None) -> bool:
         """Whether ``finding`` ends training: always under ``stop``; under ``skip`` once the step would be the
@@ -267,10 +282,9 @@ def guarded_optimizer_step(guard: StepGuard, optimizer, accelerator, on_stop, cl
         return False
     scaler = getattr(optimizer, "scaler", None)
     guard.uses_scaler = scaler is not None
-    finding = guard.inspect(optimizer, accelerator, check_gradients=scaler is None)
-    if guard.must_stop(finding):
-        on_stop(finding)
-    if not guard.decide(finding):
+    if not guard.apply(guard.inspect(optimizer, accelerator, check_gradients=scaler is None), on_stop):
+        if scaler is not None:  # forget this step's `unscale_` (HF's gradient clipping ran it), keep the scale
+            scaler.update(scaler.get_scale())
         optimizer._is_overflow = True  # accelerate's `step_was_skipped`: HF Trainer then leaves the scheduler alone
         return False
     optimizer.step(closure) if closure is not None else optimizer.step()
@@ -312,12 +326,10 @@ class NonFiniteLossGuardMixin:
     def training_step(self, model, inputs, *args, **kwargs):
         loss = super().training_step(model, inputs, *args, **kwargs)
         guard = self.step_guard
-        if getattr(self, "is_deepspeed_enabled", False):  # the engine has stepped already: check now (stop only)
-            counts = count_nonfinite(loss, self.accelerator)
-            if not counts.ok:
-                self._stop_on_nonfinite(Finding("loss", counts, "processes"))
-            return loss
-        self._wrap_optimizer_step()
+        if getattr(self, "is_deepspeed_enabled", False):  # the engine steps in the backward: check each loss
+            guard.at_once = (self.accelerator, self._stop_on_nonfinite)
+        else:
+            self._wrap_optimizer_step()
         guard.observe(loss)
         return loss
 
