@@ -1,4 +1,4 @@
-"""PPO's non-finite guard: one host synchronisation per optimizer step; the `skip` policy (trl_ext.runtime.nonfinite)."""
+"""PPO's non-finite guard: one host synchronisation per optimizer step; the `skip` policy (runtime/nonfinite.py)."""
 
 from __future__ import annotations
 

@@ -364,7 +364,7 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         else:  # NaN/inf scores under nonfinite_policy "skip": the update is dropped (nor scheduler nor KL step)
             self.state.global_step += 1
             self.log({**self.step_guard.metrics(), "episode": self.state.episode})
-        if self._optimizer_stepped:  # False only when every optimizer step of the update was skipped
+        if self._optimizer_stepped:  # False only when the guard skipped every optimizer step of the update
             self.lr_scheduler.step()
         self.control = self.callback_handler.on_step_end(args, self.state, self.control)
 
@@ -729,7 +729,8 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
                         ptx_batch = self.next_ptx_batch() if ptx_joint else None
                         out = self.compute_micro_batch_loss(model, rollout, micro_batch_inds, ptx_batch)
                         self.step_guard.observe(out.loss, "loss/total", where=f" (PPO epoch {ppo_epoch_idx + 1}, "
-                                                f"mini-batch {minibatch_idx + 1}, micro-batch {gradient_accumulation_idx + 1})")
+                                                f"mini-batch {minibatch_idx + 1}, "
+                                                f"micro-batch {gradient_accumulation_idx + 1})")
                         accelerator.backward(out.loss)
                         if self.optimizer_step():
                             self._optimizer_stepped = True

@@ -268,7 +268,9 @@ class StepGuard:
 
 
 def guarded_optimizer_step(guard: StepGuard, optimizer, accelerator, on_stop, closure=None) -> bool:
-    """One optimizer step under ``guard``; returns whether the weights were updated.
+    """One optimizer step under ``guard``; returns False if the guard skipped it, True if it went to the optimizer
+    (under ``fp16`` the loss scaler may still skip it: counted in ``guard.scaler_skipped_steps``, as TRL's loop
+    counts such a step as taken).
 
     ``optimizer`` is accelerate's ``AcceleratedOptimizer`` (its ``step`` only steps at the end of a gradient
     accumulation cycle, and under ``fp16`` goes through the loss scaler). Off the accumulation boundary nothing is
@@ -294,7 +296,6 @@ def guarded_optimizer_step(guard: StepGuard, optimizer, accelerator, on_stop, cl
         return True
     if getattr(optimizer, "step_was_skipped", False):
         guard.scaler_skipped_steps += 1
-        return False
     return True
 
 

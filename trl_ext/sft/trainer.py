@@ -14,8 +14,8 @@ class SFTTrainer(InterruptibleTrainMixin, NonFiniteLossGuardMixin, AtomicCheckpo
     """[`trl.SFTTrainer`] with the run safety of trl-ext's other trainers; the numbers are TRL's.
 
     Takes TRL's arguments, datasets (`text`, `messages`, `prompt`/`completion`, tokenized `input_ids`) and config
-    (`trl.SFTConfig`, or `trl_ext.SFTConfig`: TRL's plus `nonfinite_policy`) unchanged, and changes no loss, metric or data step: with the
-    same seed it logs exactly what `trl.SFTTrainer` logs (tested). What it adds
+    (`trl.SFTConfig`, or `trl_ext.SFTConfig`: TRL's plus `nonfinite_policy`) unchanged, and changes no loss, metric or
+    data step: with the same seed it logs exactly what `trl.SFTTrainer` logs (tested). What it adds
     (:mod:`trl_ext.runtime.checkpoints`, :mod:`trl_ext.runtime.interruption`, :mod:`trl_ext.runtime.nonfinite`):
     checkpoints are written atomically; `train(resume_from_checkpoint=True)` takes the latest complete one;
     SIGINT/SIGTERM save a checkpoint at the end of the current optimizer step and raise
