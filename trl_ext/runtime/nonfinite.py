@@ -13,7 +13,7 @@ What happens instead is the run's ``nonfinite_policy`` (a field of every trl-ext
 checked with one synchronisation (one ``.tolist()``; under several processes one ``reduce`` first, so that all
 processes decide alike). With mixed-precision float16 (``fp16: true``) the gradients are left to the loss scaler: it
 skips the steps whose scaled gradients overflow and lowers its scale, as it should; those steps are counted apart
-(``nonfinite/scaler_skipped_steps``) and are not failures. A NaN/inf *loss* is one under either policy.
+(``nonfinite/scaler_skipped_steps``) and are not failures. A NaN/inf *loss* goes to the policy all the same.
 
 :class:`NonFiniteLossGuardMixin` puts the guard into the HF-``Trainer``-based trainers (SFT, reward, DPO);
 :class:`trl_ext.PPOTrainer` uses :class:`StepGuard` directly (see its ``optimize``).
