@@ -160,8 +160,10 @@ class Finding:
 
 
 def gradients_of(optimizer) -> list[torch.Tensor]:
-    """The gradients the optimizer would apply (``param.grad`` of every parameter of every group that has one)."""
-    return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    """The gradients the optimizer would apply (``param.grad`` of every parameter of every group that has one); of a
+    sharded (FSDP2 ``DTensor``) gradient, this process's shard (the counts are summed over processes)."""
+    grads = (p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None)
+    return [g.to_local() if hasattr(g, "to_local") else g for g in grads]
 
 
 class StepGuard:
