@@ -297,6 +297,25 @@ def test_wandb_offline_run_holds_the_metrics(demo_reward, tmp_path, monkeypatch,
             assert f"train/{name}" in keys
 
 
+@pytest.mark.parametrize("trainer", ["reward", "ppo"])
+def test_wandb_gets_the_nonfinite_counters(demo_reward, tmp_path, monkeypatch, trainer):
+    """`nonfinite_policy: skip` (trl_ext.runtime.nonfinite): its counters reach the wandb run with the metrics."""
+    import wandb
+
+    wandb.teardown()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    for var in ("WANDB_PROJECT", "WANDB_TAGS"):
+        monkeypatch.delenv(var, raising=False)
+    steps = ["--max_steps", 2] if trainer == "reward" else ["--total_episodes", 16, "--response_length", 4,
+                                                            "--reward_model_path", demo_reward]
+    t = train(DEMO / f"{trainer}.yaml", "--output_dir", tmp_path / "out", *steps, "--report_to", "wandb",
+              "--logging_steps", 1, "--nonfinite_policy", "skip")
+    _, keys = wandb_run(tmp_path)
+    assert {"train/nonfinite/skipped_steps", "train/nonfinite/consecutive_skips"} <= keys
+    assert all(h["nonfinite/skipped_steps"] == 0 for h in t.state.log_history if "nonfinite/skipped_steps" in h)
+
+
 def test_wandb_own_environment_variables_still_work(tiny_env, tmp_path, monkeypatch):
     import wandb
 

@@ -46,7 +46,11 @@ def step_logs(trainer):
 
 
 def test_sft_config_is_trls():
-    assert SFTConfig is trl.SFTConfig  # no field added: nothing to subclass
+    # TRL's fields and defaults, plus the non-finite policy (trl_ext.runtime.nonfinite) whose default is TRL's behaviour
+    assert issubclass(SFTConfig, trl.SFTConfig)
+    ours, theirs = SFTConfig(output_dir="x", use_cpu=True), trl.SFTConfig(output_dir="x", use_cpu=True)
+    assert {k: v for k, v in ours.to_dict().items() if "nonfinite" not in k} == theirs.to_dict()
+    assert ours.nonfinite_policy == "stop"
     assert issubclass(SFTTrainer, trl.SFTTrainer) and SFTTrainer is not trl.SFTTrainer
 
 

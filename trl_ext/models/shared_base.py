@@ -98,9 +98,12 @@ def _write_state(layers, state: AdapterState) -> None:
 
     names, disabled = state
     for layer in layers:
-        # the attributes behind peft's read-only properties; peft's own setters would rewrite requires_grad
-        layer._active_adapter = names[0] if isinstance(layer, AuxiliaryTrainingWrapper) else list(names)
-        layer._disable_adapters = disabled
+        # the attributes behind peft's read-only properties; peft's own setters would rewrite requires_grad. Plain
+        # attributes: written straight into the instance, as nn.Module.__setattr__ ends up doing after checking that
+        # the value is no parameter, buffer or module (those checks made a switch 6 ms at 168 LoRA layers)
+        attributes = vars(layer)
+        attributes["_active_adapter"] = names[0] if isinstance(layer, AuxiliaryTrainingWrapper) else list(names)
+        attributes["_disable_adapters"] = disabled
 
 
 @contextmanager

@@ -5,6 +5,7 @@ from typing import Literal
 
 from ..errors import UserInputError
 from ..runtime.engines import DEEPSPEED, FSDP, EngineOnCPUArgsMixin, launched_engine
+from ..runtime.nonfinite import NonFinitePolicyArgs
 from .advantages import ADVANTAGE_ESTIMATORS, GROUP_ESTIMATORS
 from .base import ParentPPOConfig
 from .kl_controllers import KL_CONTROLLERS
@@ -16,7 +17,7 @@ KL_IN = ("reward", "loss")
 
 
 @dataclass
-class PPOConfig(EngineOnCPUArgsMixin, ParentPPOConfig):
+class PPOConfig(EngineOnCPUArgsMixin, NonFinitePolicyArgs, ParentPPOConfig):
     r"""Configuration for [`trl_ext.PPOTrainer`]: every field of TRL 1.12's `experimental.ppo.PPOConfig` (TRL's class
     on TRL 1.10-1.12, trl-ext's copy from 1.13 on, see :mod:`trl_ext.ppo.base`), plus the extensions below (all of
     them default to TRL's behaviour).
@@ -90,6 +91,18 @@ class PPOConfig(EngineOnCPUArgsMixin, ParentPPOConfig):
             `kl_controller` sets `kl_coef` either way, from the rollout's `objective/kl`.
         grpo_scale_by_std (`bool`, *optional*, defaults to `True`):
             `grpo` only: divide by the group's std. `False` is Dr. GRPO (Liu et al. 2025): `A_i = r_i - mean`.
+
+        > Parameters that control NaN/inf losses and gradients (:mod:`trl_ext.runtime.nonfinite`)
+
+        nonfinite_policy (`str`, *optional*, defaults to `"stop"`):
+            `"stop"`: a NaN/inf loss or gradient stops training with a one-line error (CLI exit code 3), after saving
+            the state before that step. `"skip"`: that optimizer step and its scheduler step are not taken, the skip
+            is logged (`nonfinite/skipped_steps`, `nonfinite/consecutive_skips`), and training goes on. No step is
+            ever taken on a non-finite loss or gradient. Under `fp16: true` the loss scaler's own overflow skips
+            are logged as `nonfinite/scaler_skipped_steps` and are not failures.
+        max_consecutive_nonfinite_skips (`int`, *optional*, defaults to `10`):
+            With `"skip"`: the number of consecutive skipped steps after which the next non-finite one stops
+            training with the error.
     """
 
     local_rollout_forward_batch_size: rollout_chunk_value = field(

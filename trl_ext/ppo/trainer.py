@@ -10,8 +10,8 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
    as the tokens are sampled (:mod:`trl_ext.ppo.rollout_logprobs`).
 3. ``score_rollouts(rollout)``: reference log-probs (``compute_ref_logprobs``), values (``compute_values``),
    truncation at the stop token (``postprocess_responses``), scores (``compute_scores``), padding masks.
-   Then ``check_finite("objective/scores", ...)`` (NaN/inf stop training, see ``check_finite``) and ``clip_scores``
-   (``reward_clip``). Each micro-batch loss is checked the same way before its backward.
+   Then ``check_finite("objective/scores", ...)`` and ``clip_scores`` (``reward_clip``). Losses and gradients are
+   checked once per optimizer step, before it (``optimizer_step``, :mod:`trl_ext.runtime.nonfinite`).
 4. ``compute_rewards(rollout, kl_coef)``: per-token reward ``-kl_coef * KL`` plus the score at the last token.
 5. ``compute_advantages(rollout)``: GAE (:func:`trl_ext.ppo.advantages.gae_advantages`) and whitening; with a
    critic-free ``advantage_estimator`` (RLOO, GRPO, REINFORCE++) :mod:`trl_ext.ppo.critic_free` instead (no value
@@ -31,7 +31,6 @@ adapter) and ``save_model`` writes the policy's adapter only.
 
 from __future__ import annotations
 
-import gc
 import glob
 import math
 import os
@@ -57,10 +56,10 @@ from ..models.shared_base import (
     scalar_adapter_names,
 )
 from ..runtime.checkpoints import AtomicCheckpointMixin, latest_checkpoint, load_weights_in_place, resolve_checkpoint
-from ..runtime.devices import empty_cache
+from ..runtime.devices import empty_cache, release_memory
 from ..runtime.engines import gathered_parameters
 from ..runtime.interruption import raise_if_interrupted, watch_signals
-from ..runtime.nonfinite import NonFiniteError, count_nonfinite
+from ..runtime.nonfinite import Finding, NonFiniteError, StepGuard, count_nonfinite, guarded_optimizer_step
 from .accumulation_state import dataloader_stack, restore_dataloader_stack
 from .advantages import gae_advantages
 from .base import OnlineTrainerState, ParentPPOTrainer
@@ -117,8 +116,7 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
     episode, log history) and per process `trl_ext_ppo_state_{rank}.pt` (KL controller, prompt and ptx stream
     positions). `train(resume_from_checkpoint=...)` restores all of it, so a resumed run logs the same numbers as
     an uninterrupted one. SIGINT/SIGTERM during `train()` save a checkpoint at the end of the current update and
-    raise :class:`trl_ext.runtime.interruption.TrainingInterrupted`. NaN/inf scores or losses raise
-    :class:`trl_ext.runtime.nonfinite.NonFiniteError` after saving the state before the update (see `check_finite`).
+    raise :class:`trl_ext.runtime.interruption.TrainingInterrupted`. NaN/inf: `args.nonfinite_policy` (`check_finite`).
     """
 
     _tag_names = ["trl", "ppo", "trl-ext"]
@@ -203,6 +201,8 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         self._resumed_dataloader_stack = None
         self._update_start_state = None
         self._optimizer_stepped = False
+        self.step_guard = StepGuard(args.nonfinite_policy, args.max_consecutive_nonfinite_skips,
+                                    (self.accelerator, self.stop_on_nonfinite) if self.is_deepspeed_enabled else None)
 
     # ------------------------------------------------------------------ parent fixes
 
@@ -359,31 +359,32 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
             rollout = self.generate_rollouts(data["input_ids"].to(self.accelerator.device))
             t1 = time.perf_counter()
             self.score_rollouts(rollout)
-            self.check_finite("objective/scores", rollout.scores, "rollouts")
-            self.clip_scores(rollout)
-            kl_coef = float(self.kl_ctl.value)
-            self.compute_rewards(rollout, kl_coef)
-            self.compute_advantages(rollout)
-            empty_cache()
-        t2 = time.perf_counter()
-        stats = self.optimize(rollout)
-        t3 = time.perf_counter()
-        timings = {"time/rollout": t1 - t0, "time/scoring": t2 - t1, "time/optimization": t3 - t2}
-        with torch.no_grad():
-            metrics = self.update_metrics(rollout, stats, kl_coef, timings)
-        self.log_update(metrics)
-
-        self.lr_scheduler.step()
+            scored = self.check_finite("objective/scores", rollout.scores, "rollouts")
+            if scored:
+                self.clip_scores(rollout)
+                kl_coef = float(self.kl_ctl.value)
+                self.compute_rewards(rollout, kl_coef)
+                self.compute_advantages(rollout)
+            empty_cache()  # between phases, as TRL
+        if scored:
+            t2 = time.perf_counter()
+            stats = self.optimize(rollout)
+            t3 = time.perf_counter()
+            timings = {"time/rollout": t1 - t0, "time/scoring": t2 - t1, "time/optimization": t3 - t2}
+            with torch.no_grad():
+                metrics = self.update_metrics(rollout, stats, kl_coef, timings)
+            self.log_update(metrics)
+        else:  # NaN/inf scores under nonfinite_policy "skip": the update is dropped (nor scheduler nor KL step)
+            self.state.global_step += 1
+            self.log({**self.step_guard.metrics(), "episode": self.state.episode})
+        if self._optimizer_stepped:  # False only when the guard skipped every optimizer step of the update
+            self.lr_scheduler.step()
         self.control = self.callback_handler.on_step_end(args, self.state, self.control)
-        del stats, metrics
-        empty_cache()
-        gc.collect()
 
         if args.num_sample_generations > 0 and (update - 1) % self.sample_generations_freq == 0:
             self.generate_completions(sampling=True)
-            empty_cache()
         del rollout
-        empty_cache()
+        release_memory()  # gc.collect() once per update, on accelerators only
         # After the sample generations (TRL saves before them): they draw from the torch RNG, and the checkpoint's
         # RNG state must be the one the next update starts from.
         if self.control.should_save:
@@ -515,24 +516,28 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         self._save_checkpoint(self.model, trial=None)
         return self.last_checkpoint
 
-    def check_finite(self, quantity: str, tensor: torch.Tensor, unit: str, where: str = "") -> None:
-        """Raise :class:`~trl_ext.runtime.nonfinite.NonFiniteError` if `tensor` holds NaN/inf on any process.
-
-        Runs on the scores right after scoring (before rewards, clipping and any optimizer step) and on each
-        micro-batch loss before its backward. If no optimizer step was taken in this update yet, the state before
-        the update is saved first (`checkpoint-N`, N = completed updates; resume from it once the cause is fixed).
-        Otherwise the weights have already moved within the update; nothing is saved and the error names the
-        latest complete checkpoint instead.
-        """
+    def check_finite(self, quantity: str, tensor: torch.Tensor, unit: str, where: str = "") -> bool:
+        """True if `tensor` is finite on all processes, else False (`skip`) or `stop_on_nonfinite` (`stop`)."""
         counts = count_nonfinite(tensor, self.accelerator)
         if counts.ok:
-            return
-        update = self.state.global_step + 1
+            return True
+        return self.step_guard.apply(Finding(quantity, counts, unit, where), self.stop_on_nonfinite)
+
+    def stop_on_nonfinite(self, finding: Finding) -> None:
+        """Raise :class:`~trl_ext.runtime.nonfinite.NonFiniteError` for `finding` (scores, a loss, gradients). If no
+        optimizer step was taken in this update yet, the state before the update is saved first (`checkpoint-N`, N =
+        completed updates); else the weights have already moved and the error names the latest complete checkpoint.
+        """
         if not self._optimizer_stepped and self._update_start_state is not None:
             checkpoint, saved = self.save_update_start_checkpoint(), True
         else:
             checkpoint, saved = latest_checkpoint(self.args.output_dir), False
-        raise NonFiniteError(update, quantity, counts, unit, checkpoint, saved=saved, where=where)
+        raise NonFiniteError(self.state.global_step + 1, finding.quantity, finding.counts, finding.unit, checkpoint,
+                             saved=saved, where=finding.where + self.step_guard.stop_note())
+
+    def optimizer_step(self) -> bool:
+        """`optimizer.step()` after checking the step's losses and gradients (one host sync per optimizer step)."""
+        return guarded_optimizer_step(self.step_guard, self.optimizer, self.accelerator, self.stop_on_nonfinite)
 
     def clip_scores(self, rollout: Rollout) -> None:
         """With `args.reward_clip = c`, clip the scores to `[-c, c]` (DeepSpeed-Chat's `clip_reward_value`, trlx's
@@ -611,8 +616,6 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         rollout.sequence_lengths = sequence_lengths = torch.cat(sequence_lengths, 0)
         scores = torch.cat(scores, 0)
         values = torch.cat(values, 0)
-        empty_cache()
-        gc.collect()
 
         # Completions without the stop token (EOS) get `missing_eos_penalty` subtracted from their score.
         rollout.contain_eos_token = torch.any(rollout.postprocessed_responses == self.processing_class.eos_token_id, -1)
@@ -719,21 +722,17 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
                     with accelerator.accumulate(model):
                         ptx_batch = self.next_ptx_batch() if ptx_joint else None
                         out = self.compute_micro_batch_loss(model, rollout, micro_batch_inds, ptx_batch)
-                        self.check_finite(
-                            "loss/total", out.loss, "processes",
-                            where=f" (PPO epoch {ppo_epoch_idx + 1}, mini-batch {minibatch_idx + 1}, "
-                            f"micro-batch {gradient_accumulation_idx + 1})",
-                        )
+                        self.step_guard.observe(out.loss, "loss/total", where=f" (PPO epoch {ppo_epoch_idx + 1}, "
+                                                f"mini-batch {minibatch_idx + 1}, "
+                                                f"micro-batch {gradient_accumulation_idx + 1})")
                         accelerator.backward(out.loss)
-                        self.optimizer.step()
-                        if accelerator.sync_gradients:
+                        if self.optimizer_step():
                             self._optimizer_stepped = True
                         self.optimizer.zero_grad()
                         if ptx_separate and accelerator.sync_gradients:
                             stats.ptx_losses.append(self.ptx_step())
                         stats.record((ppo_epoch_idx, minibatch_idx, gradient_accumulation_idx), out)
                     del out
-                empty_cache()
         return stats
 
     def compute_micro_batch_loss(
@@ -794,14 +793,14 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         forward does not go through the DistributedDataParallel wrapper.
         """
         lm_loss = self.compute_ptx_loss(self.next_ptx_batch())
-        self.check_finite("loss/ptx", lm_loss, "processes")
+        self.step_guard.observe(lm_loss, "loss/ptx")
         # accelerator.backward divides by gradient_accumulation_steps; this is one whole step, so undo it.
         self.accelerator.backward(self.args.ptx_coef * lm_loss * self.accelerator.gradient_accumulation_steps)
         if self.accelerator.num_processes > 1:
             for param in self.accelerator.unwrap_model(self.model).policy.parameters():
                 if param.grad is not None:
                     param.grad = self.accelerator.reduce(param.grad, reduction="mean")
-        self.optimizer.step()
+        self.optimizer_step()
         self.optimizer.zero_grad()
         return lm_loss.detach()
 
@@ -840,6 +839,7 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         if self.args.critic_free:
             critic_free_metrics(metrics, rollout, stats, self.args, self.accelerator)
         metrics.update(timings)
+        metrics.update(self.step_guard.metrics())  # nonfinite/*: only under `skip` or fp16's loss scaler
         metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
         metrics["episode"] = self.state.episode
         return metrics

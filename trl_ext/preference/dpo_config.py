@@ -6,6 +6,7 @@ from trl import DPOConfig as _TRLDPOConfig
 
 from ..errors import UserInputError
 from ..runtime.engines import EngineOnCPUArgsMixin
+from ..runtime.nonfinite import NonFinitePolicyArgs
 
 #: Loss types for which `label_smoothing` means something: cDPO for `sigmoid` (trl-ext), TRL's own meaning for
 #: the others.
@@ -13,7 +14,7 @@ LABEL_SMOOTHING_LOSS_TYPES = ("sigmoid", "robust", "exo_pair", "aot", "aot_unpai
 
 
 @dataclass
-class DPOConfig(EngineOnCPUArgsMixin, _TRLDPOConfig):
+class DPOConfig(EngineOnCPUArgsMixin, NonFinitePolicyArgs, _TRLDPOConfig):
     r"""Configuration for [`trl_ext.DPOTrainer`]: every field of TRL's `DPOConfig`; one field changes meaning.
 
     Parameters:
@@ -24,6 +25,18 @@ class DPOConfig(EngineOnCPUArgsMixin, _TRLDPOConfig):
             lie in `[0.0, 0.5)`; a non-zero value with only loss types that do not use it is an error. `sigmoid`
             cannot be combined with another label-smoothing loss type while `label_smoothing > 0` (they would need
             different meanings of the one value).
+
+        > Parameters that control NaN/inf losses and gradients (:mod:`trl_ext.runtime.nonfinite`)
+
+        nonfinite_policy (`str`, *optional*, defaults to `"stop"`):
+            `"stop"`: a NaN/inf loss or gradient stops training with a one-line error (CLI exit code 3), after saving
+            the state before that step. `"skip"`: that optimizer step and its scheduler step are not taken, the skip
+            is logged (`nonfinite/skipped_steps`, `nonfinite/consecutive_skips`), and training goes on. No step is
+            ever taken on a non-finite loss or gradient. Under `fp16: true` the loss scaler's own overflow skips
+            are logged as `nonfinite/scaler_skipped_steps` and are not failures.
+        max_consecutive_nonfinite_skips (`int`, *optional*, defaults to `10`):
+            With `"skip"`: the number of consecutive skipped steps after which the next non-finite one stops
+            training with the error.
     """
 
     label_smoothing: float = field(

@@ -6,10 +6,11 @@ from trl import RewardConfig as _TRLRewardConfig
 
 from ..errors import UserInputError
 from ..runtime.engines import EngineOnCPUArgsMixin
+from ..runtime.nonfinite import NonFinitePolicyArgs
 
 
 @dataclass
-class RewardConfig(EngineOnCPUArgsMixin, _TRLRewardConfig):
+class RewardConfig(EngineOnCPUArgsMixin, NonFinitePolicyArgs, _TRLRewardConfig):
     r"""Configuration for [`trl_ext.RewardTrainer`]: every field of TRL's `RewardConfig`, plus the extensions
     below (all of them default to TRL's behaviour).
 
@@ -30,6 +31,18 @@ class RewardConfig(EngineOnCPUArgsMixin, _TRLRewardConfig):
             that set (InstructGPT, Ouyang et al. 2022, section C.2). The offset is logged as `reward/center_offset`.
             A score head without a bias (Llama, Qwen, Mistral, ...) is given one; the saved model then loads with
             `trust_remote_code=True` (see the README).
+
+        > Parameters that control NaN/inf losses and gradients (:mod:`trl_ext.runtime.nonfinite`)
+
+        nonfinite_policy (`str`, *optional*, defaults to `"stop"`):
+            `"stop"`: a NaN/inf loss or gradient stops training with a one-line error (CLI exit code 3), after saving
+            the state before that step. `"skip"`: that optimizer step and its scheduler step are not taken, the skip
+            is logged (`nonfinite/skipped_steps`, `nonfinite/consecutive_skips`), and training goes on. No step is
+            ever taken on a non-finite loss or gradient. Under `fp16: true` the loss scaler's own overflow skips
+            are logged as `nonfinite/scaler_skipped_steps` and are not failures.
+        max_consecutive_nonfinite_skips (`int`, *optional*, defaults to `10`):
+            With `"skip"`: the number of consecutive skipped steps after which the next non-finite one stops
+            training with the error.
     """
 
     label_smoothing: float = field(

@@ -4,10 +4,12 @@
   complete one, loading weights back in place.
 * ``interruption.py``: SIGINT/SIGTERM stop training at the next safe point with a checkpoint
   (:class:`~trl_ext.runtime.interruption.TrainingInterrupted`).
-* ``nonfinite.py``: NaN/inf guards that stop training with a clear error
-  (:class:`~trl_ext.runtime.nonfinite.NonFiniteError`), after saving the last good state.
+* ``nonfinite.py``: the NaN/inf guard, checked once per optimizer step (one host synchronisation), and the
+  ``nonfinite_policy``: stop with a clear error (:class:`~trl_ext.runtime.nonfinite.NonFiniteError`) after saving
+  the last good state, or skip the step (no optimizer or scheduler step, counted and logged).
 * ``epoch_stream.py``: endless, resumable iteration over a DataLoader (the base of PPO's prompt and ptx streams).
-* ``devices.py``: ``empty_cache`` of the current accelerator (PPO calls it between phases).
+* ``devices.py``: ``empty_cache`` of the current accelerator (PPO calls it between phases) and ``release_memory``
+  (``gc.collect`` + ``empty_cache`` once per PPO update, on accelerators only).
 * ``engines.py``: DeepSpeed ZeRO and FSDP launched by accelerate on machines without a GPU (what accelerate 1.15
   leaves out there), and gathering ZeRO-3 shards to save a sub-model.
 

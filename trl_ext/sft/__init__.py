@@ -2,8 +2,9 @@
 
 * ``trainer.py``: :class:`~trl_ext.sft.trainer.SFTTrainer`. It adds no loss or data feature: it mixes in
   :mod:`trl_ext.runtime` (atomic checkpoints, SIGINT/SIGTERM checkpoints, the NaN-loss guard), so that an SFT run
-  resumes and stops like the reward, DPO and PPO runs. Its config is TRL's ``SFTConfig`` itself (no field added),
-  also importable as :class:`trl_ext.SFTConfig`.
+  resumes and stops like the reward, DPO and PPO runs.
+* ``config.py``: :class:`~trl_ext.sft.config.SFTConfig`, TRL's ``SFTConfig`` plus the non-finite policy
+  (``nonfinite_policy``, ``max_consecutive_nonfinite_skips``, :mod:`trl_ext.runtime.nonfinite`).
 
 The recipe stage ``trainer: sft`` (:mod:`trl_ext.recipes`) runs it: SFT -> reward model -> PPO or DPO, all from
 recipes.
