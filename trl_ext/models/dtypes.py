@@ -158,5 +158,17 @@ class KeptParameterDtypes:
         return count
 
 
+class KeepLoadedDtypesMixin:
+    """Mixin for a trainer whose TRL parent recasts parameters in its constructor (TRL's `SFTTrainer`,
+    `RewardTrainer`, `DPOTrainer` cast a quantized model's trainable parameters to bfloat16): the parameters keep the
+    dtypes they were loaded with (:class:`KeptParameterDtypes`), and with `fp16` every trainable one is float32. Put
+    it before the TRL class in the bases; the model is the constructor's first argument or `model=`."""
+
+    def __init__(self, *args, **kwargs):
+        kept = KeptParameterDtypes(kwargs["model"] if "model" in kwargs else (args[0] if args else None))
+        super().__init__(*args, **kwargs)
+        kept.restore(self.model, fp16=self.args.fp16)
+
+
 def _quantized(model) -> bool:
     return bool(getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False))

@@ -9,7 +9,7 @@ from trl import RewardTrainer as _TRLRewardTrainer
 from trl.data_utils import get_dataset_column_names
 from trl.trainer.utils import get_config_model_id, pad
 
-from ..models.dtypes import KeptParameterDtypes
+from ..models.dtypes import KeepLoadedDtypesMixin
 from ..runtime.checkpoints import AtomicCheckpointMixin
 from ..runtime.interruption import InterruptibleTrainMixin
 from ..runtime.nonfinite import NonFiniteLossGuardMixin
@@ -23,7 +23,9 @@ from .reward_centering import check_centering_supported, fold_reward_offset
 from .reward_config import RewardConfig
 
 
-class RewardTrainer(InterruptibleTrainMixin, NonFiniteLossGuardMixin, AtomicCheckpointMixin, _TRLRewardTrainer):
+class RewardTrainer(
+    InterruptibleTrainMixin, NonFiniteLossGuardMixin, AtomicCheckpointMixin, KeepLoadedDtypesMixin, _TRLRewardTrainer
+):
     """[`trl.RewardTrainer`] with trl-ext's extensions (all off by default: then the numbers are TRL's).
 
     - `args.label_smoothing`: label-smoothed pair loss (:func:`trl_ext.preference.losses.pairwise_reward_loss`).
@@ -36,8 +38,9 @@ class RewardTrainer(InterruptibleTrainMixin, NonFiniteLossGuardMixin, AtomicChec
     - Reliability (:mod:`trl_ext.runtime.checkpoints`, :mod:`trl_ext.runtime.interruption`): checkpoints are written atomically;
       `train(resume_from_checkpoint=True)` takes the latest complete one; SIGINT/SIGTERM save a checkpoint at the
       end of the current optimizer step and raise :class:`trl_ext.runtime.interruption.TrainingInterrupted`; a NaN/inf
-      loss raises :class:`trl_ext.runtime.nonfinite.NonFiniteError` after saving the state before the step.
-    - Parameter dtypes stay as loaded (:class:`trl_ext.models.dtypes.KeptParameterDtypes`): TRL casts the trainable
+      loss or gradient raises :class:`trl_ext.runtime.nonfinite.NonFiniteError` after saving the state before the
+      step, or with `nonfinite_policy="skip"` skips that step (:mod:`trl_ext.runtime.nonfinite`).
+    - Parameter dtypes stay as loaded (:class:`trl_ext.models.dtypes.KeepLoadedDtypesMixin`): TRL casts the trainable
       parameters of a quantized model to bfloat16, trl-ext keeps them float32; with `fp16` every trainable
       parameter is float32.
 
@@ -62,9 +65,7 @@ class RewardTrainer(InterruptibleTrainMixin, NonFiniteLossGuardMixin, AtomicChec
         elif not isinstance(bound["args"], RewardConfig):
             raise TypeError(f"`args` must be a trl_ext.RewardConfig, got {type(bound['args']).__name__}")
         user_collator = bound.get("data_collator")
-        kept = KeptParameterDtypes(bound.get("model"))  # TRL casts a quantized model's trainables to bfloat16
         super().__init__(**bound)
-        kept.restore(self.model, fp16=self.args.fp16)
         if user_collator is None:
             self.data_collator = DataCollatorForRankedPreference(
                 pad_token_id=self.processing_class.pad_token_id, pad_to_multiple_of=self.args.pad_to_multiple_of

@@ -2,7 +2,7 @@
 
 from trl import SFTTrainer as _TRLSFTTrainer
 
-from ..models.dtypes import KeptParameterDtypes
+from ..models.dtypes import KeepLoadedDtypesMixin
 from ..runtime.checkpoints import AtomicCheckpointMixin
 from ..runtime.interruption import InterruptibleTrainMixin
 from ..runtime.nonfinite import NonFiniteLossGuardMixin
@@ -11,7 +11,9 @@ from .config import SFTConfig
 __all__ = ["SFTConfig", "SFTTrainer"]
 
 
-class SFTTrainer(InterruptibleTrainMixin, NonFiniteLossGuardMixin, AtomicCheckpointMixin, _TRLSFTTrainer):
+class SFTTrainer(
+    InterruptibleTrainMixin, NonFiniteLossGuardMixin, AtomicCheckpointMixin, KeepLoadedDtypesMixin, _TRLSFTTrainer
+):
     """[`trl.SFTTrainer`] with the run safety of trl-ext's other trainers; the numbers are TRL's.
 
     Takes TRL's arguments, datasets (`text`, `messages`, `prompt`/`completion`, tokenized `input_ids`) and config
@@ -24,12 +26,7 @@ class SFTTrainer(InterruptibleTrainMixin, NonFiniteLossGuardMixin, AtomicCheckpo
     :class:`trl_ext.runtime.nonfinite.NonFiniteError` after saving the state before the step, or with
     `nonfinite_policy="skip"` skips that step (:mod:`trl_ext.runtime.nonfinite`).
 
-    Parameter dtypes stay as loaded (:class:`trl_ext.models.dtypes.KeptParameterDtypes`): TRL casts the trainable
+    Parameter dtypes stay as loaded (:class:`trl_ext.models.dtypes.KeepLoadedDtypesMixin`): TRL casts the trainable
     parameters of a quantized model to bfloat16, trl-ext keeps them float32; with `fp16` every trainable parameter
     is float32.
     """
-
-    def __init__(self, model=None, *args, **kwargs):
-        kept = KeptParameterDtypes(model)  # TRL casts a quantized model's trainables to bfloat16
-        super().__init__(model, *args, **kwargs)
-        kept.restore(self.model, fp16=self.args.fp16)
