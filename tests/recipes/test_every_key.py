@@ -172,6 +172,18 @@ def test_issue_21_cases_fail_before_anything_is_written(tmp_path, monkeypatch, c
             assert err.strip() == f"trl-ext: error: {expected}" or err.strip().startswith(f"trl-ext: error: {expected}")
 
 
+def test_null_on_the_command_line_is_a_recipe_null(tmp_path, monkeypatch, capsys, tiny_models):
+    """`--key null` means null, as in a recipe: the same one-line message, not argparse's 'invalid float value'."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("TRL_EXT_TINY_DIR", str(tiny_models.root))
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(dict(yaml.safe_load((ROOT / "recipes/demo/reward.yaml").read_text()),
+                                        output_dir=str(tmp_path / "out"))))
+    assert main(["check", str(path), "--learning_rate", "null"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "trl-ext: error: recipe: key 'learning_rate': null is not valid (valid: a number > 0)"
+
+
 def test_ppo_combinations_its_trainer_refuses_late(tmp_path, monkeypatch, capsys, tiny_models):
     """What PPO's trainer checks only after the models load is refused by `check` and before `train` loads them."""
     monkeypatch.chdir(ROOT)

@@ -202,7 +202,7 @@ def parse_overrides(tokens: list[str]) -> dict[str, Any]:
     """Turn ``["--key", "value", "--k2=v", "--flag", "--lst", "a", "b"]`` into a dict of raw values.
 
     Values stay strings (typed later, as if written on TRL's command line); a key followed by no value means
-    ``true``; several values make a list.
+    ``true``; several values make a list; ``null`` alone means null, as in a recipe (so the same checks apply).
     """
     out: dict[str, Any] = {}
     key = None
@@ -216,7 +216,7 @@ def parse_overrides(tokens: list[str]) -> dict[str, Any]:
             raise UserInputError(f"unexpected argument '{tok}': overrides are `--key value` pairs")
         else:
             out[key].append(tok)
-    return {k: (True if not v else v[0] if len(v) == 1 else v) for k, v in out.items()}
+    return {k: (True if not v else (None if v[0] == "null" else v[0]) if len(v) == 1 else v) for k, v in out.items()}
 
 
 # ----------------------------------------------------------------------------------------------------------------
