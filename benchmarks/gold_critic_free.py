@@ -18,7 +18,6 @@ Writes benchmarks/results/gold_critic_free.json and benchmarks/figures/gold_crit
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _common import RESULTS, AnonPeakSampler, load_average, print_table, setup_env, write_result  # noqa: E402
-from gold_reward import FIGURES, NOISE, _cleanup, _mean, _slug, log_series, train  # noqa: E402
+from gold_reward import FIGURES, NOISE, _cleanup, _mean, _slug, log_series, proxy_setup, train  # noqa: E402
 
 K = 4
 ESTIMATORS = {
@@ -57,27 +56,11 @@ def main(argv=None) -> int:
     seeds = list(range(a.seeds or (1 if a.quick else 3)))
 
     setup_env(threads=1)
-    import gold_eval
-    from make_data import make_data
-    from make_pairs import make_pairs
-    from transformers import AutoTokenizer
-
     work = Path(a.workdir)
     if work.exists():
         shutil.rmtree(work)
     started = time.perf_counter()
-    make_data(work)
-    data = work / "data"
-    train("sft", {"model_name_or_path": work / "base", "dataset_name": data / "sft", "output_dir": work / "sft",
-                  "eval_strategy": "no", "disable_tqdm": True})
-    make_pairs(work / "sft", data / "pairs", noise=NOISE)
-    reward_dir = work / "reward"
-    train("reward", {"model_name_or_path": work / "sft", "dataset_name": data / "pairs", "output_dir": reward_dir,
-                     "seed": 0, "eval_strategy": "no", "disable_tqdm": True})
-    tokenizer = AutoTokenizer.from_pretrained(work / "sft")
-    heldout = [json.loads(line) for line in open(data / "sft" / "test.jsonl")]
-    evaluator = gold_eval.GoldEvaluator(tokenizer, sft=work / "sft", reward_model=reward_dir, heldout=heldout,
-                                        samples_per_prompt=a.samples_per_prompt)
+    data, reward_dir, evaluator = proxy_setup(work, a.samples_per_prompt)
     sft_point = {"step": 0, **evaluator.evaluate(work / "sft")}
 
     common = {"model_name_or_path": work / "sft", "reward_model_path": reward_dir,

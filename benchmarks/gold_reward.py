@@ -77,6 +77,29 @@ def dpo_variants(quick: bool) -> dict[str, dict]:
 # Running recipes
 
 
+def proxy_setup(work: Path, samples_per_prompt: int):
+    """The start every PPO comparison on the gold task shares: the task's data and base model (``make_data``), the
+    SFT model, noisy gold-labelled pairs of its samples (``NOISE``) and one proxy reward model trained on them (the
+    recipe's seed 0), in ``work``; returns (data folder, reward model folder, a ``GoldEvaluator`` against them)."""
+    import gold_eval
+    from make_data import make_data
+    from make_pairs import make_pairs
+    from transformers import AutoTokenizer
+
+    make_data(work)
+    data = work / "data"
+    train("sft", {"model_name_or_path": work / "base", "dataset_name": data / "sft", "output_dir": work / "sft",
+                  "eval_strategy": "no", "disable_tqdm": True})
+    make_pairs(work / "sft", data / "pairs", noise=NOISE)
+    reward_dir = work / "reward"
+    train("reward", {"model_name_or_path": work / "sft", "dataset_name": data / "pairs", "output_dir": reward_dir,
+                     "eval_strategy": "no", "disable_tqdm": True})
+    heldout = [json.loads(line) for line in open(data / "sft" / "test.jsonl")]
+    evaluator = gold_eval.GoldEvaluator(AutoTokenizer.from_pretrained(work / "sft"), sft=work / "sft",
+                                        reward_model=reward_dir, heldout=heldout, samples_per_prompt=samples_per_prompt)
+    return data, reward_dir, evaluator
+
+
 def train(recipe: str, overrides: dict) -> tuple[object, float]:
     """Train ``recipes/gold/<recipe>.yaml`` with ``overrides`` in this process; returns (trainer, seconds).
 

@@ -16,7 +16,6 @@ and KL to the SFT model over the 96 prompts x `--samples-per-prompt`.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _common import RESULTS, load_average, print_table, setup_env, write_result  # noqa: E402
-from gold_reward import GOLD, log_series, train  # noqa: E402
+from gold_reward import GOLD, log_series, proxy_setup, train  # noqa: E402
 
 sys.path.insert(0, str(GOLD))
 
@@ -47,27 +46,11 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
 
     setup_env(threads=1)
-    import gold_eval
-    from make_data import make_data
-    from make_pairs import make_pairs
-    from transformers import AutoTokenizer
-
     work = Path(a.workdir)
     if work.exists():
         shutil.rmtree(work)
     started = time.perf_counter()
-    make_data(work)
-    data = work / "data"
-    train("sft", {"model_name_or_path": work / "base", "dataset_name": data / "sft", "output_dir": work / "sft",
-                  "eval_strategy": "no", "disable_tqdm": True})
-    make_pairs(work / "sft", data / "pairs", noise=0.2)
-    reward_dir = work / "reward"
-    train("reward", {"model_name_or_path": work / "sft", "dataset_name": data / "pairs", "output_dir": reward_dir,
-                     "eval_strategy": "no", "disable_tqdm": True})
-    tokenizer = AutoTokenizer.from_pretrained(work / "sft")
-    heldout = [json.loads(line) for line in open(data / "sft" / "test.jsonl")]
-    evaluator = gold_eval.GoldEvaluator(tokenizer, sft=work / "sft", reward_model=reward_dir, heldout=heldout,
-                                        samples_per_prompt=a.samples_per_prompt)
+    data, reward_dir, evaluator = proxy_setup(work, a.samples_per_prompt)
     sft_point = evaluator.evaluate(work / "sft")
     # where PPO starts: the SFT model loaded as the policy is (4-bit, each setting; LoRA B = 0 adds nothing)
     from trl import ModelConfig
