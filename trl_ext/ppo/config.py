@@ -92,17 +92,14 @@ class PPOConfig(EngineOnCPUArgsMixin, NonFinitePolicyArgs, ParentPPOConfig):
         grpo_scale_by_std (`bool`, *optional*, defaults to `True`):
             `grpo` only: divide by the group's std. `False` is Dr. GRPO (Liu et al. 2025): `A_i = r_i - mean`.
 
-        > Parameters that control NaN/inf losses and gradients (:mod:`trl_ext.runtime.nonfinite`)
+        > Parameters that control NaN/inf losses and gradients (full description:
+        > :class:`trl_ext.runtime.nonfinite.NonFinitePolicyArgs`)
 
         nonfinite_policy (`str`, *optional*, defaults to `"stop"`):
-            `"stop"`: a NaN/inf loss or gradient stops training with a one-line error (CLI exit code 3), after saving
-            the state before that step. `"skip"`: that optimizer step and its scheduler step are not taken, the skip
-            is logged (`nonfinite/skipped_steps`, `nonfinite/consecutive_skips`), and training goes on. No step is
-            ever taken on a non-finite loss or gradient. Under `fp16: true` the loss scaler's own overflow skips
-            are logged as `nonfinite/scaler_skipped_steps` and are not failures.
+            `"stop"` (error, CLI exit code 3) or `"skip"` (no optimizer or scheduler step, counted) for a NaN/inf
+            loss or gradient.
         max_consecutive_nonfinite_skips (`int`, *optional*, defaults to `10`):
-            With `"skip"`: the number of consecutive skipped steps after which the next non-finite one stops
-            training with the error.
+            With `"skip"`: consecutive skipped steps allowed before training stops.
     """
 
     local_rollout_forward_batch_size: rollout_chunk_value = field(

@@ -102,6 +102,11 @@ def count_nonfinite(tensor: torch.Tensor, accelerator=None) -> NonFiniteCounts:
     return NonFiniteCounts(*counts.tolist())
 
 
+def check_policy(policy: str) -> None:
+    """Raise a one-line :class:`UserInputError` unless ``policy`` is one of :data:`NONFINITE_POLICIES`."""
+    if policy not in NONFINITE_POLICIES:
+        raise UserInputError(f"nonfinite_policy: unknown value {policy!r}; use one of {', '.join(NONFINITE_POLICIES)}")
+
 
 @dataclass
 class NonFinitePolicyArgs:
@@ -115,6 +120,9 @@ class NonFinitePolicyArgs:
             logged as `nonfinite/skipped_steps`, and training goes on; it stops with the same error only after
             `max_consecutive_nonfinite_skips` consecutive skipped steps. For PPO an update whose reward-model
             scores are NaN/inf is skipped whole. Either way, no step is ever taken on a non-finite loss or gradient.
+            Under `skip` the counters `nonfinite/skipped_steps` and `nonfinite/consecutive_skips` are logged; under
+            `fp16: true` the loss scaler's own overflow skips are logged as `nonfinite/scaler_skipped_steps` and
+            are not failures.
         max_consecutive_nonfinite_skips (`int`, *optional*, defaults to `10`):
             With `nonfinite_policy="skip"`: how many optimizer steps in a row may be skipped before training stops
             (the next non-finite one stops it). The loss scaler's own skips under `fp16: true` do not count.
@@ -132,9 +140,7 @@ class NonFinitePolicyArgs:
     )
 
     def __post_init__(self):
-        if self.nonfinite_policy not in NONFINITE_POLICIES:
-            raise UserInputError(f"nonfinite_policy: unknown value {self.nonfinite_policy!r}; use one of "
-                                 f"{', '.join(NONFINITE_POLICIES)}")
+        check_policy(self.nonfinite_policy)
         if isinstance(self.max_consecutive_nonfinite_skips, bool) or not (
             isinstance(self.max_consecutive_nonfinite_skips, int) and self.max_consecutive_nonfinite_skips >= 1
         ):
@@ -185,9 +191,7 @@ class StepGuard:
     """
 
     def __init__(self, policy: str = "stop", max_consecutive_skips: int = 10, at_once=None):
-        if policy not in NONFINITE_POLICIES:
-            raise UserInputError(f"nonfinite_policy: unknown value {policy!r}; use one of "
-                                 f"{', '.join(NONFINITE_POLICIES)}")
+        check_policy(policy)
         self.policy = policy
         self.max_consecutive_skips = max_consecutive_skips
         self.skipped_steps = 0
