@@ -60,6 +60,7 @@ from ..runtime.nonfinite import Finding, NonFiniteError, StepGuard, count_nonfin
 from .advantages import gae_advantages
 from .base import OnlineTrainerState, ParentPPOTrainer
 from .checkpointing import VALUE_MODEL_DIR, PPOCheckpointMixin, ppo_state_file
+from .completions_log import log_completions
 from .config import PPOConfig
 from .critic_free import check_value_model, critic_free_advantages, critic_free_metrics, group_prompts, no_value_loss
 from .critic_free import repeat_prompts
@@ -68,6 +69,16 @@ from .losses import kl_loss_k3, policy_loss, ptx_lm_loss, value_loss
 from .masked_stats import masked_whiten
 from .prompt_stream import PromptStream
 from .ptx_data import PtxStream, tokenize_ptx_dataset
+from .reward_funcs import (
+    attach_reward_scorer,
+    begin_reward_scoring,
+    finish_reward_scoring,
+    model_reward_scores,
+    prepare_reward_funcs,
+    reward_func_metrics,
+    submit_rollout_chunk,
+    zero_unscorable_advantages,
+)
 from .rollout import MicroBatchOutput, Rollout, UpdateStats
 from .rollout_chunk import AUTO, resolve_auto_rollout_chunk
 from .rollout_logprobs import generate_with_full_scores, generate_with_logprobs, sampling_plan, sequence_logits
@@ -87,6 +98,14 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
         kl_controller ([`trl_ext.ppo.kl_controllers.KLController`], *optional*):
             Your own KL controller (any object with a float `value` and `update(kl, n_steps)`); overrides
             `args.kl_controller`. Its `value` is the coefficient of the next update's rewards.
+        reward_funcs (`callable`, [`~torch.nn.Module`] or a list of them, *optional*):
+            Rewards computed by programs, with TRL GRPO's contract (:mod:`trl_ext.rewards.contract`): each callable
+            gets `prompts`, `completions`, `completion_ids`, every other column of `train_dataset` (one value per
+            completion) and `trainer_state`, and returns one float or None per completion. Scalar-headed models
+            (same tokenizer as the policy) may be mixed in. `reward_model` may then be None; when both are given the
+            reward model is the first reward. The score is `sum_i reward_weights[i] * r_i` over the rewards that did
+            not return None; it then goes through the same pipeline as a reward model's score. Guide:
+            `docs/reward-functions.md`.
 
     `value_model` is None with a critic-free `args.advantage_estimator` (:mod:`trl_ext.ppo.critic_free`).
     `reward_model` and `value_model` may be [`trl_ext.models.shared_base.SharedBaseScalarModel`]s made by
@@ -125,6 +144,7 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
         peft_config=None,
         ptx_dataset=None,
         kl_controller: KLController | None = None,
+        reward_funcs=None,
     ) -> None:
         if not isinstance(args, PPOConfig):
             raise UserInputError(f"args: expected a trl_ext.PPOConfig, got {type(args).__name__}")
@@ -140,6 +160,8 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
         ):
             raise UserInputError("kl_controller: needs a `value` attribute and an `update(kl, n_steps)` method")
         value_model = check_value_model(args, value_model)  # critic-free: a stand-in without parameters
+        reward_model, data_collator, rewards, weights = prepare_reward_funcs(args, processing_class, reward_model,
+                                                                             reward_funcs, data_collator)
         self.shared_base = check_shared_base_roles(model, reward_model, value_model, peft_config, args)
         if args.fp16:  # the loss scaler needs float32 gradients (trl_ext.models.dtypes)
             float32_trainable_parameters(model, value_model)
@@ -159,6 +181,7 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
             peft_config=peft_config,
         )
         # Nothing below may touch the global torch/numpy RNGs: the parent left them exactly where its train() expects.
+        attach_reward_scorer(self, rewards, weights)  # reward_funcs: the scorer (and its worker processes)
         group_prompts(self)  # num_samples_per_prompt > 1: local_batch_size / k prompts per update (same RNG after)
         if args.local_rollout_forward_batch_size == AUTO:  # the largest chunk that fits args.max_memory_gib
             self.rollout_chunk_choice = resolve_auto_rollout_chunk(self)
@@ -250,6 +273,11 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
         finally:
             self.model = backup
 
+    def generate_completions(self, sampling: bool = False):
+        """TRL's sample generations, scored by the reward model; skipped in a run without one (warned at init)."""
+        if self.reward_model is not None:
+            super().generate_completions(sampling=sampling)
+
     def create_model_card(self, *args, **kwargs):
         """TRL's model card (written with each checkpoint), also when the model is wrapped in DistributedDataParallel
         (TRL reads `self.model.config`, which the wrapper does not have: checkpoints crashed under DDP)."""
@@ -284,10 +312,14 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
         self.accelerator.print("===training policy===")
         self.start_time = time.time()
         with watch_signals(self) as interruption:
-            for update in range(self.state.global_step + 1, args.num_total_batches + 1):
-                self.run_update(update)
-                if self.control.should_training_stop:
-                    break
+            try:
+                for update in range(self.state.global_step + 1, args.num_total_batches + 1):
+                    self.run_update(update)
+                    if self.control.should_training_stop:
+                        break
+            finally:
+                if self.reward_scorer is not None:
+                    self.reward_scorer.close()  # the reward workers (restarted by the next train())
             # HF trainer specifics
             self.control = self.callback_handler.on_train_end(args, self.state, self.control)
             if self.control.should_save:
@@ -343,6 +375,7 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
         if self._resumed_dataloader_stack is not None:
             self._restore_dataloader_stack()
         t0 = time.perf_counter()
+        begin_reward_scoring(self, data)  # reward_funcs: prompts and dataset columns of this batch
         with torch.no_grad():
             rollout = self.generate_rollouts(data["input_ids"].to(self.accelerator.device))
             t1 = time.perf_counter()
@@ -362,6 +395,8 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
             with torch.no_grad():
                 metrics = self.update_metrics(rollout, stats, kl_coef, timings)
             self.log_update(metrics)
+            if args.log_completions:
+                log_completions(self, rollout)
         else:  # NaN/inf scores under nonfinite_policy "skip": the update is dropped (nor scheduler nor KL step)
             self.state.global_step += 1
             self.log({**self.step_guard.metrics(), "episode": self.state.episode})
@@ -438,8 +473,10 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
             plan = sampling_plan(unwrapped_model.policy, self.generation_config)
             pad_token_id, chunk = self.processing_class.pad_token_id, args.local_rollout_forward_batch_size
             if plan is not None:
-                query_responses, logprobs = generate_with_logprobs(unwrapped_model.policy, queries, chunk,
-                                                                   pad_token_id, plan)
+                query_responses, logprobs = generate_with_logprobs(
+                    unwrapped_model.policy, queries, chunk, pad_token_id, plan,
+                    on_chunk=lambda start, responses: submit_rollout_chunk(self, start, responses),
+                )
             else:
                 warnings.warn(
                     "generate_rollouts: trl_ext.ppo.rollout_logprobs does not rebuild this generation config's "
@@ -478,6 +515,8 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
         ref_logprobs = torch.cat(ref_logprobs, 0)
         rollout.sequence_lengths = sequence_lengths = torch.cat(sequence_lengths, 0)
         scores = torch.cat(scores, 0)
+        if self.reward_scorer is not None:  # reward_funcs: reward models' scores + functions -> weighted score
+            scores = finish_reward_scoring(self, rollout, scores)
         values = torch.cat(values, 0)
 
         # Completions without the stop token (EOS) get `missing_eos_penalty` subtracted from their score.
@@ -527,7 +566,10 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
         return full_value[:, context_length - 1 : -1].squeeze(-1)
 
     def compute_scores(self, postprocessed_query_response: torch.Tensor, context_length: int) -> torch.Tensor:
-        """Reward-model score `(batch,)` of each (truncated) query+response: the head's output at its last token."""
+        """Reward-model score `(batch,)` of each (truncated) query+response: the head's output at its last token.
+        With `reward_funcs`: `(batch, models)`, the scores of the reward models among them (functions come later)."""
+        if self.reward_scorer is not None:
+            return model_reward_scores(self, postprocessed_query_response, context_length)
         _, score, _ = scalar_model_outputs(
             self.reward_model, postprocessed_query_response, self.processing_class.pad_token_id, context_length
         )
@@ -554,11 +596,13 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
     def compute_advantages(self, rollout: Rollout) -> None:
         """GAE advantages and returns; advantages whitened over the response tokens. (Critic-free: the estimator.)"""
         if self.args.critic_free:
-            return critic_free_advantages(rollout, self.args, self.accelerator)
-        advantages, returns = gae_advantages(rollout.rewards, rollout.values, self.args.gamma, self.args.lam)
-        advantages = masked_whiten(advantages, ~rollout.padding_mask)
-        rollout.advantages = torch.masked_fill(advantages, rollout.padding_mask, 0)
-        rollout.returns = returns
+            critic_free_advantages(rollout, self.args, self.accelerator)
+        else:
+            advantages, returns = gae_advantages(rollout.rewards, rollout.values, self.args.gamma, self.args.lam)
+            advantages = masked_whiten(advantages, ~rollout.padding_mask)
+            rollout.advantages = torch.masked_fill(advantages, rollout.padding_mask, 0)
+            rollout.returns = returns
+        zero_unscorable_advantages(rollout)  # reward_funcs: completions no reward scored
 
     # ------------------------------------------------------------------ optimisation
 
@@ -701,6 +745,7 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
             metrics["loss/ptx_avg"] = gather(torch.stack(stats.ptx_losses).mean()).mean().item()
         if self.args.critic_free:
             critic_free_metrics(metrics, rollout, stats, self.args, self.accelerator)
+        metrics.update(reward_func_metrics(self, rollout))  # reward_funcs: rewards/*, reward, completions/*
         metrics.update(timings)
         metrics.update(self.step_guard.metrics())  # nonfinite/*: only under `skip` or fp16's loss scaler
         metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
