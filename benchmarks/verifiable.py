@@ -35,7 +35,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import REPO, RESULTS, load_average, print_table, setup_env, write_result  # noqa: E402
+from _common import REPO, RESULTS, load_average, print_table, setup_env, write_result
 
 TASK = REPO / "recipes" / "verifiable"
 sys.path.insert(0, str(TASK))
@@ -50,7 +50,7 @@ ESTIMATORS = {
     "REINFORCE++": {"advantage_estimator": "reinforce_pp"},
 }
 #: The RL settings every estimator shares (recipes/verifiable/{gae,rloo,grpo,reinforce_pp}.yaml carry the same).
-RL_SETTINGS = dict(
+RL_SETTINGS = dict(  # noqa: C408 - keyword form: these are PPOConfig's keywords
     per_device_train_batch_size=COMPLETIONS_PER_UPDATE, gradient_accumulation_steps=1, num_mini_batches=1,
     num_ppo_epochs=2, learning_rate=3e-4, lr_scheduler_type="constant", response_length=5, stop_token="eos",
     temperature=1.0, kl_coef=0.01, local_rollout_forward_batch_size=COMPLETIONS_PER_UPDATE,
@@ -90,7 +90,11 @@ def make_rl_trainer(sft_dir: Path, train_rows: list[dict], out: Path, *, updates
                     **overrides):
     """A trl_ext.PPOTrainer from the SFT model with ``reward_funcs=[exact_match_reward]`` and no reward model."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+    )
 
     import trl_ext
     from trl_ext.rewards.arithmetic_task import exact_match_reward
@@ -108,6 +112,24 @@ def make_rl_trainer(sft_dir: Path, train_rows: list[dict], out: Path, *, updates
     return trl_ext.PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=copy.deepcopy(policy),
                               reward_model=None, train_dataset=rl_dataset(tokenizer, train_rows), value_model=value,
                               reward_funcs=[exact_match_reward])
+
+
+class HeldOutCurve:
+    """A TrainerCallback: held-out accuracy (appended to ``curve``) every ``every`` updates and after the last."""
+
+    def __init__(self, trainer, tokenizer, rows, curve, every, last):
+        self.trainer, self.tokenizer, self.rows, self.curve, self.every, self.last = (trainer, tokenizer, rows, curve,
+                                                                                      every, last)
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.every == 0 or state.global_step == self.last:
+            from evaluate import accuracy
+
+            self.curve.append({"update": state.global_step,
+                               **accuracy(self.trainer.model.policy, self.tokenizer, self.rows)})
 
 
 def logged(trainer, key: str) -> list[float]:
@@ -167,16 +189,7 @@ def main(argv=None) -> int:
                                       **overrides)
             curve = [{"update": 0, **start}]
 
-            class Eval:  # a TrainerCallback: held-out accuracy every updates/evals updates
-                def __getattr__(self, name):
-                    return lambda *args, **kwargs: None
-
-                def on_step_end(self, args, state, control, **kwargs):
-                    if state.global_step % max(1, updates // evals) == 0 or state.global_step == updates:
-                        curve.append({"update": state.global_step, **accuracy(trainer.model.policy, tokenizer,
-                                                                             heldout)})
-
-            trainer.add_callback(Eval())
+            trainer.add_callback(HeldOutCurve(trainer, tokenizer, heldout, curve, max(1, updates // evals), updates))
             gc.collect()
             gc.freeze()
             t = time.perf_counter()

@@ -4,19 +4,22 @@ setting, in one process; seconds per update and held-out exact-match accuracy af
 
 Settings, mapped one by one (ours -> TRL 1.16 GRPOConfig):
 
-| what                         | trl_ext.PPOConfig                          | trl.GRPOConfig                               |
-|------------------------------|--------------------------------------------|----------------------------------------------|
-| samples per prompt k         | num_samples_per_prompt 4                   | num_generations 4                            |
-| completions per update       | per_device_train_batch_size 64 (16 x 4)    | per_device_train_batch_size 64, steps_per_generation 1, gradient_accumulation_steps 1 |
-| optimizer steps per update   | num_ppo_epochs 2 x num_mini_batches 1      | num_iterations 2 (same batch twice)          |
-| advantages                   | grpo: (r - mean) / (std + 1e-4), unbiased std | scale_rewards "group" (the same formula)  |
-| KL                           | kl_in "loss", kl_coef 0.01, k3             | beta 0.01 (k3 in the loss)                   |
-| policy loss aggregation      | token mean over the mini-batch             | loss_type "bnpo" (token mean over the local batch; TRL's default "dapo" divides by the generation batch's tokens: the same here, one process and one step per generation, but we name the one that is the same by definition) |
-| clipping                     | cliprange 0.2                              | epsilon 0.2                                  |
-| sampling                     | temperature 1, top-k off, top-p 1          | temperature 1, top_k 0, top_p 1              |
-| lengths                      | response_length 5, stop at eos             | max_completion_length 5 (stops at eos)       |
-| optimizer                    | AdamW lr 3e-4 constant, no grad clipping   | AdamW lr 3e-4 constant, max_grad_norm 0      |
-| reward                       | reward_funcs=[exact_match_reward]          | reward_funcs=[exact_match_reward]            |
+* samples per prompt k: ours `num_samples_per_prompt` 4 -> TRL `num_generations` 4;
+* completions per update: ours `per_device_train_batch_size` 64 (16 prompts x 4) -> TRL
+  `per_device_train_batch_size` 64, `steps_per_generation` 1, `gradient_accumulation_steps` 1;
+* optimizer steps per update: ours `num_ppo_epochs` 2 x `num_mini_batches` 1 -> TRL `num_iterations` 2 (the same
+  batch twice); TRL counts optimizer steps, so its `max_steps` is 2 x updates;
+* advantages: ours `grpo`, (r - mean) / (unbiased std + 1e-4) per group -> TRL `scale_rewards` "group" (the same);
+* KL: ours `kl_in` "loss", `kl_coef` 0.01, k3 -> TRL `beta` 0.01 (k3 in the loss);
+* policy-loss aggregation: ours a token mean over the mini-batch -> TRL `loss_type` "bnpo" (token mean over the
+  local batch). TRL's default "dapo" divides by the tokens of the whole generation batch: the same number here (one
+  process, one step per generation), but "bnpo" is the one equal to ours by definition. Not "grpo" (a mean per
+  sequence first) nor "dr_grpo" (a constant);
+* clipping: ours `cliprange` 0.2 -> TRL `epsilon` 0.2;
+* sampling: temperature 1, no top-k, top-p 1 in both (TRL `top_k` 0, `top_p` 1.0);
+* lengths: ours `response_length` 5, stop at eos -> TRL `max_completion_length` 5 (stops at eos);
+* optimizer: AdamW, lr 3e-4 constant, no warmup in both; ours clips no gradient -> TRL `max_grad_norm` 0;
+* reward: `reward_funcs=[exact_match_reward]` in both, no reward model.
 
 Timing: the wall time between the ends of consecutive updates (a callback), the first update left out; the two
 trainers run alternately (ours, TRL, TRL, ours, ...) so a drift of the machine's load hits both. On a shared
@@ -41,8 +44,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import RESULTS, alternate, load_average, print_table, setup_env, write_result  # noqa: E402
-from verifiable import RL_SETTINGS, make_rl_trainer, sft  # noqa: E402
+from _common import (
+    RESULTS,
+    alternate,
+    load_average,
+    print_table,
+    setup_env,
+    write_result,
+)
+from verifiable import RL_SETTINGS, make_rl_trainer, sft
 
 K = 4
 GRPO = {"advantage_estimator": "grpo", "num_samples_per_prompt": K, "kl_in": "loss"}
@@ -184,7 +194,8 @@ def main(argv=None) -> int:
           f"{RL_SETTINGS['per_device_train_batch_size']} completions")
     print_table(["trainer", "runs", "s per update (median)", "held-out greedy acc. per seed",
                  "held-out sampled acc. per seed"], rows)
-    print(f"time ratio trl_ext / TRL per repeat: {[round(r, 3) for r in ratio]} (median {statistics.median(ratio):.3f})")
+    print(f"time ratio trl_ext / TRL per repeat: {[round(r, 3) for r in ratio]} "
+          f"(median {statistics.median(ratio):.3f})")
     write_result("vs_trl_grpo", {"updates": updates, "repeats": repeats, "rl": RL_SETTINGS, "grpo": GRPO,
                                  "trl_config": trl_grpo_config(work, updates, 0).to_dict()},
                  {"sft": start, "runs": results, "time_ratio": ratio}, out=a.out)

@@ -1,6 +1,7 @@
 """Held-out exact-match accuracy of policies on the verifiable addition task.
 
-    python recipes/verifiable/evaluate.py outputs/verifiable/sft outputs/verifiable/grpo [--data outputs/verifiable/data/heldout.jsonl]
+    python recipes/verifiable/evaluate.py outputs/verifiable/sft outputs/verifiable/grpo
+    (--data: the held-out file, default outputs/verifiable/data/heldout.jsonl)
 
 For every held-out problem the model answers once greedily (``greedy``: the accuracy the tables report) and
 ``--samples`` times at temperature 1 with no top-k/top-p, as RL samples (``sampled``: the mean reward RL sees on
@@ -19,9 +20,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import addition_task  # noqa: E402
+import addition_task
 
-from trl_ext.rewards.arithmetic_task import exact_match_reward  # noqa: E402
+from trl_ext.rewards.arithmetic_task import exact_match_reward
 
 
 @torch.no_grad()

@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from trl_ext.rewards.arithmetic_task import exact_match_reward, parse_answer, reference_answer
+from trl_ext.rewards.arithmetic_task import (
+    exact_match_reward,
+    parse_answer,
+    reference_answer,
+)
 
 TASK = Path(__file__).resolve().parents[2] / "recipes" / "verifiable"
 

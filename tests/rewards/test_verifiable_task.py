@@ -20,6 +20,10 @@ TASK = ROOT / "recipes" / "verifiable"
 K = 4
 
 
+def read(path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
 @pytest.fixture(scope="module")
 def task_modules():
     sys.path.insert(0, str(TASK))
@@ -52,7 +56,7 @@ def sft_run(task_modules, tmp_path_factory):
 
 def test_data_and_sft(sft_run, task_modules):
     work, trainer = sft_run
-    rows = {name: [json.loads(line) for line in open(work / "data" / f"{name}.jsonl")] for name in ("train", "heldout")}
+    rows = {name: read(work / "data" / f"{name}.jsonl") for name in ("train", "heldout")}
     assert (len(rows["train"]), len(rows["heldout"])) == (16, 32)
     assert not {r["prompt"] for r in rows["train"]} & {r["prompt"] for r in rows["heldout"]}
     assert rows["heldout"] == task_modules[0].split(seed=0, heldout=32, train=16)[1]  # deterministic
@@ -89,7 +93,7 @@ def test_two_grpo_updates_with_the_reward_function_only(sft_run, tmp_path):
     import trl_ext
 
     work, _ = sft_run
-    rows = [json.loads(line) for line in open(work / "data" / "train.jsonl")]
+    rows = read(work / "data" / "train.jsonl")
     tok = AutoTokenizer.from_pretrained(work / "sft", padding_side="left")
     data = Dataset.from_dict({"input_ids": [tok(r["prompt"])["input_ids"] for r in rows],
                               "prompt": [r["prompt"] for r in rows], "answer": [r["answer"] for r in rows]})
@@ -106,7 +110,7 @@ def test_two_grpo_updates_with_the_reward_function_only(sft_run, tmp_path):
     trainer.train()
 
     logs = [h for h in trainer.state.log_history if "rewards/exact_match_reward/mean" in h]
-    logged = [json.loads(line) for line in open(tmp_path / "completions.jsonl")]
+    logged = read(tmp_path / "completions.jsonl")
     assert len(logs) == 2 and len(logged) == 32
     assert 0 < sum(r["exact_match_reward"] for r in logged) < 32  # mixed rewards: the checks below mean something
     answer_of = {r["prompt"]: r["answer"] for r in rows}
