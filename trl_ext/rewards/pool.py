@@ -19,10 +19,11 @@ How it works:
 * The worker calls ``funcs[i](**kwargs, log_extra=..., log_metric=...)`` (TRL GRPO's recorders, kept in the worker and
   returned with the result); an ``async def`` function (any awaitable result) runs under ``asyncio.run``.
 * In a worker: SIGINT is ignored (Ctrl-C is the parent's to handle; :meth:`RewardWorkerPool.close` kills the
-  workers), ``CUDA_VISIBLE_DEVICES`` is emptied and ``OMP_NUM_THREADS=1``; if torch was loaded in the parent, the
-  worker sets ``torch.set_num_threads(1)`` before any call: a forked child that runs a torch op on the parent's
-  OpenMP thread pool hangs (measured with torch 2.13: the child of a parent that ran a matmul on 2 threads never
-  returns from its own matmul), and one thread per worker is what a pool of workers wants anyway.
+  workers), ``CUDA_VISIBLE_DEVICES`` is emptied and ``OMP_NUM_THREADS=1``, and if the parent has torch loaded the
+  worker runs it on one thread (``torch.set_num_threads(1)``: N workers on N cores, no oversubscription). The pool's
+  own thread forks every worker: a child forked from a thread that has run torch's OpenMP pool hangs in its first
+  parallel op (measured with torch 2.13: forked from the main thread after a 500x500 matmul on 2 threads, the
+  child's own matmul never returns; forked from a fresh thread, it runs).
 * Each worker leads its own process group, so a timeout kills the verifier's own subprocesses too (code
   execution); a worker exits by itself when the parent dies (Linux ``PR_SET_PDEATHSIG``, and a parent-pid check
   once a second while idle).
