@@ -6,7 +6,6 @@ Every test is bounded: a call that would hang has a timeout, and the tests never
 import asyncio
 import multiprocessing
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -157,13 +156,13 @@ def test_unpicklable_input_raises_at_submit_and_unpicklable_output_is_an_error(p
 
 def test_timeout_kills_the_call_and_its_subprocesses_and_the_pool_goes_on(tmp_path):
     pid_file = tmp_path / "grandchild.pid"
-    with RewardWorkerPool([sleep_then_answer, worker_pid, starts_subprocess], num_workers=1, timeout_s=0.5) as pool:
+    with RewardWorkerPool([sleep_then_answer, worker_pid, starts_subprocess], num_workers=1, timeout_s=1.0) as pool:
         first_pid = pool.submit(1, {}).result().rewards[0]
         hung = pool.submit(0, {"completions": ["30"]})
         queued = pool.submit(0, {"completions": ["0.01"]})  # waits behind the hung call, then runs in the new worker
         result = hung.result()
         assert result.status == "timeout" and result.rewards is None
-        assert result.message == "timed out after 0.5 s" and result.seconds >= 0.5
+        assert result.message == "timed out after 1 s" and result.seconds >= 1.0
         assert (queued.result().status, queued.result().rewards) == ("ok", [1.0])
         assert pool.submit(1, {}).result().rewards[0] != first_pid and _wait_gone(first_pid)
 
@@ -233,19 +232,19 @@ def test_ctrl_c_in_the_parent_leaves_no_worker_behind(tmp_path):
     SIGINT): the parent's KeyboardInterrupt ends the program and the pool's exit hook kills the workers (the one
     stuck in a call too)."""
     script = tmp_path / "interrupted.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(textwrap.dedent("""
         import os, signal, sys, threading, time
         from trl_ext.rewards.pool import RewardWorkerPool
 
         pool = RewardWorkerPool([lambda **kw: time.sleep(60)], num_workers=2)
         print(*[w.process.pid for w in pool._core.workers], flush=True)
-        call = pool.submit(0, {{}})
+        call = pool.submit(0, {})
         threading.Timer(0.3, lambda: os.killpg(0, signal.SIGINT)).start()
         call.result()
     """))
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=30,
-                          start_new_session=True)  # its own process group: the SIGINT stays there
+                          check=False, start_new_session=True)  # its own process group: the SIGINT stays there
     assert proc.returncode != 0 and "KeyboardInterrupt" in proc.stderr, proc.stderr
     workers = [int(pid) for pid in proc.stdout.split()]
     assert len(workers) == 2 and all(_wait_gone(pid) for pid in workers)

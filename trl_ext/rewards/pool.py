@@ -15,7 +15,8 @@ How it works:
 * A call's keyword arguments are pickled in :meth:`RewardWorkerPool.submit`, in the caller's thread (an object that
   cannot be pickled raises there). One daemon thread in the parent sends queued calls to idle workers in submission
   order, collects replies, and kills a worker whose call is past its deadline (counted from when the call was handed
-  to the worker, not from submit). Results are collected in any order with :meth:`PendingCall.result`.
+  to the worker, not from submit; a worker gets calls only once it has started up). Results are collected in any
+  order with :meth:`PendingCall.result`.
 * The worker calls ``funcs[i](**kwargs, log_extra=..., log_metric=...)`` (TRL GRPO's recorders, kept in the worker and
   returned with the result); an ``async def`` function (any awaitable result) runs under ``asyncio.run``.
 * In a worker: SIGINT is ignored (Ctrl-C is the parent's to handle; :meth:`RewardWorkerPool.close` kills the
@@ -174,6 +175,7 @@ def _worker_main(conn, funcs, parent_pid: int, inherited: list) -> None:
     _prepare_worker_process(parent_pid, inherited)
     if isinstance(funcs, bytes):  # spawn: unpickled after the environment above is set
         funcs = pickle.loads(funcs)
+    conn.send_bytes(b"")  # ready: the parent hands out calls (and starts their clocks) only from here on
     while True:
         if not conn.poll(1.0):
             if os.getppid() != parent_pid:
@@ -192,11 +194,12 @@ def _worker_main(conn, funcs, parent_pid: int, inherited: list) -> None:
 
 
 class _Worker:
-    __slots__ = ("process", "conn", "call", "deadline", "started", "ran_a_call")
+    __slots__ = ("call", "conn", "deadline", "process", "ran_a_call", "ready", "started")
 
     def __init__(self, process, conn):
         self.process = process
         self.conn = conn
+        self.ready = False  # until the worker says so (after its start-up: imports under spawn)
         self.call: PendingCall | None = None
         self.deadline: float | None = None
         self.started = 0.0
@@ -342,7 +345,7 @@ class _PoolCore:
 
     def hand_out(self) -> None:
         for worker in self.workers:
-            if worker.call is not None:
+            if worker.call is not None or not worker.ready:
                 continue
             with self.lock:
                 if not self.queue or self.closed:
@@ -362,7 +365,7 @@ class _PoolCore:
 
     def dispatch_once(self) -> None:
         self.hand_out()
-        busy = [w for w in self.workers if w.call is not None]
+        busy = [w for w in self.workers if w.call is not None or not w.ready]
         deadlines = [w.deadline for w in busy if w.deadline is not None]
         wait_s = None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
         objects = [self.wake_r] + [w.conn for w in busy] + [w.process.sentinel for w in self.workers]
@@ -375,7 +378,9 @@ class _PoolCore:
             with self.lock:
                 self.wake_pending = False
         for worker in list(self.workers):
-            if worker.call is not None and (worker.conn in ready or worker.process.sentinel in ready):
+            if not worker.ready and worker.conn in ready:
+                self.hear_ready(worker)
+            elif worker.call is not None and (worker.conn in ready or worker.process.sentinel in ready):
                 self.collect(worker)
             elif worker.process.sentinel in ready:  # died while idle (or after its reply was read)
                 self.retire(worker)
@@ -385,6 +390,14 @@ class _PoolCore:
                 call, elapsed = worker.call, now - worker.started
                 self.retire(worker)
                 call._resolve(CallResult("timeout", None, f"timed out after {self.timeout_s:g} s", seconds=elapsed))
+
+    def hear_ready(self, worker: _Worker) -> None:
+        try:
+            worker.conn.recv_bytes()
+        except (EOFError, OSError):  # died while starting
+            self.retire(worker)
+            return
+        worker.ready = True
 
     def collect(self, worker: _Worker) -> None:
         call = worker.call
