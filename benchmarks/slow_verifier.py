@@ -5,7 +5,8 @@ TRL's GRPOTrainer calls a reward function; in the pool it gets one call per comp
 Two kinds of 20 ms: `sleep` (waiting: a sandbox, a subprocess, a server) and `cpu` (a busy loop in Python: a math
 checker). Waiting parallelises beyond the machine's cores; computing cannot. Variants alternate within each repeat
 (see benchmarks/README.md); the speed-up is the median of the per-repeat ratios. Also: the pool's per-call overhead
-(calls per second of a function that returns at once, one call per completion) and its start-up time.
+(calls per second of a function that returns at once, one call per completion: pickling, the pipe, the
+worker's wake-up) and its start-up time.
 
     python benchmarks/slow_verifier.py            # 256 completions, 3 repeats: about 1-2 min on 2 busy cores
     python benchmarks/slow_verifier.py --quick    # 64 completions, 2 repeats, sleep only: about 10 s
@@ -128,18 +129,22 @@ def main(argv=None):
 
     overhead_rows = []
     for workers, pool in pools.items():
-        t = time.perf_counter()
-        calls = [pool.submit(len(order), {"prompts": ["p"], "completions": ["c"], "completion_ids": [[1, 2]],
-                                          "trainer_state": {"global_step": 1}}) for _ in range(args.overhead_calls)]
-        [call.result() for call in calls]
-        seconds = time.perf_counter() - t
-        overhead_rows.append([workers, args.overhead_calls / seconds, 1e6 * seconds / args.overhead_calls,
-                              startup[workers]])
-        results[f"overhead/{workers} workers"] = {"calls_per_s": args.overhead_calls / seconds,
-                                                  "start_s": startup[workers]}
+        rates = []
+        for _ in range(args.repeats):
+            t = time.perf_counter()
+            calls = [pool.submit(len(order), {"prompts": ["p"], "completions": ["c"], "completion_ids": [[1, 2]],
+                                              "trainer_state": {"global_step": 1}})
+                     for _ in range(args.overhead_calls)]
+            [call.result() for call in calls]
+            rates.append(args.overhead_calls / (time.perf_counter() - t))
+        rate = statistics.median(rates)
+        overhead_rows.append([workers, rate, f"{min(rates):.0f}-{max(rates):.0f}", 1e6 / rate, startup[workers]])
+        results[f"overhead/{workers} workers"] = {"calls_per_s": rates, "start_s": startup[workers]}
         pool.close()
-    print(f"\nPer-call overhead: {args.overhead_calls} calls of a function that returns at once")
-    print_table(["workers", "calls/s", "us per call", "pool start + first calls (s)"], overhead_rows)
+    print(f"\nPer-call overhead: {args.overhead_calls} calls of a function that returns at once, {args.repeats} "
+          f"repeats, load {load_average()}")
+    print_table(["workers", "calls/s (median)", "per repeat", "us per call", "pool start + first calls (s)"],
+                overhead_rows)
     write_result("slow_verifier", vars(args), results, out=args.out)
 
 

@@ -69,7 +69,8 @@ def torch_matmul(**kwargs):
     import torch
 
     a = torch.ones(500, 500)
-    return [float((a @ a)[0, 0]), torch.get_num_threads()]
+    return [float((a @ a)[0, 0]), torch.get_num_threads(), os.environ["CUDA_VISIBLE_DEVICES"],
+            os.environ["OMP_NUM_THREADS"]]
 
 
 def starts_subprocess(completions, **kwargs):
@@ -200,7 +201,7 @@ def test_closures_work_and_torch_in_a_forked_worker_does_not_hang():
             result, closure = pool.submit(0, {}).result(), pool.submit(1, {}).result()
     finally:
         torch.set_num_threads(threads)
-    assert (result.status, result.rewards) == ("ok", [500.0, 1]), result.message
+    assert (result.status, result.rewards) == ("ok", [500.0, 1, "", "1"]), result.message  # one thread, no GPU
     assert closure.rewards == [0.5]
 
 
@@ -269,3 +270,14 @@ def test_a_pool_nobody_closed_is_closed_when_garbage_collected():
     del pool
     gc.collect()
     assert _wait_gone(pid)
+
+
+def test_a_forked_copy_of_the_parent_does_not_close_the_parents_workers():
+    with RewardWorkerPool([worker_pid], num_workers=1) as pool:
+        pid = pool.submit(0, {}).result().rewards[0]
+        child = os.fork()
+        if child == 0:  # what an exiting fork of the trainer does at interpreter exit (the finalizer runs there too)
+            pool.close()
+            os._exit(0)
+        os.waitpid(child, 0)
+        assert pool.submit(0, {}).result().rewards == [pid]

@@ -237,6 +237,7 @@ class _PoolCore:
 
     def __init__(self, ctx, funcs, funcs_payload, num_workers: int, timeout_s: float | None):
         self.ctx = ctx
+        self.owner_pid = os.getpid()
         self.funcs = funcs  # fork: inherited by the children as they are
         self.funcs_payload = funcs_payload  # spawn: pickled by reference
         self.timeout_s = timeout_s
@@ -418,6 +419,8 @@ class _PoolCore:
 
     # -- shutdown
     def close(self) -> None:
+        if os.getpid() != self.owner_pid:  # a forked copy of the parent exiting: the workers are not its own
+            return
         with self.lock:
             if self.closed:
                 return
