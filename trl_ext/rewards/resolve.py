@@ -2,8 +2,8 @@
 
 Four forms of an entry:
 
-* ``"module:function"`` or the dotted ``"module.function"``: an importable function, e.g. ``trl.rewards:accuracy_reward``
-  or ``trl.rewards.think_format_reward``;
+* ``"module:function"`` or the dotted ``"module.function"``: an importable function, e.g.
+  ``trl.rewards:accuracy_reward`` or ``trl.rewards.think_format_reward``;
 * ``"path/to/file.py:function"``: a function in a Python file, the path relative to the recipe's folder; the file is
   imported with :mod:`importlib` under a module name of its own (``trl_ext_reward_file_<stem>_<hash>``), once;
 * ``{name: FACTORY, kwargs: {...}}``: ``FACTORY`` (either form above) is called with ``kwargs`` and returns the reward
@@ -50,7 +50,8 @@ REMOTE_KEYS = ("url", "timeout_s", "retries", "label_column", "name")
 REMOTE_DEFAULTS = {"timeout_s": 30.0, "retries": 2, "label_column": "label", "name": None}
 # Modules whose reward functions need packages trl-ext does not install: module -> (packages, how to install).
 REQUIREMENTS = {
-    "trl.rewards.accuracy_rewards": (("math_verify", "latex2sympy2_extended"), 'pip install "math-verify[antlr4_13_2]"'),
+    "trl.rewards.accuracy_rewards": (
+        ("math_verify", "latex2sympy2_extended"), 'pip install "math-verify[antlr4_13_2]"'),
 }
 
 
