@@ -184,13 +184,20 @@ def _run(args: argparse.Namespace) -> int:
             if recipe.value_model_args is not None:
                 value = recipe.value_model_args.model_name_or_path
                 value = "fresh adapter and head" if shared_value_is_fresh(value, base) else f"adapter {value}"
-            print(f"# shared base {base}: policy adapter; reward: adapter {recipe.reward_model_args.model_name_or_path}"
-                  f" (frozen); value: {value}; reference: adapters disabled")
+            reward = "none (reward_funcs only)" if recipe.reward_model_args is None else \
+                f"adapter {recipe.reward_model_args.model_name_or_path} (frozen)"
+            print(f"# shared base {base}: policy adapter; reward: {reward}; value: {value}; reference: adapters "
+                  "disabled")
         for role, margs in (("reward model", recipe.reward_model_args), ("value model", recipe.value_model_args)):
             if margs is not None and not (recipe.trainer == "ppo" and recipe.pipeline.shared_base):
                 quant = "4-bit" if margs.load_in_4bit else "8-bit" if margs.load_in_8bit else margs.dtype
                 lora = f", LoRA r={margs.lora_r}" if margs.use_peft else ""
                 print(f"# {role}: {margs.model_name_or_path} ({quant}{lora})")
+        if recipe.reward_funcs:
+            from ..rewards.resolve import reward_func_name
+
+            names = ", ".join(reward_func_name(f) for f in recipe.reward_funcs)
+            print(f"# reward functions: {names} (imported; signatures fit the dataset's columns)")
         print(recipe.to_yaml(), end="")
         return 0
     recipe = resolve_recipe(args.recipe, overrides)

@@ -223,16 +223,23 @@ def _prompt_tokens(tokenizer, prompt) -> Optional[int]:
 
 
 def check_local_data(recipe) -> None:
-    """`trl-ext check`: columns and rows of a local train split (and PPO-ptx text), and the prompts' lengths when the
-    tokenizer (and, for PPO, the model's ``config.json``) is local too. Hub datasets are checked by `train`."""
+    """`trl-ext check`: columns and rows of a local train split (and PPO-ptx text), the reward functions' signatures
+    against its columns, and the prompts' lengths when the tokenizer (and, for PPO, the model's ``config.json``) is
+    local too. Hub datasets are checked by `train`."""
     from ..models.paths import looks_local
     from .data import check_columns, open_split
 
+    from .loader import check_reward_columns
+
     s, args = recipe.script_args, recipe.training_args
-    if s.dataset_name and looks_local(s.dataset_name):
+    local = bool(s.dataset_name and looks_local(s.dataset_name))
+    if not local:  # reward functions: the trainer's own keywords only (the hub dataset's columns are not known)
+        check_reward_columns(recipe, None)
+    if local:
         text_column = getattr(args, "dataset_text_field", "text")
         ds = open_split(s.dataset_name, s.dataset_train_split, config=s.dataset_config)
         check_columns(ds, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split, text_column=text_column)
+        check_reward_columns(recipe, ds.column_names)
         check_rows(ds, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split, text_column=text_column,
                    allow_empty_responses=recipe.pipeline.allow_empty_responses)
         if recipe.trainer == "ppo":

@@ -69,8 +69,16 @@ class PipelineArguments:
             for those weights and the activations, faster. Norms compute in float32 inside either way; LoRA weights,
             score heads that train and their optimizer states stay float32. Applies to every model of the run
             (policy, reference, reward, value, shared base). See `docs/dtypes.md`.
+        reward_funcs (`list`, *optional*):
+            PPO: reward functions beside (or instead of) the reward model, called as TRL's `GRPOTrainer` calls them.
+            Each entry is `"module:function"` (or dotted `"module.function"`), `"path/to/file.py:function"` (relative
+            to the recipe's folder), a factory `{name: FACTORY, kwargs: {...}}` whose call returns the function, or
+            a remote reward `{url: http://host:port/path, timeout_s: 30, retries: 2, label_column: label}`
+            (`trl_ext.rewards.resolve`). With it `reward_model_path` is optional; `reward_weights` has one weight
+            per reward, the reward model's first. See `docs/reward-functions-recipes.md`.
         value_model_path (`str`, *optional*):
-            PPO: checkpoint of the value model. Defaults to `reward_model_path`.
+            PPO: checkpoint of the value model. Defaults to `reward_model_path`; without a reward model
+            (`reward_funcs` only) to the policy's `model_name_or_path` with a fresh one-output head.
         value_reinit_score_head (`bool`, *optional*, defaults to `False`):
             PPO: as `reinit_score_head`, for the value model.
         shared_base (`bool`, *optional*, defaults to `False`):
@@ -80,7 +88,9 @@ class PipelineArguments:
             on the policy's `model_name_or_path`; the value adapter starts from `value_model_path` (an adapter
             directory on the same base; default: the reward adapter) or, when `value_model_path` is the policy's
             `model_name_or_path`, fresh (the policy's LoRA settings, overridden by `value_lora_*` keys). The reward
-            adapter is frozen. `reward_*` keys and `value_*` keys other than LoRA settings do not apply.
+            adapter is frozen. Without a reward model (`reward_funcs` only) only the value adapter shares the base,
+            fresh unless `value_model_path` names an adapter; a critic-free run without a reward model has nothing
+            to share and is refused. `reward_*` keys and `value_*` keys other than LoRA settings do not apply.
         ptx_dataset_name (`str`, *optional*):
             PPO-ptx: hub name, local file or `save_to_disk` directory of the pretraining-mix text.
         ptx_dataset_config (`str`, *optional*):
@@ -113,6 +123,10 @@ class PipelineArguments:
     upcast_non_quantized: bool = field(
         default=True,
         metadata={"help": "Quantized models: float32 embeddings, LM head, norms (peft's upcast); false keeps dtype."},
+    )
+    reward_funcs: Optional[list[str]] = field(
+        default=None,
+        metadata={"help": "PPO: reward functions ('module:function', 'file.py:function', {name:, kwargs:}, {url:})."},
     )
     value_model_path: Optional[str] = field(
         default=None, metadata={"help": "PPO: value model checkpoint (defaults to reward_model_path)."}
@@ -148,7 +162,10 @@ class Recipe:
         model_args: TRL `ModelConfig` of the trained model (the policy for SFT/DPO/PPO, the reward model for reward).
         training_args: the trainer's config (`trl_ext.SFTConfig`, `RewardConfig`, `DPOConfig` or `PPOConfig`).
         pipeline: :class:`PipelineArguments`.
-        reward_model_args / value_model_args: PPO only, `ModelConfig`s of the reward and value models.
+        reward_model_args / value_model_args: PPO only, `ModelConfig`s of the reward and value models (None when
+            the run has none: `reward_funcs` only, or a critic-free `advantage_estimator`).
+        reward_funcs: PPO only, the callables of `reward_funcs` (imported, factories called), in order.
+        reward_func_entries: how messages name each of them (`recipe: key 'reward_funcs' entry N '...'`).
         explicit: the keys the recipe and the command line set, with their resolved values.
         notes: remarks for the user (printed by `trl-ext check`).
         env: the recipe's `env` mapping (environment variables).
@@ -162,6 +179,8 @@ class Recipe:
     pipeline: PipelineArguments
     reward_model_args: Any = None
     value_model_args: Any = None
+    reward_funcs: list = field(default_factory=list)
+    reward_func_entries: list = field(default_factory=list)
     explicit: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
     env: dict = field(default_factory=dict)
@@ -403,6 +422,12 @@ class _Resolution:
     resuming: bool = False
     reward_args: Any = None
     value_args: Any = None
+    reward_specs: list = field(default_factory=list)
+    reward_funcs: list = field(default_factory=list)
+
+    @property
+    def has_reward_model(self) -> bool:
+        return self.given("reward_model_path") not in (None, "")
 
     def given(self, key, default=None):
         return self.merged.get(key, default)
@@ -433,7 +458,9 @@ def _resolve(ctx: _Resolution) -> Recipe:
     return Recipe(
         path=Path(ctx.path), trainer=ctx.trainer, script_args=script_args, model_args=model_args,
         training_args=training_args, pipeline=pipeline, reward_model_args=ctx.reward_args,
-        value_model_args=ctx.value_args, explicit=_explicit_keys(ctx), notes=ctx.notes, env=env,
+        value_model_args=ctx.value_args, reward_funcs=ctx.reward_funcs,
+        reward_func_entries=[spec.where for spec in ctx.reward_specs], explicit=_explicit_keys(ctx), notes=ctx.notes,
+        env=env,
     )
 
 
@@ -466,8 +493,9 @@ def _check_raw_values(ctx: _Resolution) -> None:
             raise UserInputError("recipe: missing key 'dataset_name' (prompts for PPO)")
         if ctx.truthy("dataset_streaming"):
             raise UserInputError("recipe: key 'dataset_streaming' is not supported by PPO (it needs the prompt count)")
-        if given("reward_model_path") in (None, ""):
-            raise UserInputError("recipe: missing key 'reward_model_path' (the reward model PPO optimises)")
+        if not ctx.has_reward_model and given("reward_funcs") in (None, "", []):
+            raise UserInputError("recipe: missing key 'reward_model_path' (the reward model PPO optimises) or "
+                                 "'reward_funcs' (reward functions)")
 
 
 def _argv_of(ctx: _Resolution, keys) -> list[str]:
@@ -480,6 +508,10 @@ def _argv_of(ctx: _Resolution, keys) -> list[str]:
             ctx.parser.set_defaults(**{key: None})
         elif value is True and key in ctx.cli and ctx.actions[key].nargs == "?":
             argv.append(f"--{key}")
+        elif key in STRUCTURED_LIST_KEYS:  # mappings in the list travel as JSON text
+            entries = value if isinstance(value, (list, tuple)) else [value]
+            argv += [f"--{key}", *(json.dumps(v) if isinstance(v, (dict, list)) else _scalar_str(key, v)
+                                   for v in entries)]
         else:
             argv += _to_argv(key, value, ctx.actions[key])
     return argv
@@ -558,11 +590,18 @@ def _resolve_ppo_models(ctx: _Resolution) -> None:
                 f"recipe: key '{bad}' is for PPO recipes only (this recipe has trainer: {ctx.trainer})"
             )
         return
-    ctx.reward_args = _model_config_from_prefix(ctx.parsed[4], "reward", model_args, training_args.reward_model_path)
-    if getattr(training_args, "critic_free", False):
+    _resolve_reward_funcs(ctx)
+    critic_free = getattr(training_args, "critic_free", False)
+    if ctx.has_reward_model:
+        ctx.reward_args = _model_config_from_prefix(ctx.parsed[4], "reward", model_args,
+                                                    training_args.reward_model_path)
+    else:  # reward functions only: no reward model (TRL's config default path would be a model nobody asked for)
+        _check_no_reward_model(ctx.merged, critic_free, pipeline)
+        training_args.reward_model_path = None
+    if critic_free:
         _check_critic_free(ctx.merged, training_args)  # no value model: value_model_args stays None
     else:
-        value_path = pipeline.value_model_path or training_args.reward_model_path
+        value_path = default_value_model_path(pipeline, training_args, model_args)
         ctx.value_args = _model_config_from_prefix(ctx.parsed[5], "value", model_args, value_path)
     _check_ptx(training_args, pipeline)
     validation.check_ppo_batches(training_args)
@@ -595,6 +634,9 @@ def _explicit_keys(ctx: _Resolution) -> dict:
     for key in ctx.merged:
         if key == "trainer":
             continue
+        if key == "reward_funcs":  # as parsed (mappings again), file paths absolute: the copy runs from anywhere
+            explicit[key] = [portable_spec(spec, Path(ctx.path).parent) for spec in ctx.pipeline.reward_funcs or []]
+            continue
         owner = next(o for o in ctx.parsed if key in {f.name for f in dataclasses.fields(o)})
         value = _plain(getattr(owner, key))
         # Keep what the user wrote where TRL normalised it to something that would not parse back ([] for
@@ -607,8 +649,94 @@ def _explicit_keys(ctx: _Resolution) -> dict:
 
 _PPO_ONLY = {
     f.name: f for f in dataclasses.fields(PipelineArguments)
-    if f.name.startswith(("value_", "ptx_")) or f.name == "shared_base"
+    if f.name.startswith(("value_", "ptx_")) or f.name in ("shared_base", "reward_funcs")
 }
+# List keys whose entries may be mappings (passed to the parser as JSON text, parsed back in the pipeline step).
+STRUCTURED_LIST_KEYS = ("reward_funcs",)
+
+
+def default_value_model_path(pipeline, training_args, model_args) -> str:
+    """Where a GAE run's value model starts: `value_model_path`, else the reward model, else (reward functions
+    only) the policy's own checkpoint, with a fresh one-output head (as verl starts its critic from the actor)."""
+    return pipeline.value_model_path or training_args.reward_model_path or model_args.model_name_or_path
+
+
+def _resolve_reward_funcs(ctx: _Resolution) -> None:
+    """`reward_funcs`: parse each entry, import it (a factory is called), refuse one that cannot run here; then
+    `reward_weights` must hold one weight per reward (the reward model first). The dataset's columns are checked
+    against each function's signature when the dataset is opened (`check_reward_columns`)."""
+    from ..rewards.resolve import parse_reward_spec, resolve_reward_funcs
+
+    pipeline = ctx.pipeline
+    if pipeline.reward_funcs is not None:
+        entries = []
+        for entry in pipeline.reward_funcs:
+            if isinstance(entry, str) and entry.lstrip().startswith(("{", "[")):
+                try:
+                    entry = json.loads(entry)
+                except ValueError:
+                    pass  # left as text: parse_reward_spec names it
+            entries.append(entry)
+        pipeline.reward_funcs = entries
+        ctx.reward_specs = [parse_reward_spec(entry, i) for i, entry in enumerate(entries)]
+        ctx.reward_funcs = resolve_reward_funcs(ctx.reward_specs, Path(ctx.path).parent)
+    weights = getattr(ctx.training_args, "reward_weights", None)
+    if weights is not None:
+        from ..rewards.resolve import reward_func_name
+
+        names = (["reward_model"] if ctx.has_reward_model else []) + [reward_func_name(f) for f in ctx.reward_funcs]
+        if len(weights) != len(names):
+            raise UserInputError(
+                f"recipe: key 'reward_weights' has {len(weights)} weight{'s' * (len(weights) != 1)} for "
+                f"{len(names)} reward{'s' * (len(names) != 1)} ({', '.join(names) or 'none'}); give one per reward, "
+                "the reward model first"
+            )
+
+
+def _check_no_reward_model(merged: dict, critic_free: bool, pipeline) -> None:
+    """`reward_funcs` without `reward_model_path`: `reward_*` keys would configure nothing, and a critic-free run
+    has no model to put on a shared base."""
+    for key in merged:
+        if key.startswith("reward_") and key[len("reward_"):] in _model_config_fields():
+            raise UserInputError(
+                f"recipe: key '{key}' configures the reward model, but the recipe has none (no reward_model_path); "
+                "remove the key or set reward_model_path"
+            )
+    if pipeline.shared_base and critic_free:
+        raise UserInputError(
+            "recipe: key 'shared_base' has nothing to share: no reward model (reward_funcs only) and no value model "
+            "(critic-free advantage_estimator); remove the key"
+        )
+
+
+@functools.lru_cache(maxsize=None)
+def _model_config_fields() -> tuple:
+    from trl import ModelConfig
+
+    return tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "model_name_or_path")
+
+
+def portable_spec(spec, base_dir: Path):
+    """A `reward_funcs` entry with a relative ``file.py`` path made absolute (relative to ``base_dir``)."""
+    def absolute(target: str) -> str:
+        file, colon, attr = target.rpartition(":")
+        if colon and file.endswith(".py") and not Path(file).expanduser().is_absolute():
+            return f"{(base_dir / file).resolve()}:{attr}"
+        return target
+
+    if isinstance(spec, str):
+        return absolute(spec)
+    if isinstance(spec, dict) and isinstance(spec.get("name"), str):
+        return {**spec, "name": absolute(spec["name"])}
+    return spec
+
+
+def check_reward_columns(recipe: "Recipe", columns) -> None:
+    """Each reward function's signature against the train dataset's ``columns`` (None: not known here)."""
+    from ..rewards.resolve import check_reward_func
+
+    for func, entry in zip(recipe.reward_funcs, recipe.reward_func_entries):
+        check_reward_func(func, entry, None if columns is None else list(columns))
 
 # value_<ModelConfig key>s that still apply with a shared base (a fresh value adapter's LoRA settings)
 SHARED_BASE_VALUE_KEYS = ("use_peft", "use_rslora", "use_dora")
@@ -668,7 +796,7 @@ def _check_shared_base(merged: dict, parsed, model_args, training_args, pipeline
                 raise UserInputError("recipe: key 'value_use_peft' is false, but with shared_base the value model is a "
                                      "LoRA adapter; drop the key")
     policy_base = resolve_tiny_name(model_args.model_name_or_path)
-    sources = [("reward_model_path", training_args.reward_model_path)]
+    sources = [("reward_model_path", training_args.reward_model_path)] if training_args.reward_model_path else []
     value_path = pipeline.value_model_path
     if value_path and not shared_value_is_fresh(value_path, model_args.model_name_or_path):
         sources.append(("value_model_path", value_path))
