@@ -15,6 +15,9 @@ def says_happy(completions, **kwargs):
 
 def matches_topic(completions, topic, **kwargs):
     return [float(t in c) for c, t in zip(completions, topic)]
+
+def topic_length(completions, topic, **kwargs):  # a number the test knows: the mean over the 4 topics is 3.5
+    return [float(len(t)) for t in topic]
 '''
 
 
@@ -146,3 +149,26 @@ def test_tokenized_prompts_keep_the_other_columns_for_reward_functions(tokenizer
     assert kept.column_names == ["prompt", "topic", "input_ids"] and kept[0]["topic"] == "cat"
     assert kept[0]["input_ids"] == tokenizer("tell me about the cat")["input_ids"]
     assert tokenize_prompts(ds, tokenizer).column_names == ["input_ids"]  # as before without reward functions
+
+
+def test_two_reward_functions_train_two_updates_without_a_reward_model(recipe_dir, tiny_models):
+    """A function from a file next to the recipe that reads a dataset column, and trl.rewards' soft overlong
+    punishment factory, weighted 1.0 and 0.5; GAE's value model starts from the policy (no reward model)."""
+    from trl_ext.recipes.pipeline import run
+
+    recipe = resolve_recipe(write(recipe_dir, reward_funcs=["my_rewards.py:topic_length",
+                                                            keys(recipe_dir)["reward_funcs"][1]],
+                                  reward_weights=[1.0, 0.5]))
+    trainer = run(recipe)
+    logs = [h for h in trainer.state.log_history if "rewards/topic_length/mean" in h]
+    assert len(logs) == 2
+    for log in logs:
+        # every prompt once per update: the topics' lengths 3, 3, 4, 4 -> 3.5
+        assert log["rewards/topic_length/mean"] == pytest.approx(3.5)
+        overlong = log["rewards/soft_overlong_punishment_reward/mean"]
+        assert -1.0 <= overlong <= 0.0
+        assert log["reward"] == pytest.approx(3.5 + 0.5 * overlong, abs=1e-5)
+    assert (recipe_dir / "out" / "trl_ext_recipe.yaml").exists()
+    # the value model: the tiny policy's checkpoint with a fresh one-output head
+    value = trainer.value_model
+    assert value.config.num_labels == 1 and value.config._name_or_path == str(tiny_models.policy)

@@ -682,9 +682,9 @@ def _resolve_reward_funcs(ctx: _Resolution) -> None:
         ctx.reward_funcs = resolve_reward_funcs(ctx.reward_specs, Path(ctx.path).parent)
     weights = getattr(ctx.training_args, "reward_weights", None)
     if weights is not None:
-        from ..rewards.resolve import reward_func_name
+        from ..rewards.contract import reward_func_names
 
-        names = (["reward_model"] if ctx.has_reward_model else []) + [reward_func_name(f) for f in ctx.reward_funcs]
+        names = (["reward_model"] if ctx.has_reward_model else []) + reward_func_names(ctx.reward_funcs)
         if len(weights) != len(names):
             raise UserInputError(
                 f"recipe: key 'reward_weights' has {len(weights)} weight{'s' * (len(weights) != 1)} for "

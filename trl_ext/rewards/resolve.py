@@ -13,9 +13,9 @@ Four forms of an entry:
   another service (OpenRLHF's remote reward contract), as :class:`trl_ext.rewards.remote.RemoteReward`.
 
 :func:`check_reward_func` checks a function's signature against the calling contract of TRL's ``GRPOTrainer``,
-which ``trl_ext.PPOTrainer`` follows: the function is called with the keywords ``prompts``, ``completions``,
-``completion_ids``, every dataset column but ``prompt``/``completion``/``completion_ids``, ``trainer_state``,
-``log_extra`` and ``log_metric``. :func:`check_requirements` refuses a function that cannot run on this machine
+which ``trl_ext.PPOTrainer`` follows (:mod:`trl_ext.rewards.contract`): the function is called with the keywords
+``prompts``, ``completions``, ``completion_ids``, every dataset column but the prompt and the tokenized prompt
+(``prompt``, ``input_ids``, ...), ``trainer_state``, ``log_extra`` and ``log_metric``. :func:`check_requirements` refuses a function that cannot run on this machine
 (``trl.rewards.accuracy_reward`` without ``math_verify``).
 
 Every problem is a :class:`~trl_ext.errors.UserInputError` of one line naming the entry.
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..errors import UserInputError
+from .contract import CONTRACT_KEYWORDS, keyword_columns, reward_func_names
 
 __all__ = [
     "RewardSpec", "parse_reward_spec", "load_reward_func", "resolve_reward_funcs", "check_reward_func",
@@ -42,9 +43,7 @@ __all__ = [
 
 DEFAULT_KEY = "reward_funcs"
 # Keywords the trainer passes besides the dataset's columns (TRL 1.16 GRPOTrainer._calculate_rewards).
-TRAINER_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
-# Dataset columns that are not passed under their own name (`prompt` arrives as `prompts`).
-NOT_PASSED_COLUMNS = ("prompt", "completion", "completion_ids")
+TRAINER_KEYWORDS = CONTRACT_KEYWORDS
 FACTORY_KEYS = ("name", "kwargs")
 REMOTE_KEYS = ("url", "timeout_s", "retries", "label_column", "name")
 REMOTE_DEFAULTS = {"timeout_s": 30.0, "retries": 2, "label_column": "label", "name": None}
@@ -276,9 +275,9 @@ def resolve_reward_funcs(specs: list | None, base_dir: str | Path = ".", *, key:
 
 
 def reward_func_name(func) -> str:
-    """The name metrics use for a reward (``rewards/<name>/mean``), as TRL names it."""
-    name = getattr(func, "name", None) if not callable(getattr(func, "name", None)) else None
-    return str(name or getattr(func, "__name__", None) or type(func).__name__)
+    """The name metrics use for a reward (``rewards/<name>/mean``), as the trainer names it
+    (:func:`trl_ext.rewards.contract.reward_func_names`)."""
+    return reward_func_names([func])[0]
 
 
 def check_requirements(func, where: str) -> None:
@@ -307,8 +306,8 @@ def check_reward_func(func, name: str, columns: Optional[list[str]]) -> None:
     except (TypeError, ValueError):  # no Python signature to read (a builtin): the call will tell
         return
     passed = list(TRAINER_KEYWORDS)
-    if columns is not None:
-        passed += [c for c in columns if c not in NOT_PASSED_COLUMNS and c not in passed]
+    if columns is not None:  # the columns the trainer passes (contract.keyword_columns: not prompt, input_ids, ...)
+        passed += [c for c in keyword_columns({c: None for c in columns}) if c not in passed]
     params = signature.parameters
     listing = f"(the dataset's columns: {', '.join(columns) or 'none'})" if columns is not None else \
         "(the dataset's columns are not known here; `trl-ext train` checks them)"
@@ -319,7 +318,7 @@ def check_reward_func(func, name: str, columns: Optional[list[str]]) -> None:
                                  "argument by keyword")
         if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY) and required \
                 and p.name not in passed:
-            if columns is None and p.name not in NOT_PASSED_COLUMNS:
+            if columns is None and p.name in keyword_columns({p.name: None}):
                 continue  # perhaps a column of the hub dataset
             extra = " ('prompt' arrives as 'prompts')" if p.name == "prompt" else ""
             raise UserInputError(f"{name}: function '{reward_func_name(func)}' needs '{p.name}', which is neither "
