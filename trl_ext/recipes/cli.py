@@ -113,14 +113,21 @@ def _add_export_parsers(sub) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "auto"],
                    help="dtype to run in (default: a run's recipe dtype; an export's or model's own)")
 
-    help_ = "score a data file with a reward model"
+    help_ = "score a data file with a reward model and/or reward functions"
     p = sub.add_parser("score", help=help_, description=help_ + (
-        ". prompt/response rows: prints the mean score; preference rows (chosen/rejected, or `responses` ranked "
-        "best first): prints pairwise accuracy and mean margin (better minus worse, over all pairs). With --out, "
-        "writes the rows with their scores (`score`, or `scores` per response) as JSON lines; nothing else is "
-        "written."))
-    p.add_argument("reward", metavar="REWARD_DIR", help="a reward run or checkpoint, an export (its reward model) "
-                   "or a one-output sequence-classification model directory")
+        ". prompt/response rows: prints the mean score (and, with --reward-funcs, each function's mean); preference "
+        "rows (chosen/rejected, or `responses` ranked best first): prints pairwise accuracy and mean margin (better "
+        "minus worse, over all pairs). With --out, writes the rows with their scores (`score`, or `scores` per "
+        "response; `rewards` per function) as JSON lines; nothing else is written."))
+    p.add_argument("reward", metavar="REWARD_DIR", nargs="?", help="a reward run or checkpoint, an export (its "
+                   "reward model) or a one-output sequence-classification model directory (optional with "
+                   "--reward-funcs)")
+    p.add_argument("--reward-funcs", nargs="+", metavar="SPEC", help="reward functions as in a recipe's "
+                   "reward_funcs: module:function, path/to/file.py:function (relative to the working directory), "
+                   "or JSON: '{\"name\": \"trl.rewards.get_soft_overlong_punishment\", \"kwargs\": {...}}', "
+                   "'{\"url\": \"http://host:port/path\"}'")
+    p.add_argument("--tokenizer", metavar="DIR", help="tokenizer for the functions' completion_ids when there is no "
+                   "REWARD_DIR (default: the reward model's)")
     p.add_argument("--data", required=True, metavar="FILE", help="a .jsonl/.json/.csv/.parquet file, a "
                    "save_to_disk folder or a dataset name")
     p.add_argument("--split", default="train", help="split of --data (default: train)")
