@@ -180,8 +180,11 @@ def _run(args: argparse.Namespace) -> int:
         from .data_rows import check_local_data
 
         check_local_data(recipe)  # local data: columns, rows and prompt lengths too (no network, no model)
+        from .lora_targets import check_recipe_lora_targets
+
+        notes = recipe.notes + check_recipe_lora_targets(recipe)  # models built on the meta device, no weights
         print(f"# {args.recipe}: OK ({recipe.trainer} recipe, {type(recipe.training_args).__name__})")
-        for note in recipe.notes:
+        for note in notes:
             print(f"# note: {note}")
         if recipe.trainer == "ppo" and recipe.pipeline.shared_base:
             from .loader import shared_value_is_fresh
