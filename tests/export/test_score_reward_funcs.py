@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from trl_ext.recipes.cli import main
+from trl_ext.cli import main
 
 REWARDS_PY = '''
 def exact(completions, answer, **kwargs):

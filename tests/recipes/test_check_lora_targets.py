@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from trl_ext.recipes.cli import main
+from trl_ext.cli import main
 
 
 @pytest.fixture

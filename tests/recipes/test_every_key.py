@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from trl_ext.models.paths import looks_local
-from trl_ext.recipes.cli import main
+from trl_ext.cli import main
 from trl_ext.recipes.loader import _RecipeArgumentParser, _dataclass_types
 from trl_ext.recipes.validation import INT64_MAX, key_specs
 

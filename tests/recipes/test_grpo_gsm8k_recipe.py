@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_ext.recipes.cli import main
+from trl_ext.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "qwen2.5-0.5b" / "grpo_gsm8k.yaml"

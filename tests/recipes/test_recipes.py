@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trl_ext.recipes.cli import main
+from trl_ext.cli import main
 from trl_ext.errors import UserInputError
 from trl_ext.recipes import resolve_recipe, valid_keys
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import yaml
 
-from trl_ext.recipes.cli import main
+from trl_ext.cli import main
 from trl_ext.recipes.loader import resolve_recipe
 
 REWARDS_PY = '''

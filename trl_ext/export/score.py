@@ -193,7 +193,7 @@ def _print_function_means(name: str, rewards: dict[str, list[float]]) -> None:
 
 
 def main(args) -> int:
-    """``trl-ext score`` (parsed arguments from :mod:`trl_ext.recipes.cli`)."""
+    """``trl-ext score`` (parsed arguments from :mod:`trl_ext.cli`)."""
     from ..recipes.data import open_split
 
     specs = getattr(args, "reward_funcs", None)

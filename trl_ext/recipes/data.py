@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 from ..errors import UserInputError
+from .file_text import check_file_text
 
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -39,8 +40,6 @@ def open_split(name: str, split: str, *, config: str | None = None, key: str = "
             raise UserInputError(
                 f"{key}: unsupported file type '{path.suffix}' for '{name}' (use .json, .jsonl, .parquet or .csv)"
             )
-        from .data_rows import check_file_text
-
         check_file_text(path, key=key)  # undecodable text or a bad jsonl line: one line, not a parser traceback
 
         def load_file():

@@ -1,4 +1,5 @@
-"""The ``trl-ext`` command line (also ``python -m trl_ext``).
+"""The ``trl-ext`` command line (also ``python -m trl_ext``), above the packages whose commands it runs:
+``recipes`` (train, check, plan, plot) and ``export`` (export, sample, score).
 
 Commands:
   train RECIPE [--key value ...]   train an SFT, reward, DPO or PPO model from a YAML recipe
@@ -24,8 +25,8 @@ import logging
 import sys
 import warnings
 
-from .. import __version__
-from ..errors import UserInputError
+from . import __version__
+from .errors import UserInputError
 
 EXIT_USAGE = 2
 EXIT_NONFINITE = 3
@@ -156,38 +157,38 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .loader import resolve_recipe
+    from .recipes.loader import resolve_recipe
 
     if args.command in ("export", "sample", "score"):  # trl_ext/export/{export_models,sample,score}.py
         import importlib
 
         module = {"export": "export_models", "sample": "sample", "score": "score"}[args.command]
-        importlib.import_module("..export.run_dir", __package__).quiet_libraries()
-        return importlib.import_module(f"..export.{module}", __package__).main(args)
+        importlib.import_module(".export.run_dir", __package__).quiet_libraries()
+        return importlib.import_module(f".export.{module}", __package__).main(args)
     if args.command == "plot":
-        from .plots import plot_runs
+        from .recipes.plots import plot_runs
 
         for path in plot_runs(args.runs, args.out, smoothing=args.smoothing):
             print(path)
         return 0
     overrides = [tok for tok in args.overrides if tok != "--"]
     if args.command == "plan":
-        from .plan import run_plan
+        from .recipes.plan import run_plan
 
         return run_plan(args.recipe, overrides, gpu_memory=args.gpu_memory, prompt_length=args.prompt_length)
     if args.command == "check":
         recipe = resolve_recipe(args.recipe, overrides, for_check=True)
-        from .data_rows import check_local_data
+        from .recipes.data_rows import check_local_data
 
         check_local_data(recipe)  # local data: columns, rows and prompt lengths too (no network, no model)
-        from .lora_targets import check_recipe_lora_targets
+        from .recipes.lora_targets import check_recipe_lora_targets
 
         notes = recipe.notes + check_recipe_lora_targets(recipe)  # models built on the meta device, no weights
         print(f"# {args.recipe}: OK ({recipe.trainer} recipe, {type(recipe.training_args).__name__})")
         for note in notes:
             print(f"# note: {note}")
         if recipe.trainer == "ppo" and recipe.pipeline.shared_base:
-            from .loader import shared_value_is_fresh
+            from .recipes.loader import shared_value_is_fresh
 
             base = recipe.model_args.model_name_or_path
             value = "none (critic-free advantage_estimator)"
@@ -204,16 +205,16 @@ def _run(args: argparse.Namespace) -> int:
                 lora = f", LoRA r={margs.lora_r}" if margs.use_peft else ""
                 print(f"# {role}: {margs.model_name_or_path} ({quant}{lora})")
         if recipe.reward_funcs:
-            from ..rewards.resolve import reward_func_name
+            from .rewards.resolve import reward_func_name
 
             names = ", ".join(reward_func_name(f) for f in recipe.reward_funcs)
             print(f"# reward functions: {names} (imported; signatures fit the dataset's columns)")
         print(recipe.to_yaml(), end="")
         return 0
     recipe = resolve_recipe(args.recipe, overrides)
-    from ..runtime.interruption import TrainingInterrupted
-    from ..runtime.nonfinite import NonFiniteError
-    from .pipeline import run
+    from .runtime.interruption import TrainingInterrupted
+    from .runtime.nonfinite import NonFiniteError
+    from .recipes.pipeline import run
 
     try:
         run(recipe)
