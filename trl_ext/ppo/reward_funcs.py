@@ -46,7 +46,9 @@ class NoRewardModel(nn.Module):
 
 
 def prepare_reward_funcs(args, processing_class, reward_model, reward_funcs, data_collator):
-    """Before the parent's ``__init__``: ``(reward_model for the parent, data_collator, rewards, weights)``.
+    """Before the parent's ``__init__``: ``(reward_model for the parent, data_collator, rewards)``, ``rewards`` being
+    ``(rewards, weights, names)`` (:func:`~trl_ext.rewards.scoring.build_reward_list`), or None without
+    ``reward_funcs``.
 
     ``rewards`` is None without ``reward_funcs`` (then ``reward_model`` is required and ``reward_weights`` must be
     unset or a single weight of 1).
@@ -64,19 +66,20 @@ def prepare_reward_funcs(args, processing_class, reward_model, reward_funcs, dat
             )
         if args.reward_num_workers:
             warnings.warn("reward_num_workers is ignored: the run has no reward_funcs", stacklevel=3)
-        return reward_model, data_collator, None, None
-    rewards, weights = build_reward_list(reward_model, reward_funcs, args.reward_weights)
+        return reward_model, data_collator, None
+    rewards = build_reward_list(reward_model, reward_funcs, args.reward_weights)  # (rewards, weights, names)
     data_collator = ColumnsCollator(data_collator or DataCollatorWithPadding(processing_class))
-    return (reward_model if reward_model is not None else NoRewardModel()), data_collator, rewards, weights
+    return (reward_model if reward_model is not None else NoRewardModel()), data_collator, rewards
 
 
-def attach_reward_scorer(trainer, rewards, weights) -> None:
+def attach_reward_scorer(trainer, reward_list) -> None:
     """After the parent's ``__init__``: ``trainer.reward_scorer`` (None without ``reward_funcs``)."""
     if isinstance(trainer.reward_model, NoRewardModel):
         trainer.reward_model = None
     trainer.reward_scorer = None
-    if rewards is None:
+    if reward_list is None:
         return
+    rewards, weights, names = reward_list
     if trainer.reward_model is not None:
         rewards = [trainer.reward_model, *rewards[1:]]  # the parent moved it to the device (or DeepSpeed)
     for i, reward in enumerate(rewards):
@@ -86,7 +89,7 @@ def attach_reward_scorer(trainer, rewards, weights) -> None:
             if not hasattr(reward, "adapter_name"):  # a SharedBaseScalarModel lives on the policy already
                 rewards[i] = reward.to(trainer.accelerator.device)
     args = trainer.args
-    trainer.reward_scorer = RewardScorer(rewards, weights, trainer.processing_class,
+    trainer.reward_scorer = RewardScorer(rewards, weights, names, trainer.processing_class,
                                          trainer.processing_class.pad_token_id, num_workers=args.reward_num_workers,
                                          timeout_s=args.reward_timeout_s)
     if trainer.reward_model is None and args.num_sample_generations > 0:

@@ -160,8 +160,8 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
         ):
             raise UserInputError("kl_controller: needs a `value` attribute and an `update(kl, n_steps)` method")
         value_model = check_value_model(args, value_model)  # critic-free: a stand-in without parameters
-        reward_model, data_collator, rewards, weights = prepare_reward_funcs(args, processing_class, reward_model,
-                                                                             reward_funcs, data_collator)
+        reward_model, data_collator, reward_list = prepare_reward_funcs(args, processing_class, reward_model,
+                                                                        reward_funcs, data_collator)
         self.shared_base = check_shared_base_roles(model, reward_model, value_model, peft_config, args)
         if args.fp16:  # the loss scaler needs float32 gradients (trl_ext.models.dtypes)
             float32_trainable_parameters(model, value_model)
@@ -181,7 +181,7 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
             peft_config=peft_config,
         )
         # Nothing below may touch the global torch/numpy RNGs: the parent left them exactly where its train() expects.
-        attach_reward_scorer(self, rewards, weights)  # reward_funcs: the scorer (and its worker processes)
+        attach_reward_scorer(self, reward_list)  # reward_funcs: the scorer (and its worker processes)
         group_prompts(self)  # num_samples_per_prompt > 1: local_batch_size / k prompts per update (same RNG after)
         if args.local_rollout_forward_batch_size == AUTO:  # the largest chunk that fits args.max_memory_gib
             self.rollout_chunk_choice = resolve_auto_rollout_chunk(self)

@@ -37,8 +37,9 @@ from .contract import (
 __all__ = ["RewardScorer", "RewardScores", "build_reward_list"]
 
 
-def build_reward_list(reward_model, reward_funcs, reward_weights) -> tuple[list, list[float]]:
-    """The rewards of a run, the reward model first when there is one, and their weights.
+def build_reward_list(reward_model, reward_funcs, reward_weights) -> tuple[list, list[float], list[str]]:
+    """The rewards of a run, the reward model first when there is one, their weights and their metric names (the
+    reward model's is ``reward_model``; the others' TRL's, see :func:`~trl_ext.rewards.contract.reward_func_names`).
 
     Raises:
         UserInputError: no reward at all, a `reward_funcs` entry that is neither callable nor a model, or
@@ -56,15 +57,16 @@ def build_reward_list(reward_model, reward_funcs, reward_weights) -> tuple[list,
     rewards = ([reward_model] if reward_model is not None else []) + funcs
     if not rewards:
         raise UserInputError("reward_model: None and no reward_funcs; pass a reward model, reward_funcs, or both")
+    names = (["reward_model"] if reward_model is not None else []) + reward_func_names(funcs)
     if reward_weights is None:
-        return rewards, [1.0] * len(rewards)
+        return rewards, [1.0] * len(rewards), names
     if len(reward_weights) != len(rewards):
-        listing = ", ".join(reward_func_names(rewards))
+        listing = ", ".join(names)
         raise UserInputError(
             f"reward_weights: {len(reward_weights)} weights for {len(rewards)} rewards ({listing}; the reward model "
             "first when there is one); give one weight per reward"
         )
-    return rewards, [float(w) for w in reward_weights]
+    return rewards, [float(w) for w in reward_weights], names
 
 
 @dataclass
@@ -91,16 +93,17 @@ class RewardScorer:
         rewards: reward models (``torch.nn.Module``, scored by the trainer with the policy's tokenizer) and
             callables, in order (:func:`build_reward_list`).
         weights: one per reward.
+        names: one per reward, unique (the metric names).
         tokenizer: the policy's tokenizer (decodes prompts and completions).
         pad_token_id: the padding id of the rollout tensors.
         num_workers: ``0`` in process; ``> 0`` a :class:`~trl_ext.rewards.pool.RewardWorkerPool` runs the functions.
         timeout_s: the pool's per-call limit.
     """
 
-    def __init__(self, rewards: list, weights: list[float], tokenizer, pad_token_id: int, num_workers: int = 0,
-                 timeout_s: float | None = None):
+    def __init__(self, rewards: list, weights: list[float], names: list[str], tokenizer, pad_token_id: int,
+                 num_workers: int = 0, timeout_s: float | None = None):
         self.rewards = rewards
-        self.names = reward_func_names(rewards)
+        self.names = names
         self.weights = torch.tensor(weights, dtype=torch.float32)
         self.tokenizer = tokenizer
         self.pad_token_id = pad_token_id
