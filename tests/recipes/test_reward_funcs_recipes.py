@@ -172,3 +172,19 @@ def test_two_reward_functions_train_two_updates_without_a_reward_model(recipe_di
     # the value model: the tiny policy's checkpoint with a fresh one-output head
     value = trainer.value_model
     assert value.config.num_labels == 1 and value.config._name_or_path == str(tiny_models.policy)
+
+
+def test_shared_base_without_a_reward_model_shares_only_a_fresh_value_adapter(recipe_dir, capsys):
+    """shared_base, GAE, reward functions only: no reward adapter; the value adapter is fresh on the policy's base,
+    trains, and is saved beside the policy (one update)."""
+    from trl_ext.recipes.pipeline import run
+
+    path = write(recipe_dir, shared_base=True, use_peft=True, lora_r=4, total_episodes=4,
+                 reward_funcs=["my_rewards.py:topic_length"])
+    rc, out, err = check(capsys, path)
+    assert rc == 0, err
+    assert "reward: none (reward_funcs only); value: fresh adapter and head" in out
+    trainer = run(resolve_recipe(path))
+    assert [h["rewards/topic_length/mean"] for h in trainer.state.log_history if "reward" in h] == [3.5]
+    assert trainer.reward_model is None or type(trainer.reward_model).__name__ == "NoRewardModel"
+    assert (recipe_dir / "out" / "value_model" / "adapter_config.json").exists()
