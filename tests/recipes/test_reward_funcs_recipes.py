@@ -188,3 +188,11 @@ def test_shared_base_without_a_reward_model_shares_only_a_fresh_value_adapter(re
     assert [h["rewards/topic_length/mean"] for h in trainer.state.log_history if "reward" in h] == [3.5]
     assert trainer.reward_model is None or type(trainer.reward_model).__name__ == "NoRewardModel"
     assert (recipe_dir / "out" / "value_model" / "adapter_config.json").exists()
+
+
+def test_plan_reads_a_recipe_with_factory_entries_and_no_reward_model(recipe_dir):
+    from trl_ext.recipes.plan import make_plan
+
+    plan = make_plan(str(write(recipe_dir, use_peft=True, lora_r=4)))
+    assert any(note.startswith("no reward model (reward_funcs only)") for note in plan.notes)
+    assert not any("reward_model_path" in note for note in plan.notes)  # TRL's default path is not read

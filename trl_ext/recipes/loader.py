@@ -311,6 +311,9 @@ def valid_keys(trainer: str) -> list[str]:
 
 
 def _to_argv(key: str, value: Any, action) -> list[str]:
+    if key in STRUCTURED_LIST_KEYS:  # mappings in the list travel as JSON text
+        entries = value if isinstance(value, (list, tuple)) else [value]
+        return [f"--{key}", *(json.dumps(v) if isinstance(v, (dict, list)) else _scalar_str(key, v) for v in entries)]
     if isinstance(value, (list, tuple)):
         if action.nargs not in ("+", "*"):
             raise UserInputError(f"recipe: key '{key}' takes one value, got a list {list(value)}")
@@ -508,10 +511,6 @@ def _argv_of(ctx: _Resolution, keys) -> list[str]:
             ctx.parser.set_defaults(**{key: None})
         elif value is True and key in ctx.cli and ctx.actions[key].nargs == "?":
             argv.append(f"--{key}")
-        elif key in STRUCTURED_LIST_KEYS:  # mappings in the list travel as JSON text
-            entries = value if isinstance(value, (list, tuple)) else [value]
-            argv += [f"--{key}", *(json.dumps(v) if isinstance(v, (dict, list)) else _scalar_str(key, v)
-                                   for v in entries)]
         else:
             argv += _to_argv(key, value, ctx.actions[key])
     return argv
