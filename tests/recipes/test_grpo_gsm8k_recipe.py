@@ -66,6 +66,12 @@ def test_recipe_passes_check_with_local_standins(standin_data, tmp_path, capsys,
         rc, out, err = check(capsys, tmp_path, standin_data)
     assert rc == 0, err
     assert "# reward functions: accuracy_reward, boxed_format_reward" in out
+    if MATH_VERIFY:  # the converted solution is what accuracy_reward compares a boxed answer with
+        from trl.rewards import accuracy_reward
+
+        answers = ["so \\boxed{3600}.", "\\boxed{3,600}", "3600", "\\boxed{72}"]
+        assert accuracy_reward([[{"role": "assistant", "content": a}] for a in answers], ["3600"] * 4) == [
+            1.0, 1.0, 0.0, 0.0]
     assert "(ppo recipe, PPOConfig)" in out
     assert not (tmp_path / "out").exists()
 
