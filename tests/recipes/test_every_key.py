@@ -137,7 +137,7 @@ def walk(tmp_path, monkeypatch, capsys, tiny_models, reward_adapter):
 
 @pytest.mark.parametrize("recipe", SHIPPED, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_key_of_every_shipped_recipe_refuses_wrong_values(recipe, walk):
-    from trl_ext.recipes.loader import portable_spec
+    from trl_ext.recipes.reward_keys import portable_spec
 
     keys = yaml.safe_load(recipe.read_text())
     if keys.get("reward_funcs"):  # its file.py entries are relative to the recipe's folder; the walk writes elsewhere

@@ -84,7 +84,8 @@ def test_check_resolves_reward_functions_without_a_reward_model(recipe_dir, caps
     copy.write_text(recipe.to_yaml())
     assert resolve_recipe(copy, for_check=True).reward_funcs[0](completions=["happy"]) == [1.0]
     # on the command line too: `--reward_funcs A B` replaces the list
-    rc, out, err = check(capsys, path, "--reward_funcs", "my_rewards.py:matches_topic", "trl.rewards:think_format_reward")
+    rc, out, err = check(capsys, path, "--reward_funcs", "my_rewards.py:matches_topic",
+                         "trl.rewards:think_format_reward")
     assert rc == 0, err
     assert "# reward functions: matches_topic, think_format_reward" in out
 

@@ -179,9 +179,7 @@ def check_local_data(recipe) -> None:
     against its columns, and the prompts' lengths when the tokenizer (and, for PPO, the model's ``config.json``) is
     local too. Hub datasets are checked by `train`."""
     from ..models.paths import looks_local
-    from .data import check_columns, open_split
-
-    from .loader import check_reward_columns
+    from .reward_keys import check_reward_columns
 
     s, args = recipe.script_args, recipe.training_args
     local = bool(s.dataset_name and looks_local(s.dataset_name))

@@ -32,6 +32,7 @@ from typing import Any, Optional
 from ..errors import UserInputError
 from ..models.paths import looks_local
 from . import validation
+from .reward_keys import check_no_reward_model, portable_spec, resolve_reward_keys
 
 TRAINERS = ("sft", "reward", "dpo", "ppo")
 RECIPE_FILENAME = "trl_ext_recipe.yaml"
@@ -589,13 +590,13 @@ def _resolve_ppo_models(ctx: _Resolution) -> None:
                 f"recipe: key '{bad}' is for PPO recipes only (this recipe has trainer: {ctx.trainer})"
             )
         return
-    _resolve_reward_funcs(ctx)
+    resolve_reward_keys(ctx)
     critic_free = getattr(training_args, "critic_free", False)
     if ctx.has_reward_model:
         ctx.reward_args = _model_config_from_prefix(ctx.parsed[4], "reward", model_args,
                                                     training_args.reward_model_path)
     else:  # reward functions only: no reward model (TRL's config default path would be a model nobody asked for)
-        _check_no_reward_model(ctx.merged, critic_free, pipeline)
+        check_no_reward_model(ctx.merged, critic_free, pipeline)
         training_args.reward_model_path = None
     if critic_free:
         _check_critic_free(ctx.merged, training_args)  # no value model: value_model_args stays None
@@ -659,83 +660,6 @@ def default_value_model_path(pipeline, training_args, model_args) -> str:
     only) the policy's own checkpoint, with a fresh one-output head (as verl starts its critic from the actor)."""
     return pipeline.value_model_path or training_args.reward_model_path or model_args.model_name_or_path
 
-
-def _resolve_reward_funcs(ctx: _Resolution) -> None:
-    """`reward_funcs`: parse each entry, import it (a factory is called), refuse one that cannot run here; then
-    `reward_weights` must hold one weight per reward (the reward model first). The dataset's columns are checked
-    against each function's signature when the dataset is opened (`check_reward_columns`)."""
-    from ..rewards.resolve import parse_reward_spec, resolve_reward_funcs
-
-    pipeline = ctx.pipeline
-    if pipeline.reward_funcs is not None:
-        entries = []
-        for entry in pipeline.reward_funcs:
-            if isinstance(entry, str) and entry.lstrip().startswith(("{", "[")):
-                try:
-                    entry = json.loads(entry)
-                except ValueError:
-                    pass  # left as text: parse_reward_spec names it
-            entries.append(entry)
-        pipeline.reward_funcs = entries
-        ctx.reward_specs = [parse_reward_spec(entry, i) for i, entry in enumerate(entries)]
-        ctx.reward_funcs = resolve_reward_funcs(ctx.reward_specs, Path(ctx.path).parent)
-    weights = getattr(ctx.training_args, "reward_weights", None)
-    if weights is not None:
-        from ..rewards.contract import reward_func_names
-
-        names = (["reward_model"] if ctx.has_reward_model else []) + reward_func_names(ctx.reward_funcs)
-        if len(weights) != len(names):
-            raise UserInputError(
-                f"recipe: key 'reward_weights' has {len(weights)} weight{'s' * (len(weights) != 1)} for "
-                f"{len(names)} reward{'s' * (len(names) != 1)} ({', '.join(names) or 'none'}); give one per reward, "
-                "the reward model first"
-            )
-
-
-def _check_no_reward_model(merged: dict, critic_free: bool, pipeline) -> None:
-    """`reward_funcs` without `reward_model_path`: `reward_*` keys would configure nothing, and a critic-free run
-    has no model to put on a shared base."""
-    for key in merged:
-        if key.startswith("reward_") and key[len("reward_"):] in _model_config_fields():
-            raise UserInputError(
-                f"recipe: key '{key}' configures the reward model, but the recipe has none (no reward_model_path); "
-                "remove the key or set reward_model_path"
-            )
-    if pipeline.shared_base and critic_free:
-        raise UserInputError(
-            "recipe: key 'shared_base' has nothing to share: no reward model (reward_funcs only) and no value model "
-            "(critic-free advantage_estimator); remove the key"
-        )
-
-
-@functools.lru_cache(maxsize=None)
-def _model_config_fields() -> tuple:
-    from trl import ModelConfig
-
-    return tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "model_name_or_path")
-
-
-def portable_spec(spec, base_dir: Path):
-    """A `reward_funcs` entry with a relative ``file.py`` path made absolute (relative to ``base_dir``)."""
-    def absolute(target: str) -> str:
-        file, colon, attr = target.rpartition(":")
-        if colon and file.endswith(".py") and not Path(file).expanduser().is_absolute():
-            return f"{(base_dir / file).resolve()}:{attr}"
-        return target
-
-    if isinstance(spec, str):
-        return absolute(spec)
-    if isinstance(spec, dict) and isinstance(spec.get("name"), str):
-        return {**spec, "name": absolute(spec["name"])}
-    return spec
-
-
-def check_reward_columns(recipe: "Recipe", columns) -> None:
-    """Each reward function's signature against the train dataset's ``columns`` (None: not known here)."""
-    from ..rewards.resolve import check_reward_func
-
-    for func, entry in zip(recipe.reward_funcs, recipe.reward_func_entries):
-        check_reward_func(func, entry, None if columns is None else list(columns))
 
 # value_<ModelConfig key>s that still apply with a shared base (a fresh value adapter's LoRA settings)
 SHARED_BASE_VALUE_KEYS = ("use_peft", "use_rslora", "use_dora")

@@ -276,7 +276,7 @@ def train_ppo(recipe: Recipe):
 
     from trl_ext import PPOTrainer
 
-    from .loader import check_reward_columns
+    from .reward_keys import check_reward_columns
 
     args = recipe.training_args
     train_ds, eval_ds = open_datasets(recipe)

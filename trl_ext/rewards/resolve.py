@@ -15,8 +15,8 @@ Four forms of an entry:
 :func:`check_reward_func` checks a function's signature against the calling contract of TRL's ``GRPOTrainer``,
 which ``trl_ext.PPOTrainer`` follows (:mod:`trl_ext.rewards.contract`): the function is called with the keywords
 ``prompts``, ``completions``, ``completion_ids``, every dataset column but the prompt and the tokenized prompt
-(``prompt``, ``input_ids``, ...), ``trainer_state``, ``log_extra`` and ``log_metric``. :func:`check_requirements` refuses a function that cannot run on this machine
-(``trl.rewards.accuracy_reward`` without ``math_verify``).
+(``prompt``, ``input_ids``, ...), ``trainer_state``, ``log_extra`` and ``log_metric``. :func:`check_requirements`
+refuses a function that cannot run on this machine (``trl.rewards.accuracy_reward`` without ``math_verify``).
 
 Every problem is a :class:`~trl_ext.errors.UserInputError` of one line naming the entry.
 """
