@@ -155,3 +155,31 @@ def test_reward_weights_of_the_wrong_length_and_no_reward_at_all_are_one_line(ti
              reward_weights=[1.0, 1.0, 1.0])
     with pytest.raises(UserInputError, match="^reward_model: None and no reward_funcs"):
         make(tiny_models, tok, dataset, tmp_path, value=True)
+
+
+def test_with_workers_a_timeout_or_an_error_scores_none_is_counted_and_the_run_goes_on(tiny_models, tok, dataset,
+                                                                                        tmp_path):
+    """reward_num_workers: a call that hangs past reward_timeout_s or raises scores None for its completion only;
+    the counts reach the metrics; the other completions keep their rewards; training finishes."""
+    import time
+
+    def verifier(completions, answer, **kwargs):
+        if answer[0] == "1":
+            time.sleep(60)  # hangs: killed at the timeout
+        if answer[0] == "2":
+            raise RuntimeError("checker crashed")
+        return [float(answer[0])]
+
+    trainer = make(tiny_models, tok, dataset, tmp_path, reward_funcs=[verifier], advantage_estimator="rloo",
+                   num_samples_per_prompt=2, total_episodes=16, reward_num_workers=2, reward_timeout_s=2.0,
+                   missing_eos_penalty=None, log_completions=True, num_completions_to_print=0)
+    trainer.train()
+    logs = update_logs(trainer)
+    assert len(logs) == 4  # every prompt once (8 prompts, 2 per update): rows 1 and 2 hit the bad branches
+    rows = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
+    assert sum(log["rewards/verifier/timeouts"] for log in logs) == 2  # the two samples of prompt 1
+    assert sum(log["rewards/verifier/errors"] for log in logs) == 2  # the two samples of prompt 2
+    scored = sorted(r["verifier"] for r in rows if r["verifier"] is not None)
+    assert scored == sorted(float(a) for a in dataset["answer"] if a not in ("1", "2") for _ in range(2))
+    assert sum(log["rewards/unscorable"] for log in logs) == 4
+    assert trainer.reward_scorer.pool is None  # the workers were stopped at the end of train()

@@ -121,8 +121,9 @@ def answer_length_reward(prompts, completions, completion_ids, answer, trainer_s
     return [float(len(ids)) for ids in completion_ids]
 
 
-def run_ppo_reward_funcs(tiny, tok, out):
-    """GRPO with k = 2 and a reward function only: each rank's columns must travel with its own prompts."""
+def run_ppo_reward_funcs(tiny, tok, out, use_cpu=True, facts=None):
+    """GRPO with k = 2 and a reward function only: each rank's columns must travel with its own prompts.
+    (Also run by tests/engines/engine_script.py under DeepSpeed: `facts(trainer)` adds the engine's facts.)"""
     from datasets import Dataset
 
     from trl_ext import PPOConfig, PPOTrainer
@@ -135,14 +136,15 @@ def run_ppo_reward_funcs(tiny, tok, out):
     data = Dataset.from_dict({"input_ids": ids, "prompt": texts, "answer": [str(i) for i in range(16)]})
     kwargs = config_kwargs(out / "ppo_rf", gradient_accumulation_steps=1, per_device_train_batch_size=4,
                            total_episodes=16, num_sample_generations=0, advantage_estimator="grpo",
-                           num_samples_per_prompt=2)
+                           num_samples_per_prompt=2, use_cpu=use_cpu)
     trainer = PPOTrainer(args=PPOConfig(**kwargs), processing_class=tok, model=policy, ref_model=None,
                          reward_model=None, train_dataset=data, value_model=None, peft_config=lora(None),
                          reward_funcs=answer_length_reward)
     trainer.train()
     logs = [e for e in trainer.state.log_history if "objective/kl" in e]
-    return {"checksum": checksum(trainer.accelerator.unwrap_model(trainer.model)),
-            "world_size": trainer.accelerator.num_processes, "calls": RECORDED,
+    result = facts(trainer) if facts else {"checksum": checksum(trainer.accelerator.unwrap_model(trainer.model)),
+                                            "world_size": trainer.accelerator.num_processes}
+    return {**result, "calls": RECORDED,
             "prompt_of": dict(zip(data["answer"], texts)), "reward_mean": [e["rewards/answer_length_reward/mean"]
                                                                             for e in logs]}
 

@@ -78,7 +78,7 @@ def log_completions(trainer, rollout) -> None:
         if wandb.run is not None:
             columns = list(rows[0]) if rows else []
             table = wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])
-            wandb.log({"completions": table}, step=trainer.state.global_step)
+            wandb.log({"completions": table})  # no step=: HF's callback owns wandb's step (as TRL's GRPO logs it)
     shown = rows if args.num_completions_to_print is None else rows[: args.num_completions_to_print]
     for row in shown:
         rewards = ", ".join(f"{key}={value:.3g}" if isinstance(value, float) else f"{key}={value}"

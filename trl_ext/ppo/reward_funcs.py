@@ -41,8 +41,16 @@ __all__ = [
 
 
 class NoRewardModel(nn.Module):
-    """What the parent trainer gets as ``reward_model`` when the run has reward functions only (no parameters);
-    the trainer puts ``None`` back right after the parent's ``__init__``."""
+    """What the parent trainer gets as ``reward_model`` when the run has reward functions only; the trainer puts
+    ``None`` back right after the parent's ``__init__``. It has a config and one frozen number because the parent
+    hands its reward model to ``prepare_deepspeed`` under DeepSpeed, which reads ``config`` and wants parameters."""
+
+    def __init__(self):
+        super().__init__()
+        from transformers import PretrainedConfig
+
+        self.config = PretrainedConfig()
+        self.placeholder = nn.Parameter(torch.zeros(1), requires_grad=False)
 
 
 def prepare_reward_funcs(args, processing_class, reward_model, reward_funcs, data_collator):
@@ -74,7 +82,7 @@ def prepare_reward_funcs(args, processing_class, reward_model, reward_funcs, dat
 
 def attach_reward_scorer(trainer, reward_list) -> None:
     """After the parent's ``__init__``: ``trainer.reward_scorer`` (None without ``reward_funcs``)."""
-    if isinstance(trainer.reward_model, NoRewardModel):
+    if isinstance(getattr(trainer.reward_model, "module", trainer.reward_model), NoRewardModel):  # also DeepSpeed's
         trainer.reward_model = None
     trainer.reward_scorer = None
     if reward_list is None:

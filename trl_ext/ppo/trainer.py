@@ -273,6 +273,15 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
         finally:
             self.model = backup
 
+    def create_optimizer(self):
+        """HF's optimizer; under DeepSpeed without its empty parameter group. A LoRA policy without a value model
+        (critic-free) has no parameter without weight decay: DeepSpeed drops that empty group from the optimizer,
+        and the LR scheduler, built on both groups, then failed at its first step."""
+        optimizer = super().create_optimizer()
+        if self.accelerator.state.deepspeed_plugin is not None:  # (is_deepspeed_enabled is set after this)
+            optimizer.param_groups[:] = [group for group in optimizer.param_groups if group["params"]]
+        return optimizer
+
     def generate_completions(self, sampling: bool = False):
         """TRL's sample generations, scored by the reward model; skipped in a run without one (warned at init)."""
         if self.reward_model is not None:
