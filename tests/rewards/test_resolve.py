@@ -85,8 +85,11 @@ def test_remote_entry_parses_with_defaults_and_settings():
 
 def test_remote_entry_builds_a_remote_reward():
     pytest.importorskip("trl_ext.rewards.remote")
-    func = resolve_reward_funcs([{"url": "http://127.0.0.1:8123/score", "retries": 0, "name": "judge"}])[0]
-    assert type(func).__name__ == "RemoteReward"
+    func = resolve_reward_funcs([{"url": "http://127.0.0.1:8123/score", "retries": 0, "name": "judge",
+                                  "label_column": "solution", "timeout_s": 5}])[0]
+    assert type(func).__name__ == "RemoteReward" and reward_func_name(func) == "judge"
+    assert (func.url, func.retries, func.label_column, func.timeout_s) == ("http://127.0.0.1:8123/score", 0,
+                                                                            "solution", 5.0)
 
 
 def test_command_line_entries_are_named_by_their_option():
