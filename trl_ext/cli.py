@@ -207,8 +207,12 @@ def _run(args: argparse.Namespace) -> int:
         if recipe.reward_funcs:
             from .rewards.resolve import reward_func_name
 
+            from .models.paths import looks_local
+
             names = ", ".join(reward_func_name(f) for f in recipe.reward_funcs)
-            print(f"# reward functions: {names} (imported; signatures fit the dataset's columns)")
+            columns = "the dataset's columns" if looks_local(recipe.script_args.dataset_name or "") else \
+                "the trainer's keywords; the hub dataset's columns are checked by train"
+            print(f"# reward functions: {names} (imported; signatures fit {columns})")
         print(recipe.to_yaml(), end="")
         return 0
     recipe = resolve_recipe(args.recipe, overrides)

@@ -57,8 +57,9 @@ def _check(model_args, *, key_prefix: str, scalar: bool) -> Optional[str]:
     if model_args is None or not model_args.use_peft or not model_args.model_name_or_path:
         return None
     lora_config = lora_config_for(model_args, task_type="SEQ_CLS" if scalar else "CAUSAL_LM")
-    if lora_config is None or lora_config.target_modules is None:
-        return None
+    targets = None if lora_config is None else lora_config.target_modules
+    if targets is None or targets == "all-linear" or (not isinstance(targets, str) and "all-linear" in targets):
+        return None  # peft's default modules, or every Linear: nothing to match
     config = _local_config(model_args.model_name_or_path, bool(getattr(model_args, "trust_remote_code", False)))
     if config is None:
         return (f"{key_prefix}lora_target_modules not matched against '{model_args.model_name_or_path}': its "
