@@ -90,6 +90,11 @@ def test_remote_entry_builds_a_remote_reward():
     assert type(func).__name__ == "RemoteReward" and reward_func_name(func) == "judge"
     assert (func.url, func.retries, func.label_column, func.timeout_s) == ("http://127.0.0.1:8123/score", 0,
                                                                             "solution", 5.0)
+    check_reward_func(func, "entry", ["prompt", "solution"])
+    with pytest.raises(UserInputError, match="^entry: label_column 'solution' is not a column of the dataset "
+                                             r"\(the dataset's columns: prompt, answer\)$"):
+        check_reward_func(func, "entry", ["prompt", "answer"])
+    check_reward_func(resolve_reward_funcs(["http://127.0.0.1:8123/score"])[0], "entry", ["prompt"])  # no labels
 
 
 def test_command_line_entries_are_named_by_their_option():

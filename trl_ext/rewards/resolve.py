@@ -299,8 +299,14 @@ def check_reward_func(func, name: str, columns: Optional[list[str]]) -> None:
     ``name`` names the entry in the message (e.g. ``"recipe: key 'reward_funcs' entry 1 'f.py:f'"``); ``columns``
     are the train dataset's columns, or None when unknown (a hub dataset in ``trl-ext check``: only the trainer's own
     keywords are checked then). Refuses a required parameter that the trainer does not pass, a positional-only
-    parameter without a default, and (without ``**kwargs``) a keyword the function would receive but does not take.
+    parameter without a default, and (without ``**kwargs``) a keyword the function would receive but does not take;
+    for a remote reward, a ``label_column`` other than the default ``label`` that the dataset lacks.
     """
+    label_column = getattr(func, "label_column", None)  # a remote reward sends this column as its labels
+    if isinstance(label_column, str) and columns is not None and label_column not in columns \
+            and label_column != REMOTE_DEFAULTS["label_column"]:  # the default may be absent: no labels are sent
+        raise UserInputError(f"{name}: label_column {label_column!r} is not a column of the dataset (the dataset's "
+                             f"columns: {', '.join(columns) or 'none'})")
     try:
         signature = inspect.signature(func)
     except (TypeError, ValueError):  # no Python signature to read (a builtin): the call will tell
