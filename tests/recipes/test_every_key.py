@@ -75,9 +75,10 @@ def standins(keys, tmp_path, tiny_models, reward_adapter):
             (d / "train.jsonl").write_text(json.dumps({"prompt": "a b", "completion": " c d"}) + "\n")
             (d / "test.jsonl").write_text(json.dumps({"prompt": "a b", "completion": " c d"}) + "\n")
             keys["dataset_name"] = str(d)
-        elif keys.get("reward_funcs"):  # prompts with the `solution` column the recipe's reward functions read
-            d = tmp_path / "verifiable.jsonl"
-            d.write_text(json.dumps({"prompt": [{"role": "user", "content": "1+1?"}], "solution": "2"}) + "\n")
+        elif keys.get("reward_funcs"):  # prompts with the columns the recipes' reward functions read: `solution`
+            d = tmp_path / "verifiable.jsonl"  # (GSM8K's accuracy_reward), `answer` (recipes/verifiable's checker)
+            row = {"prompt": [{"role": "user", "content": "1+1?"}], "solution": "2", "answer": "2"}
+            d.write_text(json.dumps(row) + "\n")
             keys["dataset_name"] = str(d)
             keys["dataset_test_split"] = "train"
         else:
