@@ -134,3 +134,27 @@ def test_two_grpo_updates_with_the_reward_function_only(sft_run, tmp_path):
         zero_std = sum(len({row["score"] for row in batch[g:g + K]}) == 1 for g in range(0, 16, K)) / (16 // K)
         assert log["frac_reward_zero_std"] == pytest.approx(zero_std)
     assert trainer.state.global_step == 2
+
+
+def test_the_shipped_grpo_recipe_trains_from_the_reward_function(sft_run, tmp_path):
+    """recipes/verifiable/grpo.yaml as shipped (reward_funcs: the checker, no reward model), 2 updates of 16."""
+    from trl_ext.recipes import resolve_recipe
+    from trl_ext.recipes.pipeline import run
+
+    work, _ = sft_run
+    recipe = resolve_recipe(TASK / "grpo.yaml", [
+        "--model_name_or_path", str(work / "sft"), "--dataset_name", str(work / "data" / "train.jsonl"),
+        "--output_dir", str(tmp_path / "grpo"), "--total_episodes", "32", "--per_device_train_batch_size", "16",
+        "--local_rollout_forward_batch_size", "16", "--log_completions", "true", "--disable_tqdm", "true"])
+    trainer = run(recipe)
+    logs = [h for h in trainer.state.log_history if "rewards/exact_match_reward/mean" in h]
+    logged = read(tmp_path / "grpo" / "completions.jsonl")
+    answer_of = {r["prompt"]: r["answer"] for r in read(work / "data" / "train.jsonl")}
+    assert len(logs) == 2 and len(logged) == 32
+    assert 0 < sum(r["exact_match_reward"] for r in logged) < 32
+    assert trainer.args.advantage_estimator == "grpo" and trainer.args.num_samples_per_prompt == 4
+    for update, log in enumerate(logs, start=1):
+        batch = [r for r in logged if r["step"] == update]
+        checked = exact_match_reward([r["completion"] for r in batch], [answer_of[r["prompt"]] for r in batch])
+        assert [r["exact_match_reward"] for r in batch] == checked
+        assert log["reward"] == pytest.approx(sum(checked) / 16)
