@@ -67,8 +67,9 @@ from .config import PPOConfig
 from .critic_free import check_value_model, critic_free_advantages, critic_free_metrics, group_prompts, no_value_loss
 from .critic_free import repeat_prompts
 from .kl_controllers import KLController, build_kl_controller
-from .losses import kl_loss_k3, policy_loss, ptx_lm_loss, value_loss
+from .losses import ptx_lm_loss, value_loss
 from .masked_stats import masked_whiten
+from .objectives import ObjectiveConfig, kl_penalty, mini_batch_token_normalizer, objective_metrics, rollout_objective
 from .prompt_stream import PromptStream
 from .ptx_data import PtxStream, tokenize_ptx_dataset
 from .rollout import MicroBatchOutput, Rollout, UpdateStats
@@ -156,6 +157,7 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         if args.fp16:  # the loss scaler needs float32 gradients (trl_ext.models.dtypes)
             float32_trainable_parameters(model, value_model)
 
+        kl_estimator, args.kl_estimator = args.kl_estimator, "k1"  # TRL 1.12's __init__ takes k1/k3 only
         super().__init__(
             args=args,
             processing_class=processing_class,
@@ -170,6 +172,8 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
             callbacks=callbacks,
             peft_config=peft_config,
         )
+        args.kl_estimator = kl_estimator
+        self.objective = ObjectiveConfig.from_args(args)  # the loss keys of trl_ext.ppo.objectives
         # Nothing below may touch the global torch/numpy RNGs: the parent left them exactly where its train() expects.
         group_prompts(self)  # num_samples_per_prompt > 1: local_batch_size / k prompts per update (same RNG after)
         if args.local_rollout_forward_batch_size == AUTO:  # the largest chunk that fits args.max_memory_gib
@@ -672,11 +676,10 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
 
     def compute_rewards(self, rollout: Rollout, kl_coef: float) -> None:
         """Per-token rewards: `-kl_coef * KL_t` on every token, plus the score on the last one (then optional
-        whitening). KL_t is TRL's k1 (`log pi - log pi_ref`) or k3 estimator (http://joschu.net/blog/kl-approx.html).
+        whitening). KL_t: `args.kl_estimator` (:func:`trl_ext.ppo.objectives.kl_penalty`; default k1, as TRL).
         """
         args = self.args
-        logr = rollout.ref_logprobs - rollout.logprobs
-        kl = -logr if args.kl_estimator == "k1" else (logr.exp() - 1) - logr  # Else statement is k3
+        kl = kl_penalty(rollout.logprobs, rollout.ref_logprobs, self.objective.reward_kl_estimator)
         non_score_reward = -kl_coef * kl
         rewards = non_score_reward.clone()
         actual_start = torch.arange(rewards.size(0), device=rewards.device)
@@ -714,6 +717,8 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
                 range(0, args.local_batch_size, args.local_mini_batch_size)
             ):
                 mini_batch_inds = b_inds[mini_batch_start : mini_batch_start + args.local_mini_batch_size]
+                token_normalizer = mini_batch_token_normalizer(self.objective, rollout, mini_batch_inds,
+                                                               args.gradient_accumulation_steps, accelerator)
                 for gradient_accumulation_idx, micro_batch_start in enumerate(
                     range(0, args.local_mini_batch_size, args.per_device_train_batch_size)
                 ):
@@ -721,7 +726,8 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
                     micro_batch_inds = mini_batch_inds[micro_batch_start:micro_batch_end]
                     with accelerator.accumulate(model):
                         ptx_batch = self.next_ptx_batch() if ptx_joint else None
-                        out = self.compute_micro_batch_loss(model, rollout, micro_batch_inds, ptx_batch)
+                        out = self.compute_micro_batch_loss(model, rollout, micro_batch_inds, ptx_batch,
+                                                            token_normalizer)
                         self.step_guard.observe(out.loss, "loss/total", where=f" (PPO epoch {ppo_epoch_idx + 1}, "
                                                 f"mini-batch {minibatch_idx + 1}, "
                                                 f"micro-batch {gradient_accumulation_idx + 1})")
@@ -736,9 +742,10 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         return stats
 
     def compute_micro_batch_loss(
-        self, model, rollout: Rollout, micro_batch_inds, ptx_batch: dict | None = None
+        self, model, rollout: Rollout, micro_batch_inds, ptx_batch: dict | None = None, token_normalizer=None
     ) -> MicroBatchOutput:
-        """Loss of one micro-batch: `pg_loss + vf_coef * vf_loss` (+ `ptx_coef * lm_loss` in joint ptx mode)."""
+        """Loss of one micro-batch: `pg_loss + vf_coef * vf_loss` (+ KL and entropy terms of the objective,
+        :func:`trl_ext.ppo.objectives.objective_terms`; + `ptx_coef * lm_loss` in joint ptx mode)."""
         args = self.args
         context_length = rollout.context_length
         padding_mask = rollout.padding_mask[micro_batch_inds]
@@ -755,20 +762,16 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
             vpred = torch.masked_fill(vpred_temp[:, context_length - 1 : -1].squeeze(-1), padding_mask_p1, 0)
             vf = value_loss(vpred, rollout.values[micro_batch_inds], rollout.returns[micro_batch_inds],
                             ~padding_mask_p1, args.cliprange_value, args.value_clip)
-        pg = policy_loss(
-            new_logprobs, rollout.logprobs[micro_batch_inds], rollout.advantages[micro_batch_inds], ~padding_mask,
-            args.cliprange,
-        )
-        loss = pg.loss + args.vf_coef * vf.loss
-        kl_loss = None
-        if args.kl_in == "loss":
-            kl_loss = kl_loss_k3(new_logprobs, rollout.ref_logprobs[micro_batch_inds], ~padding_mask)
-            loss = loss + rollout.kl_coef * kl_loss
+        obj = rollout_objective(self.objective, rollout, micro_batch_inds, new_logprobs, logits, token_normalizer)
+        loss = obj.policy.loss + args.vf_coef * vf.loss
+        if obj.penalty is not None:  # kl_coef * KL (kl_in="loss") - entropy_coef * entropy
+            loss = loss + obj.penalty
         ptx_loss = None
         if ptx_batch is not None:
             ptx_loss = self.compute_ptx_loss(ptx_batch)
             loss = loss + args.ptx_coef * ptx_loss
-        return MicroBatchOutput(loss=loss, policy=pg, value=vf, logits=logits, ptx_loss=ptx_loss, kl_loss=kl_loss)
+        return MicroBatchOutput(loss=loss, policy=obj.policy, value=vf, logits=logits, ptx_loss=ptx_loss,
+                                kl_loss=obj.kl_loss, entropy=obj.entropy, entropy_loss=obj.entropy_loss)
 
     def next_ptx_batch(self) -> dict:
         """The next ptx micro-batch from `self.ptx_stream` (its own data order, cycled)."""
@@ -836,6 +839,7 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
             metrics["objective/scores_clipfrac"] = gather(rollout.scores_clipfrac).mean().item()
         if stats.ptx_losses:
             metrics["loss/ptx_avg"] = gather(torch.stack(stats.ptx_losses).mean()).mean().item()
+        metrics.update(objective_metrics(rollout, stats, self.objective, self.accelerator))
         if self.args.critic_free:
             critic_free_metrics(metrics, rollout, stats, self.args, self.accelerator)
         metrics.update(timings)
