@@ -305,9 +305,11 @@ def mini_batch_token_normalizer(cfg: ObjectiveConfig, rollout, inds, gradient_ac
 def objective_metrics(rollout, stats, cfg: ObjectiveConfig, accelerator) -> dict:
     """The metrics of the non-default objective keys (means over micro-batches and processes): the clip shares of
     :func:`clip_statistics`, `loss/entropy_avg` (the entropy bonus term before `entropy_coef`) and, with
-    `mask_truncated_completions`, `objective/frac_truncated` (the share of completions left out of the loss)."""
+    `mask_truncated_completions`, `objective/frac_truncated` (the share of completions left out of the loss); the
+    `sampling/*` metrics of `dynamic_sampling`."""
     gather = accelerator.gather_for_metrics
     metrics = {name: gather(torch.stack(values).mean()).mean().item() for name, values in stats.objective.items()}
+    metrics.update(rollout.sampling or {})  # dynamic_sampling (trl_ext.ppo.dynamic_sampling)
     if cfg.mask_truncated_completions:
         metrics["objective/frac_truncated"] = gather((~rollout.contain_eos_token).float().mean()).mean().item()
     return metrics

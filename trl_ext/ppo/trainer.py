@@ -66,12 +66,13 @@ from .base import OnlineTrainerState, ParentPPOTrainer
 from .config import PPOConfig
 from .critic_free import check_value_model, critic_free_advantages, critic_free_metrics, group_prompts, no_value_loss
 from .critic_free import repeat_prompts
+from .dynamic_sampling import resample_groups
 from .kl_controllers import KLController, build_kl_controller
 from .losses import ptx_lm_loss, value_loss
 from .masked_stats import masked_whiten
 from .objectives import ObjectiveConfig, kl_penalty, mini_batch_token_normalizer, objective_metrics, rollout_objective
 from .prompt_stream import PromptStream
-from .ptx_data import PtxStream, tokenize_ptx_dataset
+from .ptx_data import PtxStream, separate_ptx_step, tokenize_ptx_dataset
 from .rollout import MicroBatchOutput, Rollout, UpdateStats
 from .rollout_chunk import AUTO, resolve_auto_rollout_chunk
 from .rollout_logprobs import generate_with_full_scores, generate_with_logprobs, sampling_plan, sequence_logits
@@ -366,6 +367,7 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
             scored = self.check_finite("objective/scores", rollout.scores, "rollouts")
             if scored:
                 self.clip_scores(rollout)
+                rollout = resample_groups(self, rollout)  # dynamic_sampling: more rounds, informative groups only
                 kl_coef = float(self.kl_ctl.value)
                 self.compute_rewards(rollout, kl_coef)
                 self.compute_advantages(rollout)
@@ -789,23 +791,8 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         return ptx_lm_loss(logits, input_ids, attention_mask)
 
     def ptx_step(self) -> torch.Tensor:
-        """DeepSpeed-Chat's separate ptx step: backward of `ptx_coef * lm_loss` on one ptx batch, optimizer step.
-
-        Runs right after a PPO optimizer step. Only the policy gets gradients (the value head's stay None, so the
-        optimizer leaves it alone). Under several processes the policy gradients are averaged by hand, because this
-        forward does not go through the DistributedDataParallel wrapper.
-        """
-        lm_loss = self.compute_ptx_loss(self.next_ptx_batch())
-        self.step_guard.observe(lm_loss, "loss/ptx")
-        # accelerator.backward divides by gradient_accumulation_steps; this is one whole step, so undo it.
-        self.accelerator.backward(self.args.ptx_coef * lm_loss * self.accelerator.gradient_accumulation_steps)
-        if self.accelerator.num_processes > 1:
-            for param in self.accelerator.unwrap_model(self.model).policy.parameters():
-                if param.grad is not None:
-                    param.grad = self.accelerator.reduce(param.grad, reduction="mean")
-        self.optimizer_step()
-        self.optimizer.zero_grad()
-        return lm_loss.detach()
+        """DeepSpeed-Chat's separate ptx step (:func:`trl_ext.ppo.ptx_data.separate_ptx_step`); returns the LM loss."""
+        return separate_ptx_step(self)
 
     # ------------------------------------------------------------------ logging
 
