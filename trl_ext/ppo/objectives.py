@@ -283,14 +283,13 @@ def objective_terms(cfg: ObjectiveConfig, new_logprobs, old_logprobs, advantages
     return ObjectiveTerms(policy, penalty, kl_loss, entropy, entropy_loss)
 
 
-def rollout_objective(cfg: ObjectiveConfig, rollout, inds, new_logprobs, logits,
-                      token_normalizer=None) -> ObjectiveTerms:
+def rollout_objective(cfg: ObjectiveConfig, rollout, inds, new_logprobs, logits) -> ObjectiveTerms:
     """:func:`objective_terms` of the micro-batch ``inds`` of a :class:`~trl_ext.ppo.rollout.Rollout` (old and
-    reference log-probs, advantages, :func:`loss_mask`, this update's ``kl_coef``) under the current policy's
-    ``new_logprobs`` and ``logits`` (the trainer's loss step)."""
+    reference log-probs, advantages, :func:`loss_mask`, this update's ``kl_coef``, the current mini-batch's
+    ``token_normalizer``) under the current policy's ``new_logprobs`` and ``logits`` (the trainer's loss step)."""
     mask = loss_mask(rollout.padding_mask[inds], rollout.contain_eos_token[inds], cfg)
     return objective_terms(cfg, new_logprobs, rollout.logprobs[inds], rollout.advantages[inds], mask,
-                           rollout.ref_logprobs[inds], rollout.kl_coef, logits, token_normalizer)
+                           rollout.ref_logprobs[inds], rollout.kl_coef, logits, rollout.token_normalizer)
 
 
 def mini_batch_token_normalizer(cfg: ObjectiveConfig, rollout, inds, gradient_accumulation_steps: int,

@@ -45,6 +45,8 @@ class Rollout:
     """The KL coefficient of this update (set by ``compute_rewards``; the loss uses it when ``kl_in="loss"``)."""
     estimator_stats: dict = field(default_factory=dict)
     """Critic-free estimators' per-process quantities for the metrics (:mod:`trl_ext.ppo.critic_free`)."""
+    token_normalizer: torch.Tensor | None = None
+    """`global_token_mean`: the current mini-batch's `N / (G * P)` (set by ``optimize`` before its micro-batches)."""
     sampling: dict | None = None
     """`dynamic_sampling`'s metrics of this update (:mod:`trl_ext.ppo.dynamic_sampling`), reduced over processes."""
 

@@ -719,8 +719,8 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
                 range(0, args.local_batch_size, args.local_mini_batch_size)
             ):
                 mini_batch_inds = b_inds[mini_batch_start : mini_batch_start + args.local_mini_batch_size]
-                token_normalizer = mini_batch_token_normalizer(self.objective, rollout, mini_batch_inds,
-                                                               args.gradient_accumulation_steps, accelerator)
+                rollout.token_normalizer = mini_batch_token_normalizer(self.objective, rollout, mini_batch_inds,
+                                                                       args.gradient_accumulation_steps, accelerator)
                 for gradient_accumulation_idx, micro_batch_start in enumerate(
                     range(0, args.local_mini_batch_size, args.per_device_train_batch_size)
                 ):
@@ -728,8 +728,7 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
                     micro_batch_inds = mini_batch_inds[micro_batch_start:micro_batch_end]
                     with accelerator.accumulate(model):
                         ptx_batch = self.next_ptx_batch() if ptx_joint else None
-                        out = self.compute_micro_batch_loss(model, rollout, micro_batch_inds, ptx_batch,
-                                                            token_normalizer)
+                        out = self.compute_micro_batch_loss(model, rollout, micro_batch_inds, ptx_batch)
                         self.step_guard.observe(out.loss, "loss/total", where=f" (PPO epoch {ppo_epoch_idx + 1}, "
                                                 f"mini-batch {minibatch_idx + 1}, "
                                                 f"micro-batch {gradient_accumulation_idx + 1})")
@@ -744,7 +743,7 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         return stats
 
     def compute_micro_batch_loss(
-        self, model, rollout: Rollout, micro_batch_inds, ptx_batch: dict | None = None, token_normalizer=None
+        self, model, rollout: Rollout, micro_batch_inds, ptx_batch: dict | None = None
     ) -> MicroBatchOutput:
         """Loss of one micro-batch: `pg_loss + vf_coef * vf_loss` (+ KL and entropy terms of the objective,
         :func:`trl_ext.ppo.objectives.objective_terms`; + `ptx_coef * lm_loss` in joint ptx mode)."""
@@ -764,7 +763,7 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
             vpred = torch.masked_fill(vpred_temp[:, context_length - 1 : -1].squeeze(-1), padding_mask_p1, 0)
             vf = value_loss(vpred, rollout.values[micro_batch_inds], rollout.returns[micro_batch_inds],
                             ~padding_mask_p1, args.cliprange_value, args.value_clip)
-        obj = rollout_objective(self.objective, rollout, micro_batch_inds, new_logprobs, logits, token_normalizer)
+        obj = rollout_objective(self.objective, rollout, micro_batch_inds, new_logprobs, logits)
         loss = obj.policy.loss + args.vf_coef * vf.loss
         if obj.penalty is not None:  # kl_coef * KL (kl_in="loss") - entropy_coef * entropy
             loss = loss + obj.penalty
