@@ -241,3 +241,35 @@ def test_objective_config_resolves_the_defaults(tmp_path):
                                                                                                          "k3")
     cfg = ObjectiveConfig.from_args(trl_ext.PPOConfig(**config_kwargs(tmp_path, kl_estimator="low_var_kl")))
     assert cfg.reward_kl_estimator == cfg.loss_kl_estimator == "low_var_kl" and cfg.response_length == 8
+
+
+def test_rounds_of_different_prompt_and_response_lengths_join_as_the_trainer_pads():
+    """Dynamic sampling joins rounds: queries left-padded to the longest context, responses and their per-token
+    fields right-padded (pad token, INVALID_LOGPROB, value 0, padding masks True), per-episode lists and dicts kept
+    in order, a per-process statistic averaged over the episodes."""
+    from trl_ext.ppo.dynamic_sampling import concat_rollouts
+    from trl_ext.ppo.rollout import Rollout
+    from trl_ext.ppo.sequences import INVALID_LOGPROB
+
+    pad = 0
+
+    def rollout(queries, responses, clipfrac, tag):
+        n, t = responses.shape
+        return Rollout(queries=queries, context_length=queries.shape[1], query_responses=torch.cat([queries,
+                       responses], 1), responses=responses, logprobs=-torch.ones(n, t), ref_logprobs=-torch.ones(n, t),
+                       values=torch.ones(n, t), scores=torch.arange(n).float(), padding_mask=torch.zeros(n, t,
+                       dtype=torch.bool), contain_eos_token=torch.ones(n, dtype=torch.bool),
+                       scores_clipfrac=torch.tensor(clipfrac), estimator_stats={"ids": [tag] * n})
+
+    first = rollout(torch.tensor([[5, 6], [7, 8]]), torch.tensor([[9, 9, 9], [9, 9, 9]]), 0.5, "a")
+    second = rollout(torch.tensor([[4, 4, 4, 4]] * 2), torch.tensor([[3], [3]]), 0.0, "b")
+    joined = concat_rollouts([first, second], pad)
+    assert joined.context_length == 4
+    assert joined.queries.tolist() == [[0, 0, 5, 6], [0, 0, 7, 8], [4, 4, 4, 4], [4, 4, 4, 4]]
+    assert joined.query_responses.tolist()[0] == [0, 0, 5, 6, 9, 9, 9]
+    assert joined.query_responses.tolist()[2] == [4, 4, 4, 4, 3, 0, 0]
+    assert joined.responses[2].tolist() == [3, pad, pad] and joined.logprobs[3].tolist() == [-1, INVALID_LOGPROB,
+                                                                                             INVALID_LOGPROB]
+    assert joined.values[3].tolist() == [1, 0, 0] and joined.padding_mask[3].tolist() == [False, True, True]
+    assert joined.scores.tolist() == [0, 1, 0, 1] and joined.estimator_stats["ids"] == ["a", "a", "b", "b"]
+    assert joined.scores_clipfrac.item() == pytest.approx(0.25)

@@ -15,7 +15,10 @@ With a group estimator (RLOO, GRPO, REINFORCE++-baseline) a group whose `k` scor
 Rounds of different prompt lengths are joined by :func:`concat_rollouts` (queries left-padded, responses
 right-padded, as the trainer pads them). Metrics (`rollout.sampling`): `sampling/rounds`, `sampling/groups_dropped`
 and `sampling/groups_refilled` (summed over processes) and `sampling/completions` (completions generated in the
-update, all processes; the batch trains on `batch_size` of them). `episode` counts trained episodes as before.
+update, all processes; the batch trains on `batch_size` of them). `episode` counts trained episodes as before; the
+later rounds' generation and scoring time counts in `time/scoring`.
+
+The rounds go through the trainer's own steps, so a subclass's `compute_scores` (or reward functions) score them too.
 """
 
 from __future__ import annotations
