@@ -49,6 +49,8 @@ class Rollout:
     """`global_token_mean`: the current mini-batch's `N / (G * P)` (set by ``optimize`` before its micro-batches)."""
     sampling: dict | None = None
     """`dynamic_sampling`'s metrics of this update (:mod:`trl_ext.ppo.dynamic_sampling`), reduced over processes."""
+    reward_scores: object | None = None
+    """With ``reward_funcs``: every reward of every completion (:class:`trl_ext.rewards.scoring.RewardScores`)."""
 
 
 @dataclass
