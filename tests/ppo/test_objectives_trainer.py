@@ -141,3 +141,45 @@ def test_objective_keys_with_a_shared_base(tiny_models, reward_adapter, tok, dat
     assert entry["loss/entropy_avg"] > 0 and "policy/dual_clipfrac" in entry
     moved = {n for n, p in policy.named_parameters() if "lora" in n and not torch.equal(p, before[n])}
     assert any(".default." in n for n in moved) and not any(".reward." in n for n in moved)
+
+
+def test_dynamic_sampling_with_reward_functions_keeps_each_completion_with_its_rewards(tiny_models, tok, tmp_path):
+    """A verifier-like binary reward function (first token's parity) with its dataset column and a logged extra
+    column: every round is scored with its own prompts and columns, and after the groups are selected each episode
+    keeps its own completion, prompt, answer and reward (`rollout.reward_scores` follows the selection)."""
+    from datasets import Dataset
+
+    import trl_ext
+    from trl_ext.testing import tiny_corpus
+
+    texts = [" ".join(line.split()[:3]) for line in tiny_corpus(8, seed=4)]
+    dataset = Dataset.from_dict({"input_ids": [tok(t)["input_ids"] for t in texts], "prompt": texts,
+                                 "answer": [f"#{i}" for i in range(len(texts))]})
+    calls = []
+
+    def parity(prompts, completions, completion_ids, answer, log_extra, **kwargs):
+        calls.append(len(completions))
+        log_extra("answer_seen", list(answer))
+        return [float(ids[0] % 2) for ids in completion_ids]
+
+    cls = recording_trainer()
+    cls.compute_scores = trl_ext.PPOTrainer.compute_scores  # the reward function's score, not the binarised model's
+    seed_all(0)
+    policy = load_models(tiny_models)[0]
+    args = trl_ext.PPOConfig(**config_kwargs(tmp_path, total_episodes=8, num_sample_generations=0,
+                                             advantage_estimator="grpo", num_samples_per_prompt=2,
+                                             dynamic_sampling=True, max_sampling_rounds=3))
+    trainer = cls(args=args, processing_class=tok, model=policy, ref_model=None, reward_model=None,
+                  train_dataset=dataset, value_model=None, reward_funcs=[parity])
+    trainer.train()
+    logs = update_logs(trainer)
+    assert sum(calls) == sum(e["sampling/completions"] for e in logs) > 8  # every round scored, some resampled
+    for rollout in cls.rollouts:
+        scores = rollout.reward_scores
+        assert torch.equal(rollout.scores, scores.score) and len(scores.completions) == 4
+        first_tokens = rollout.postprocessed_responses[:, 0] % 2
+        assert scores.per_reward[:, 0].tolist() == first_tokens.float().tolist()
+        row_of_prompt = {text: i for i, text in enumerate(texts)}
+        assert scores.extra_columns["answer_seen"] == [f"#{row_of_prompt[p]}" for p in scores.prompts]
+        assert tok.batch_decode(rollout.queries, skip_special_tokens=True) == scores.prompts  # same rows
+        assert tok.batch_decode(rollout.postprocessed_responses, skip_special_tokens=True) == scores.completions

@@ -18,7 +18,10 @@ and `sampling/groups_refilled` (summed over processes) and `sampling/completions
 update, all processes; the batch trains on `batch_size` of them). `episode` counts trained episodes as before; the
 later rounds' generation and scoring time counts in `time/scoring`.
 
-The rounds go through the trainer's own steps, so a subclass's `compute_scores` (or reward functions) score them too.
+The rounds go through the trainer's own steps, so a subclass's `compute_scores` and the reward functions score them
+too (with the round's prompts and dataset columns); the reward functions' per-completion results
+(`rollout.reward_scores`: rewards, prompts, completions, logged extra columns) follow the selected episodes, their
+timeout and error counts and `log_metric` values cover every round.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
+from .reward_funcs import begin_reward_scoring
 from .sequences import INVALID_LOGPROB
 
 __all__ = ["concat_rollouts", "informative_groups", "resample_groups", "select_rows"]
@@ -35,6 +39,12 @@ __all__ = ["concat_rollouts", "informative_groups", "resample_groups", "select_r
 _RIGHT_PAD = {"responses": "pad", "postprocessed_responses": "pad", "logprobs": INVALID_LOGPROB,
               "ref_logprobs": INVALID_LOGPROB, "values": 0.0, "padding_mask": True, "padding_mask_p1": True}
 """What fills a `(batch, T)` field's new positions when responses of different lengths are joined."""
+_PER_ROUND = {"names": lambda values: values[0],
+              "timeouts": lambda values: [sum(c) for c in zip(*values)],
+              "errors": lambda values: [sum(c) for c in zip(*values)],
+              "logged_metrics": lambda values: {k: [x for v in values for x in v.get(k, [])] for k in values[0]}}
+"""Fields of a nested dataclass (the reward functions' `RewardScores`) that hold one value per round, not per episode
+(names of the rewards, counts of timeouts and errors, values logged by `log_metric`): how rounds combine."""
 
 
 def informative_groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -51,6 +61,9 @@ def select_rows(value, rows: torch.Tensor, batch: int):
         return [value[i] for i in rows.tolist()]
     if isinstance(value, dict):
         return {key: select_rows(item, rows, batch) for key, item in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: select_rows(getattr(value, f.name), rows, batch)
+                                             for f in dataclasses.fields(value) if f.name not in _PER_ROUND})
     return value
 
 
@@ -61,6 +74,11 @@ def _join(name, values, batch_sizes, context_pads, width, pad_token_id):
     if isinstance(first, dict):
         return {key: _join(key, [v[key] for v in values], batch_sizes, context_pads, width, pad_token_id)
                 for key in first}
+    if dataclasses.is_dataclass(first) and not isinstance(first, type):
+        return dataclasses.replace(first, **{
+            f.name: _PER_ROUND[f.name]([getattr(v, f.name) for v in values]) if f.name in _PER_ROUND
+            else _join(f.name, [getattr(v, f.name) for v in values], batch_sizes, context_pads, width, pad_token_id)
+            for f in dataclasses.fields(first)})
     if isinstance(first, list) and all(len(v) == n for v, n in zip(values, batch_sizes)):
         return [item for v in values for item in v]
     if not torch.is_tensor(first):
@@ -137,6 +155,7 @@ def resample_groups(trainer, rollout):
         if accelerator.gather(short.reshape(1)).max().item() == 0:
             break
         data = trainer.next_prompt_batch()
+        begin_reward_scoring(trainer, data)  # reward_funcs: this round's prompts and dataset columns
         part = trainer.generate_rollouts(data["input_ids"].to(accelerator.device))
         trainer.score_rollouts(part)
         rounds += 1
