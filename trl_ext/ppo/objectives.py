@@ -1,8 +1,10 @@
 """The policy objectives used since GRPO, as pure functions: KL estimators, clipped / CISPO surrogates with
 asymmetric, dual and two-sided clipping, token or sequence ratios, loss aggregation, an entropy bonus.
 
-:class:`ObjectiveConfig` holds the `PPOConfig` keys these read (built once from the config); the trainer's loss step
-calls :func:`objective_terms` per micro-batch and ``compute_rewards`` calls :func:`kl_penalty`. Per-token tensors
+:class:`ObjectiveConfig` holds the `PPOConfig` keys these read (built once, `trainer.objective`); the trainer's loss
+step calls :func:`rollout_objective` (:func:`objective_terms` on a micro-batch of the rollout), ``optimize`` calls
+:func:`mini_batch_token_normalizer` per mini-batch, ``compute_rewards`` calls :func:`kl_penalty` and
+``update_metrics`` :func:`objective_metrics`. Dynamic sampling: :mod:`trl_ext.ppo.dynamic_sampling`. Per-token tensors
 are ``(batch, T)`` and ``mask`` is True on the tokens that count. With every key at its default the arithmetic is
 that of :func:`trl_ext.ppo.losses.policy_loss` and :func:`~trl_ext.ppo.losses.kl_loss_k3` (same operations, same
 order: bit for bit). TRL's `GRPOTrainer._compute_loss` gives the same losses and gradients for the shared cases
