@@ -195,6 +195,16 @@ def test_entropy_bonus_and_kl_share_the_aggregation():
     assert terms.penalty.item() == pytest.approx(0.5 * 10 / 8 - 0.1 * 4 * math.log(3) / 8)
 
 
+def test_bias_corrected_kl_is_weighted_by_the_ratio():
+    """r = 2 (log pi = log 2, log pi_old = 0), log pi_ref = 0: k3 = 1/2 - 1 + log 2; corrected: 2 * k3."""
+    new = torch.tensor([[math.log(2.0)]], dtype=torch.float64)
+    zero, mask = torch.zeros((1, 1), dtype=torch.float64), torch.ones((1, 1), dtype=torch.bool)
+    k3 = 0.5 - 1 + math.log(2)
+    for corrected, expected in ((False, k3), (True, 2 * k3)):
+        cfg = ObjectiveConfig(kl_in_loss=True, use_bias_correction_kl=corrected)
+        assert objective_terms(cfg, new, zero, zero, mask, zero, kl_coef=1.0).kl_loss.item() == pytest.approx(expected)
+
+
 def test_groups_of_equal_scores_are_the_uninformative_ones():
     from trl_ext.ppo.dynamic_sampling import informative_groups
 
@@ -214,6 +224,7 @@ def test_groups_of_equal_scores_are_the_uninformative_ones():
     (dict(dual_clip=3.0, policy_loss="cispo"), "dual_clip: bounds the clipped surrogate; policy_loss 'cispo'"),
     (dict(delta=1.25, cliprange_high=0.28), "delta: must exceed 1 \\+ cliprange_high = 1.28"),
     (dict(entropy_coef=-0.01), "entropy_coef: must not be negative"),
+    (dict(use_bias_correction_kl=True), "use_bias_correction_kl: corrects the KL term of the loss; kl_in is 'reward'"),
     (dict(mask_truncated_completions=True, stop_token=None), "mask_truncated_completions: needs a stop token"),
     (dict(max_sampling_rounds=0), "max_sampling_rounds: must be a positive integer"),
     (dict(dynamic_sampling=True), "dynamic_sampling: drops groups of equal scores, which needs a group "

@@ -4,8 +4,8 @@ policy weight through TRL's own `GRPOTrainer._compute_loss` and through trl_ext'
 
 A real GRPOTrainer is built once on the tiny policy (TRL >= 1.13; TRL 1.12 has an older loss and is skipped). Each
 case then sets the attributes TRL's `__init__` copies from `GRPOConfig` (`loss_type`, `epsilon_low/high`,
-`importance_sampling_level`, `beta`, `args.delta`, `args.use_bias_correction_kl=False`), as a trainer built with
-those values holds them. Our side takes
+`importance_sampling_level`, `beta`, `args.delta`, `args.use_bias_correction_kl`), as a trainer built with those
+values holds them. Our side takes
 the per-token log-probs from TRL's own `_get_per_token_logps_and_entropies` (the same forward) and
 :func:`trl_ext.ppo.objectives.objective_terms`. The map of names is in docs/ppo.md.
 """
@@ -48,6 +48,13 @@ CASES = {
                   {"loss_aggregation": "seq_mean_token_mean", "kl_in_loss": True, "loss_kl_estimator": "k3"}),
     "dapo_beta_epsilon_high": ({"loss_type": "dapo", "beta": 0.1, "epsilon_high": 0.28},
                                {"loss_aggregation": "global_token_mean", "kl_in_loss": True, "cliprange_high": 0.28}),
+    "grpo_beta_bias_corrected": ({"loss_type": "grpo", "beta": 0.04, "use_bias_correction_kl": True},
+                                 {"loss_aggregation": "seq_mean_token_mean", "kl_in_loss": True,
+                                  "use_bias_correction_kl": True}),
+    "dapo_sequence_beta_bias_corrected": ({"loss_type": "dapo", "beta": 0.1, "importance_sampling_level": "sequence",
+                                           "use_bias_correction_kl": True},
+                                          {"loss_aggregation": "global_token_mean", "kl_in_loss": True,
+                                           "ratio_level": "sequence", "use_bias_correction_kl": True}),
     "bnpo_delta": ({"loss_type": "bnpo", "delta": 1.5}, {"loss_aggregation": "token_mean", "delta": 1.5}),
     # one of 2 accumulated micro-batches; the other holds 9 more tokens: both divide the token sum by all 9 + ours
     "dapo_accumulated": ({"loss_type": "dapo", "accumulation": 2, "other_tokens": 9},
@@ -106,9 +113,8 @@ def configure(trainer, trl_keys):
     trainer.importance_sampling_level = trl_keys.get("importance_sampling_level", "token")
     trainer.beta = trl_keys.get("beta", 0.0)
     trainer.args.delta = trl_keys.get("delta")
-    # TRL 1.16 multiplies the KL term by the ratio by default (DeepSeek-V3.2's correction); GRPO's (and our) k3 term
-    # is the plain one, TRL's `use_bias_correction_kl=False`
-    trainer.args.use_bias_correction_kl = False
+    # TRL 1.16's default is True (the KL term times the ratio); GRPO's plain term, and our default, is False
+    trainer.args.use_bias_correction_kl = trl_keys.get("use_bias_correction_kl", False)
     trainer.current_gradient_accumulation_steps = trainer.args.steps_per_generation = trl_keys.get("accumulation", 1)
 
 

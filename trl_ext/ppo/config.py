@@ -132,6 +132,10 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, NonFinitePolicyArgs, P
             pi_ref`), `"k2"` (`(log r)^2 / 2`), `"k3"` (`r - 1 - log r`) or `"low_var_kl"` (verl: k3 clamped to
             [-10, 10]). `None` (default) keeps each path's TRL default: k1 in the reward and `objective/kl` (TRL's
             PPO), k3 in the loss (GRPO); set it to have the controllers read the estimate the loss penalises.
+        use_bias_correction_kl (`bool`, *optional*, defaults to `False`):
+            With `kl_in="loss"`: each token's KL term times the policy's ratio `pi/pi_old` (with its gradient), which
+            makes the k3 gradient the unbiased reverse-KL gradient when the batch is off-policy (DeepSeek-V3.2, 2025;
+            TRL's key of that name, `True` by default in TRL 1.16's `GRPOConfig`). `False`: GRPO's plain term.
         mask_truncated_completions (`bool`, *optional*, defaults to `False`):
             DAPO (sec. 3.4; TRL's key): completions without the stop token (cut at `response_length`; the test of
             `missing_eos_penalty`) leave the policy loss (their tokens stop counting; they still count in their
@@ -265,6 +269,9 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, NonFinitePolicyArgs, P
         default=None, metadata={"help": "KL estimator of the reward and the loss; default: k1 in the reward, k3 in "
                                 "the loss."}
     )
+    use_bias_correction_kl: bool = field(
+        default=False, metadata={"help": "kl_in loss: the KL term times the ratio (DeepSeek-V3.2; TRL's key)."}
+    )
     mask_truncated_completions: bool = field(
         default=False, metadata={"help": "Completions without the stop token leave the policy loss (DAPO)."}
     )
@@ -383,6 +390,9 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, NonFinitePolicyArgs, P
                                  f"inside the clip range), got {self.delta!r}")
         if not self.entropy_coef >= 0:
             raise UserInputError(f"entropy_coef: must not be negative, got {self.entropy_coef!r}")
+        if self.use_bias_correction_kl and self.kl_in != "loss":
+            raise UserInputError(f"use_bias_correction_kl: corrects the KL term of the loss; kl_in is {self.kl_in!r} "
+                                 "(set kl_in: loss, or leave use_bias_correction_kl false)")
         if self.mask_truncated_completions and self.stop_token is None and self.stop_token_id is None:
             raise UserInputError("mask_truncated_completions: needs a stop token (stop_token: eos or stop_token_id): "
                                  "without one every completion runs to response_length")

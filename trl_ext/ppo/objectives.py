@@ -43,6 +43,8 @@ class ObjectiveConfig:
     loss_kl_estimator: str = "k3"
     """The KL term of the loss (`kl_in="loss"`)."""
     kl_in_loss: bool = False
+    use_bias_correction_kl: bool = False
+    """The loss's KL term times the ratio (DeepSeek-V3.2; TRL's key of that name)."""
     mask_truncated_completions: bool = False
     response_length: int = 53
     """The constant of `seq_mean_token_sum_norm` (Dr. GRPO): the maximum response length."""
@@ -57,7 +59,8 @@ class ObjectiveConfig:
             dual_clip=args.dual_clip, delta=args.delta, ratio_level=args.ratio_level, policy_loss=args.policy_loss,
             loss_aggregation=args.loss_aggregation, entropy_coef=args.entropy_coef,
             reward_kl_estimator=args.kl_estimator or "k1", loss_kl_estimator=args.kl_estimator or "k3",
-            kl_in_loss=args.kl_in == "loss", mask_truncated_completions=args.mask_truncated_completions,
+            kl_in_loss=args.kl_in == "loss", use_bias_correction_kl=args.use_bias_correction_kl,
+            mask_truncated_completions=args.mask_truncated_completions,
             response_length=args.response_length,
         )
 
@@ -269,12 +272,15 @@ def objective_terms(cfg: ObjectiveConfig, new_logprobs, old_logprobs, advantages
                     kl_coef: float = 0.0, logits=None, token_normalizer=None) -> ObjectiveTerms:
     """The policy side of one micro-batch's loss: :func:`clipped_policy_loss` plus, aggregated the same way
     (:func:`aggregate`), ``kl_coef *`` the KL of ``cfg.loss_kl_estimator`` to ``ref_logprobs`` (when
-    ``cfg.kl_in_loss``) and ``- entropy_coef *`` the entropy of ``logits`` (when ``cfg.entropy_coef > 0``; an
+    ``cfg.kl_in_loss``; with ``cfg.use_bias_correction_kl`` each token's KL times the policy's ratio ``r``, with its
+    gradient: DeepSeek-V3.2's correction, which makes k3's gradient the unbiased reverse-KL gradient off-policy) and ``- entropy_coef *`` the entropy of ``logits`` (when ``cfg.entropy_coef > 0``; an
     entropy bonus, e.g. verl's ``entropy_coeff``). The trainer adds the value and ptx terms."""
     policy = clipped_policy_loss(new_logprobs, old_logprobs, advantages, mask, cfg, token_normalizer)
     penalty = kl_loss = entropy = entropy_loss = None
     if cfg.kl_in_loss:
         kl_per_token = kl_loss_per_token(new_logprobs, ref_logprobs, cfg.loss_kl_estimator)
+        if cfg.use_bias_correction_kl:
+            kl_per_token = kl_per_token * policy.ratio
         kl_loss = aggregate(kl_per_token, mask, cfg.loss_aggregation, cfg.response_length, token_normalizer)
         penalty = kl_coef * kl_loss
     if cfg.entropy_coef > 0:
