@@ -1,11 +1,14 @@
 """Run by test_ppo_ddp.py under `torchrun --nproc_per_node 2`: a LoRA-policy PPO run with the extensions on.
 
-Usage: ppo_ddp_script.py TINY_MODELS_DIR OUT_DIR [trl|joint|separate|shared [REWARD_ADAPTER]|critic_free]. Each rank writes
+Usage: ppo_ddp_script.py TINY_MODELS_DIR OUT_DIR [trl|joint|separate|shared [REWARD_ADAPTER]|critic_free|objectives].
+Each rank writes
 OUT_DIR/rank{N}.json with its logged kl_coef values and a checksum of its trainable weights. `trl` runs TRL's own
 trainer; `joint` (default) and `separate` pick trl_ext's ptx_mode; `shared` (joint ptx) puts the reward and value
 models as adapters on the policy's base (from REWARD_ADAPTER), saves checkpoint-2 and also resumes from it;
 `critic_free` (joint ptx) trains with REINFORCE++-baseline (2 samples per prompt, no value model) and also writes
-the first update's advantages and response masks.
+the first update's advantages and response masks. `objectives` (no ptx) trains GRPO on a binary score with the
+global token mean, clip-higher, an entropy bonus and dynamic sampling, and writes each mini-batch's token count and
+normalizer and the sampling metrics.
 """
 
 import hashlib
@@ -47,6 +50,10 @@ def main():
         kwargs.update(kl_controller="adaptive", kl_target=0.01, kl_horizon=8, value_clip="mean", ptx_coef=0.5,
                       ptx_max_length=16, ptx_mode="joint" if mode == "critic_free" else mode)
         extra = {"ptx_dataset": ptx_dataset()}
+    if mode == "objectives":
+        result = run_objectives(tok, policy, reward, kwargs)
+        (out / f"rank{result['rank']}.json").write_text(json.dumps(result))
+        return
     if mode == "shared":
         result = run_shared(tiny, tok, out, Path(sys.argv[4]), kwargs, extra)
         (out / f"rank{result['rank']}.json").write_text(json.dumps(result))
@@ -115,6 +122,48 @@ def run_shared(tiny, tok, out, adapter, kwargs, extra):
     result["resumed_checksum"], result["resumed_kl"] = resumed["checksum"], resumed["kl"]
     result["checkpoint_files"] = sorted(os.listdir(out / "checkpoint-2"))
     result["value_model_files"] = sorted(os.listdir(out / "checkpoint-2" / "value_model"))
+    return result
+
+
+def run_objectives(tok, policy, reward, kwargs):
+    """GRPO (2 samples per prompt, 2 prompts per process and update) with the objective keys, 2 updates."""
+    from peft import LoraConfig
+
+    from trl_ext import PPOConfig, PPOTrainer
+    from trl_ext.ppo import objectives
+
+    normalizers = []
+
+    class Binary(PPOTrainer):
+        def compute_scores(self, postprocessed_query_response, context_length):
+            return (super().compute_scores(postprocessed_query_response, context_length) > 0).float()
+
+        def postprocess_responses(self, responses):  # 3 tokens count on rank 0, 5 on rank 1: unequal counts
+            responses = super().postprocess_responses(responses).clone()
+            responses[:, 3 + 2 * self.accelerator.process_index:] = self.processing_class.pad_token_id
+            return responses
+
+    def recording(cfg, rollout, inds, accumulation, accelerator):
+        normalizer = objectives.mini_batch_token_normalizer(cfg, rollout, inds, accumulation, accelerator)
+        local = objectives.loss_mask(rollout.padding_mask[inds], rollout.contain_eos_token[inds], cfg).sum()
+        normalizers.append((local.item(), normalizer.item()))
+        return normalizer
+
+    import trl_ext.ppo.trainer as trainer_module
+
+    trainer_module.mini_batch_token_normalizer = recording
+    args = PPOConfig(**{**kwargs, "total_episodes": 16, "ptx_coef": 0.0, "ptx_mode": "joint", "gradient_accumulation_steps": 2,
+                        "advantage_estimator": "grpo",
+                        "num_samples_per_prompt": 2, "loss_aggregation": "global_token_mean", "cliprange_high": 0.28,
+                        "entropy_coef": 0.01, "dynamic_sampling": True, "max_sampling_rounds": 3})
+    trainer = Binary(args=args, processing_class=tok, model=policy, ref_model=None, reward_model=reward,
+                     train_dataset=prompt_dataset(tok), value_model=None,
+                     peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    trainer.train()
+    result = summary(trainer)
+    result["normalizers"] = normalizers
+    result["sampling"] = [{k: v for k, v in e.items() if k.startswith("sampling/")} for e in trainer.state.log_history
+                          if "sampling/rounds" in e]
     return result
 
 

@@ -75,3 +75,25 @@ def test_critic_free_ppo_under_ddp_whitens_over_both_processes(tiny_models, tmp_
     assert together.std().item() == pytest.approx(1.0, abs=1e-4)
     # whitened on its own, each process's tokens would have std 1
     assert max(abs(c.std().item() - 1) for c in counted) > 1e-2
+
+
+def test_objectives_under_ddp_global_token_mean_and_dynamic_sampling(tiny_models, tmp_path):
+    """GRPO with the global token mean, clip-higher, entropy bonus and dynamic sampling on 2 processes: identical
+    ranks; each mini-batch's normalizer is the token count of both processes (unequal: responses cut after 3 and 5
+    tokens) over G * P = 4, not either process's own count over G; both processes run the same sampling rounds."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(ROOT / "tests" / "ppo" / "ppo_ddp_script.py"), str(tiny_models.root), str(tmp_path), "objectives"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert ranks[0]["checksum"] == ranks[1]["checksum"] and ranks[0]["sampling"] == ranks[1]["sampling"]
+    assert len(ranks[0]["normalizers"]) == len(ranks[1]["normalizers"]) == 2 * 2  # updates x PPO epochs
+    for (local0, normalizer0), (local1, normalizer1) in zip(ranks[0]["normalizers"], ranks[1]["normalizers"]):
+        assert (local0, local1) == (4 * 3, 4 * 5)  # 4 episodes per process and mini-batch
+        assert normalizer0 == normalizer1 == (local0 + local1) / 4
+    assert len(ranks[0]["sampling"]) == 2
+    for entry in ranks[0]["sampling"]:
+        assert entry["sampling/completions"] == 8 * entry["sampling/rounds"]  # 2 processes x 4 per round

@@ -11,6 +11,7 @@ from .advantages import ADVANTAGE_ESTIMATORS, GROUP_ESTIMATORS
 from .base import ParentPPOConfig
 from .kl_controllers import KL_CONTROLLERS
 from .losses import VALUE_CLIP_MODES
+from .objectives import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, RATIO_LEVELS
 from .rollout_chunk import AUTO, rollout_chunk_value
 
 PTX_MODES = ("joint", "separate")
@@ -93,6 +94,60 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, NonFinitePolicyArgs, P
         grpo_scale_by_std (`bool`, *optional*, defaults to `True`):
             `grpo` only: divide by the group's std. `False` is Dr. GRPO (Liu et al. 2025): `A_i = r_i - mean`.
 
+        > Policy objective (formulas: :mod:`trl_ext.ppo.objectives`; TRL `GRPOConfig` names: `docs/ppo.md`). Every
+        > key works with every `advantage_estimator`, GAE included; the defaults are the objective above.
+
+        loss_aggregation (`str`, *optional*, defaults to `"token_mean"`):
+            How per-token losses (policy, KL and entropy terms) become a micro-batch loss: `"token_mean"` (TRL's PPO;
+            TRL GRPO's `bnpo`): mean over the micro-batch's counted tokens; `"global_token_mean"` (DAPO, Yu et al.
+            2025, eq. 8; TRL's `dapo`): sum over the tokens divided by the mini-batch's token count over all
+            processes and accumulation steps, so each optimizer step is one token mean of its whole batch;
+            `"seq_mean_token_mean"` (GRPO, Shao et al. 2024; TRL's `grpo`): mean over sequences of each sequence's
+            token mean; `"seq_mean_token_sum_norm"` (Dr. GRPO, Liu et al. 2025; TRL's `dr_grpo`): token sum over
+            `micro-batch size * response_length`. Only `token_mean` depends on how the batch is split.
+        cliprange_low (`float`, *optional*):
+            Lower clip `eps_low` of the ratio, `clip(r, 1 - eps_low, 1 + eps_high)`. Defaults to `cliprange`.
+        cliprange_high (`float`, *optional*):
+            Upper clip `eps_high` (DAPO's clip-higher, e.g. 0.28; TRL's `epsilon_high`). Defaults to `cliprange`.
+            With `policy_loss="cispo"` the importance weight is capped at `1 + cliprange_high`.
+        dual_clip (`float`, *optional*):
+            Dual clip `c > 1` (Ye et al. 2020, "Mastering Complex Control in MOBA Games"; OpenRLHF's `--dual_clip`):
+            for negative advantages the loss is at most `-c * A`. `None` (default): off. Not with `cispo`.
+        delta (`float`, *optional*):
+            Two-sided clip (INTELLECT-2, Prime Intellect 2025; TRL's `delta`): the unclipped ratio is capped at
+            `delta` (> `1 + cliprange_high`) before the min. `None` (default): off. Not with `cispo`.
+        ratio_level (`str`, *optional*, defaults to `"token"`):
+            `"token"`: one ratio per token (PPO); `"sequence"` (GSPO, Zheng et al. 2025; TRL's
+            `importance_sampling_level`): `exp(mean_t log(pi/pi_old))` over the counted tokens, clipped per sequence.
+        policy_loss (`str`, *optional*, defaults to `"clipped"`):
+            `"clipped"`: the PPO surrogate with the clips above; `"cispo"` (MiniMax-M1 2025; TRL's `cispo`):
+            `-sg(min(r, 1 + cliprange_high)) * A * log pi`: the weight is clipped, every token keeps its gradient.
+        entropy_coef (`float`, *optional*, defaults to `0.0`):
+            Entropy bonus: `- entropy_coef * H` added to the loss, `H` the entropy of the temperature-scaled policy
+            aggregated as the policy loss, from the logits the loss already has (no second forward). Logged as
+            `loss/entropy_avg`; `policy/entropy_avg` keeps its meaning either way.
+        kl_estimator (`str`, *optional*):
+            KL estimator (Schulman 2020, http://joschu.net/blog/kl-approx.html) of both the reward penalty and the
+            loss term (`kl_in`), hence of `objective/kl` that the KL controllers read: `"k1"` (`log pi - log
+            pi_ref`), `"k2"` (`(log r)^2 / 2`), `"k3"` (`r - 1 - log r`) or `"low_var_kl"` (verl: k3 clamped to
+            [-10, 10]). `None` (default) keeps each path's TRL default: k1 in the reward and `objective/kl` (TRL's
+            PPO), k3 in the loss (GRPO); set it to have the controllers read the estimate the loss penalises.
+        use_bias_correction_kl (`bool`, *optional*, defaults to `False`):
+            With `kl_in="loss"`: each token's KL term times the policy's ratio `pi/pi_old` (with its gradient), which
+            makes the k3 gradient the unbiased reverse-KL gradient when the batch is off-policy (DeepSeek-V3.2, 2025;
+            TRL's key of that name, `True` by default in TRL 1.16's `GRPOConfig`). `False`: GRPO's plain term.
+        mask_truncated_completions (`bool`, *optional*, defaults to `False`):
+            DAPO (sec. 3.4; TRL's key): completions without the stop token (cut at `response_length`; the test of
+            `missing_eos_penalty`) leave the policy loss (their tokens stop counting; they still count in their
+            group's baseline and in the value loss). Needs `stop_token` or `stop_token_id`. Logged as
+            `objective/frac_truncated`.
+        dynamic_sampling (`bool`, *optional*, defaults to `False`):
+            DAPO (sec. 3.2): groups whose scores are all equal (zero group advantage) are dropped and more prompts
+            are sampled until the update's batch is full or `max_sampling_rounds` rounds ran; a batch still short
+            is filled with dropped groups. Needs a group estimator (`rloo`, `grpo`, `reinforce_pp_baseline`).
+            Logged as `sampling/rounds`, `sampling/groups_dropped`, `sampling/groups_refilled`.
+        max_sampling_rounds (`int`, *optional*, defaults to `3`):
+            With `dynamic_sampling`: at most this many generation rounds per update (the first included).
         > Parameters of the trainer's `reward_funcs` (full description: :class:`trl_ext.rewards.config.RewardFunctionArgs`)
 
         reward_weights (`list[float]`, *optional*):
@@ -188,6 +243,45 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, NonFinitePolicyArgs, P
         default=True, metadata={"help": "grpo: divide by the group std (False = Dr. GRPO)."}
     )
 
+    loss_aggregation: Literal["token_mean", "global_token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = (
+        field(default="token_mean", metadata={"help": "Per-token losses to a loss: 'token_mean' (TRL PPO, bnpo), "
+              "'global_token_mean' (DAPO), 'seq_mean_token_mean' (GRPO), 'seq_mean_token_sum_norm' (Dr. GRPO)."}))
+    cliprange_low: float | None = field(
+        default=None, metadata={"help": "Lower ratio clip (1 - eps_low); default: cliprange."}
+    )
+    cliprange_high: float | None = field(
+        default=None, metadata={"help": "Upper ratio clip (1 + eps_high, DAPO clip-higher); default: cliprange."}
+    )
+    dual_clip: float | None = field(
+        default=None, metadata={"help": "Dual clip c > 1: loss <= -c*A for A < 0 (Ye et al. 2020)."}
+    )
+    delta: float | None = field(
+        default=None, metadata={"help": "Two-sided clip (INTELLECT-2): ratio capped at delta > 1 + cliprange_high."}
+    )
+    ratio_level: Literal["token", "sequence"] = field(
+        default="token", metadata={"help": "'token' ratios (PPO) or one 'sequence' ratio (GSPO)."}
+    )
+    policy_loss: Literal["clipped", "cispo"] = field(
+        default="clipped", metadata={"help": "'clipped' PPO surrogate or 'cispo' (clipped IS weight, MiniMax-M1)."}
+    )
+    entropy_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient (0: off)."})
+    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] | None = field(
+        default=None, metadata={"help": "KL estimator of the reward and the loss; default: k1 in the reward, k3 in "
+                                "the loss."}
+    )
+    use_bias_correction_kl: bool = field(
+        default=False, metadata={"help": "kl_in loss: the KL term times the ratio (DeepSeek-V3.2; TRL's key)."}
+    )
+    mask_truncated_completions: bool = field(
+        default=False, metadata={"help": "Completions without the stop token leave the policy loss (DAPO)."}
+    )
+    dynamic_sampling: bool = field(
+        default=False, metadata={"help": "Drop groups of equal scores and sample more prompts (DAPO)."}
+    )
+    max_sampling_rounds: int = field(
+        default=3, metadata={"help": "dynamic_sampling: generation rounds per update at most."}
+    )
+
     @property
     def critic_free(self) -> bool:
         """True when the advantage estimator needs no value model (every one but `gae`)."""
@@ -237,6 +331,7 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, NonFinitePolicyArgs, P
             if getattr(self, name) < 0:
                 raise UserInputError(f"{name}: must not be negative, got {getattr(self, name)!r}")
         self._check_advantage_estimator()
+        self._check_objective()
 
     def _check_advantage_estimator(self) -> None:
         """The critic-free keys: known values and combinations that make sense (before any model is loaded)."""
@@ -267,4 +362,44 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, NonFinitePolicyArgs, P
         if self.critic_free and self.whiten_rewards:
             raise UserInputError(
                 f"whiten_rewards: applies to advantage_estimator 'gae' only, not {estimator!r}; set it to false"
+            )
+
+    def _check_objective(self) -> None:
+        """The objective keys (:mod:`trl_ext.ppo.objectives`): known values, ranges and combinations."""
+        for name, valid in (("loss_aggregation", LOSS_AGGREGATIONS), ("ratio_level", RATIO_LEVELS),
+                            ("policy_loss", POLICY_LOSSES), ("kl_estimator", (None, *KL_ESTIMATORS))):
+            if getattr(self, name) not in valid:
+                raise UserInputError(f"{name}: unknown value {getattr(self, name)!r}; use one of "
+                                     f"{', '.join(v for v in valid if v)}")
+        low, high = self.cliprange_low, self.cliprange_high
+        if low is not None and not 0 <= low <= 1:
+            raise UserInputError(f"cliprange_low: must be in [0, 1] (the ratio's floor is 1 - cliprange_low), got "
+                                 f"{low!r}")
+        if high is not None and not high >= 0:
+            raise UserInputError(f"cliprange_high: must not be negative, got {high!r}")
+        for name in ("dual_clip", "delta"):
+            value = getattr(self, name)
+            if value is not None and not value > 1:
+                raise UserInputError(f"{name}: must be greater than 1 (or None for off), got {value!r}")
+            if value is not None and self.policy_loss == "cispo":
+                raise UserInputError(f"{name}: bounds the clipped surrogate; policy_loss 'cispo' has none (its "
+                                     "weight is capped at 1 + cliprange_high); set it to null")
+        upper = 1 + (self.cliprange if high is None else high)
+        if self.delta is not None and not self.delta > upper:
+            raise UserInputError(f"delta: must exceed 1 + cliprange_high = {upper} (below it the two-sided clip cuts "
+                                 f"inside the clip range), got {self.delta!r}")
+        if not self.entropy_coef >= 0:
+            raise UserInputError(f"entropy_coef: must not be negative, got {self.entropy_coef!r}")
+        if self.use_bias_correction_kl and self.kl_in != "loss":
+            raise UserInputError(f"use_bias_correction_kl: corrects the KL term of the loss; kl_in is {self.kl_in!r} "
+                                 "(set kl_in: loss, or leave use_bias_correction_kl false)")
+        if self.mask_truncated_completions and self.stop_token is None and self.stop_token_id is None:
+            raise UserInputError("mask_truncated_completions: needs a stop token (stop_token: eos or stop_token_id): "
+                                 "without one every completion runs to response_length")
+        if not (isinstance(self.max_sampling_rounds, int) and self.max_sampling_rounds >= 1):
+            raise UserInputError(f"max_sampling_rounds: must be a positive integer, got {self.max_sampling_rounds!r}")
+        if self.dynamic_sampling and self.advantage_estimator not in GROUP_ESTIMATORS:
+            raise UserInputError(
+                f"dynamic_sampling: drops groups of equal scores, which needs a group advantage_estimator "
+                f"({', '.join(GROUP_ESTIMATORS)}), not {self.advantage_estimator!r}"
             )

@@ -33,6 +33,8 @@ class PolicyLoss(NamedTuple):
     """Per-token ``pi_new / pi_old`` (differentiable)."""
     approxkl: torch.Tensor
     """``0.5 * mean((log pi_new - log pi_old)^2)`` over all positions, as TRL logs it (no grad)."""
+    stats: dict | None = None
+    """Further statistics by metric name (:func:`trl_ext.ppo.objectives.clip_statistics`), no grad."""
 
 
 def value_loss(

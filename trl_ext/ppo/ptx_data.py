@@ -1,4 +1,5 @@
-"""Pretraining-mix (PPO-ptx) data: tokenization and an endless, resumable, independently seeded batch stream."""
+"""Pretraining-mix (PPO-ptx): tokenization, an endless, resumable, independently seeded batch stream, and the
+separate ptx optimizer step."""
 
 from __future__ import annotations
 
@@ -89,3 +90,25 @@ def _pad_right(rows, pad_id: int) -> dict[str, torch.Tensor]:
         input_ids[i, :n] = torch.tensor(r["input_ids"], dtype=torch.long)
         attention_mask[i, :n] = torch.tensor(r["attention_mask"], dtype=torch.long)
     return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+def separate_ptx_step(trainer) -> torch.Tensor:
+    """DeepSpeed-Chat's separate ptx step of `ptx_mode="separate"`: backward of `ptx_coef * lm_loss` on the
+    trainer's next ptx batch, then an optimizer step; returns the LM loss (detached).
+
+    Runs right after a PPO optimizer step. Only the policy gets gradients (the value head's stay None, so the
+    optimizer leaves it alone). Under several processes the policy gradients are averaged by hand, because this
+    forward does not go through the DistributedDataParallel wrapper.
+    """
+    accelerator = trainer.accelerator
+    lm_loss = trainer.compute_ptx_loss(trainer.next_ptx_batch())
+    trainer.step_guard.observe(lm_loss, "loss/ptx")
+    # accelerator.backward divides by gradient_accumulation_steps; this is one whole step, so undo it.
+    accelerator.backward(trainer.args.ptx_coef * lm_loss * accelerator.gradient_accumulation_steps)
+    if accelerator.num_processes > 1:
+        for param in accelerator.unwrap_model(trainer.model).policy.parameters():
+            if param.grad is not None:
+                param.grad = accelerator.reduce(param.grad, reduction="mean")
+    trainer.optimizer_step()
+    trainer.optimizer.zero_grad()
+    return lm_loss.detach()

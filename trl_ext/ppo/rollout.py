@@ -45,6 +45,10 @@ class Rollout:
     """The KL coefficient of this update (set by ``compute_rewards``; the loss uses it when ``kl_in="loss"``)."""
     estimator_stats: dict = field(default_factory=dict)
     """Critic-free estimators' per-process quantities for the metrics (:mod:`trl_ext.ppo.critic_free`)."""
+    token_normalizer: torch.Tensor | None = None
+    """`global_token_mean`: the current mini-batch's `N / (G * P)` (set by ``optimize`` before its micro-batches)."""
+    sampling: dict | None = None
+    """`dynamic_sampling`'s metrics of this update (:mod:`trl_ext.ppo.dynamic_sampling`), reduced over processes."""
     reward_scores: object | None = None
     """With ``reward_funcs``: every reward of every completion (:class:`trl_ext.rewards.scoring.RewardScores`)."""
 
@@ -60,7 +64,11 @@ class MicroBatchOutput:
     """Temperature-scaled response logits (for the entropy statistic)."""
     ptx_loss: torch.Tensor | None = None
     kl_loss: torch.Tensor | None = None
-    """The k3 KL loss term before its coefficient (``kl_in="loss"`` only)."""
+    """The KL loss term before its coefficient (``kl_in="loss"`` only)."""
+    entropy: torch.Tensor | None = None
+    """Per-position entropy computed for the loss (``entropy_coef > 0``); the statistic then reuses it."""
+    entropy_loss: torch.Tensor | None = None
+    """The aggregated entropy bonus term before its coefficient (``entropy_coef > 0``)."""
 
 
 @dataclass
@@ -79,7 +87,9 @@ class UpdateStats:
     ptx_losses: list = field(default_factory=list)
     """Every ptx LM loss computed in the update (joint: one per micro-batch; separate: one per optimizer step)."""
     kl_losses: list = field(default_factory=list)
-    """Every k3 KL loss term of the update (``kl_in="loss"``: one per micro-batch)."""
+    """Every KL loss term of the update (``kl_in="loss"``: one per micro-batch)."""
+    objective: dict = field(default_factory=dict)
+    """Objective statistics by metric name, one value per micro-batch (:mod:`trl_ext.ppo.objectives`)."""
 
     def __post_init__(self):
         for name in ("approxkl", "pg_clipfrac", "pg_loss", "vf_loss", "vf_clipfrac", "entropy", "ratio"):
@@ -88,9 +98,12 @@ class UpdateStats:
     @torch.no_grad()
     def record(self, index: tuple[int, int, int], out: MicroBatchOutput) -> None:
         """Store one micro-batch's statistics (TRL's formulas; entropy from the temperature-scaled logits)."""
-        logits = out.logits
-        prob_dist = torch.nn.functional.softmax(logits, dim=-1)
-        entropy = torch.logsumexp(logits, dim=-1) - torch.sum(prob_dist * logits, dim=-1)
+        if out.entropy is not None:  # computed for the loss with the same formula
+            entropy = out.entropy.detach()
+        else:
+            logits = out.logits
+            prob_dist = torch.nn.functional.softmax(logits, dim=-1)
+            entropy = torch.logsumexp(logits, dim=-1) - torch.sum(prob_dist * logits, dim=-1)
         self.approxkl[index] = out.policy.approxkl
         self.pg_clipfrac[index] = out.policy.clipfrac
         self.pg_loss[index] = out.policy.loss
@@ -102,3 +115,8 @@ class UpdateStats:
             self.ptx_losses.append(out.ptx_loss.detach())
         if out.kl_loss is not None:
             self.kl_losses.append(out.kl_loss.detach())
+        extra = dict(out.policy.stats or {})
+        if out.entropy_loss is not None:
+            extra["loss/entropy_avg"] = out.entropy_loss
+        for name, value in extra.items():
+            self.objective.setdefault(name, []).append(value.detach())

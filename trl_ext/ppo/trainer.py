@@ -64,11 +64,13 @@ from .completions_log import log_completions
 from .config import PPOConfig
 from .critic_free import check_value_model, critic_free_advantages, critic_free_metrics, group_prompts, no_value_loss
 from .critic_free import repeat_prompts
+from .dynamic_sampling import resample_groups
 from .kl_controllers import KLController, build_kl_controller
-from .losses import kl_loss_k3, policy_loss, ptx_lm_loss, value_loss
+from .losses import ptx_lm_loss, value_loss
 from .masked_stats import masked_whiten
+from .objectives import ObjectiveConfig, kl_penalty, mini_batch_token_normalizer, objective_metrics, rollout_objective
 from .prompt_stream import PromptStream
-from .ptx_data import PtxStream, tokenize_ptx_dataset
+from .ptx_data import PtxStream, separate_ptx_step, tokenize_ptx_dataset
 from .reward_funcs import (
     attach_reward_scorer,
     begin_reward_scoring,
@@ -166,6 +168,7 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
         if args.fp16:  # the loss scaler needs float32 gradients (trl_ext.models.dtypes)
             float32_trainable_parameters(model, value_model)
 
+        kl_estimator, args.kl_estimator = args.kl_estimator, "k1"  # TRL 1.12's __init__ takes k1/k3 only
         super().__init__(
             args=args,
             processing_class=processing_class,
@@ -180,6 +183,8 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
             callbacks=callbacks,
             peft_config=peft_config,
         )
+        args.kl_estimator = kl_estimator
+        self.objective = ObjectiveConfig.from_args(args)  # the loss keys of trl_ext.ppo.objectives
         # Nothing below may touch the global torch/numpy RNGs: the parent left them exactly where its train() expects.
         attach_reward_scorer(self, reward_list)  # reward_funcs: the scorer (and its worker processes)
         group_prompts(self)  # num_samples_per_prompt > 1: local_batch_size / k prompts per update (same RNG after)
@@ -392,6 +397,7 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
             scored = self.check_finite("objective/scores", rollout.scores, "rollouts")
             if scored:
                 self.clip_scores(rollout)
+                rollout = resample_groups(self, rollout)  # dynamic_sampling: more rounds, informative groups only
                 kl_coef = float(self.kl_ctl.value)
                 self.compute_rewards(rollout, kl_coef)
                 self.compute_advantages(rollout)
@@ -586,11 +592,10 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
 
     def compute_rewards(self, rollout: Rollout, kl_coef: float) -> None:
         """Per-token rewards: `-kl_coef * KL_t` on every token, plus the score on the last one (then optional
-        whitening). KL_t is TRL's k1 (`log pi - log pi_ref`) or k3 estimator (http://joschu.net/blog/kl-approx.html).
+        whitening). KL_t: `args.kl_estimator` (:func:`trl_ext.ppo.objectives.kl_penalty`; default k1, as TRL).
         """
         args = self.args
-        logr = rollout.ref_logprobs - rollout.logprobs
-        kl = -logr if args.kl_estimator == "k1" else (logr.exp() - 1) - logr  # Else statement is k3
+        kl = kl_penalty(rollout.logprobs, rollout.ref_logprobs, self.objective.reward_kl_estimator)
         non_score_reward = -kl_coef * kl
         rewards = non_score_reward.clone()
         actual_start = torch.arange(rewards.size(0), device=rewards.device)
@@ -630,6 +635,8 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
                 range(0, args.local_batch_size, args.local_mini_batch_size)
             ):
                 mini_batch_inds = b_inds[mini_batch_start : mini_batch_start + args.local_mini_batch_size]
+                rollout.token_normalizer = mini_batch_token_normalizer(self.objective, rollout, mini_batch_inds,
+                                                                       args.gradient_accumulation_steps, accelerator)
                 for gradient_accumulation_idx, micro_batch_start in enumerate(
                     range(0, args.local_mini_batch_size, args.per_device_train_batch_size)
                 ):
@@ -654,7 +661,8 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
     def compute_micro_batch_loss(
         self, model, rollout: Rollout, micro_batch_inds, ptx_batch: dict | None = None
     ) -> MicroBatchOutput:
-        """Loss of one micro-batch: `pg_loss + vf_coef * vf_loss` (+ `ptx_coef * lm_loss` in joint ptx mode)."""
+        """Loss of one micro-batch: `pg_loss + vf_coef * vf_loss` (+ KL and entropy terms of the objective,
+        :func:`trl_ext.ppo.objectives.objective_terms`; + `ptx_coef * lm_loss` in joint ptx mode)."""
         args = self.args
         context_length = rollout.context_length
         padding_mask = rollout.padding_mask[micro_batch_inds]
@@ -671,20 +679,16 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
             vpred = torch.masked_fill(vpred_temp[:, context_length - 1 : -1].squeeze(-1), padding_mask_p1, 0)
             vf = value_loss(vpred, rollout.values[micro_batch_inds], rollout.returns[micro_batch_inds],
                             ~padding_mask_p1, args.cliprange_value, args.value_clip)
-        pg = policy_loss(
-            new_logprobs, rollout.logprobs[micro_batch_inds], rollout.advantages[micro_batch_inds], ~padding_mask,
-            args.cliprange,
-        )
-        loss = pg.loss + args.vf_coef * vf.loss
-        kl_loss = None
-        if args.kl_in == "loss":
-            kl_loss = kl_loss_k3(new_logprobs, rollout.ref_logprobs[micro_batch_inds], ~padding_mask)
-            loss = loss + rollout.kl_coef * kl_loss
+        obj = rollout_objective(self.objective, rollout, micro_batch_inds, new_logprobs, logits)
+        loss = obj.policy.loss + args.vf_coef * vf.loss
+        if obj.penalty is not None:  # kl_coef * KL (kl_in="loss") - entropy_coef * entropy
+            loss = loss + obj.penalty
         ptx_loss = None
         if ptx_batch is not None:
             ptx_loss = self.compute_ptx_loss(ptx_batch)
             loss = loss + args.ptx_coef * ptx_loss
-        return MicroBatchOutput(loss=loss, policy=pg, value=vf, logits=logits, ptx_loss=ptx_loss, kl_loss=kl_loss)
+        return MicroBatchOutput(loss=loss, policy=obj.policy, value=vf, logits=logits, ptx_loss=ptx_loss,
+                                kl_loss=obj.kl_loss, entropy=obj.entropy, entropy_loss=obj.entropy_loss)
 
     def next_ptx_batch(self) -> dict:
         """The next ptx micro-batch from `self.ptx_stream` (its own data order, cycled)."""
@@ -702,23 +706,8 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
         return ptx_lm_loss(logits, input_ids, attention_mask)
 
     def ptx_step(self) -> torch.Tensor:
-        """DeepSpeed-Chat's separate ptx step: backward of `ptx_coef * lm_loss` on one ptx batch, optimizer step.
-
-        Runs right after a PPO optimizer step. Only the policy gets gradients (the value head's stay None, so the
-        optimizer leaves it alone). Under several processes the policy gradients are averaged by hand, because this
-        forward does not go through the DistributedDataParallel wrapper.
-        """
-        lm_loss = self.compute_ptx_loss(self.next_ptx_batch())
-        self.step_guard.observe(lm_loss, "loss/ptx")
-        # accelerator.backward divides by gradient_accumulation_steps; this is one whole step, so undo it.
-        self.accelerator.backward(self.args.ptx_coef * lm_loss * self.accelerator.gradient_accumulation_steps)
-        if self.accelerator.num_processes > 1:
-            for param in self.accelerator.unwrap_model(self.model).policy.parameters():
-                if param.grad is not None:
-                    param.grad = self.accelerator.reduce(param.grad, reduction="mean")
-        self.optimizer_step()
-        self.optimizer.zero_grad()
-        return lm_loss.detach()
+        """DeepSpeed-Chat's separate ptx step (:func:`trl_ext.ppo.ptx_data.separate_ptx_step`); returns the LM loss."""
+        return separate_ptx_step(self)
 
     # ------------------------------------------------------------------ logging
 
@@ -752,6 +741,7 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
             metrics["objective/scores_clipfrac"] = gather(rollout.scores_clipfrac).mean().item()
         if stats.ptx_losses:
             metrics["loss/ptx_avg"] = gather(torch.stack(stats.ptx_losses).mean()).mean().item()
+        metrics.update(objective_metrics(rollout, stats, self.objective, self.accelerator))
         if self.args.critic_free:
             critic_free_metrics(metrics, rollout, stats, self.args, self.accelerator)
         metrics.update(reward_func_metrics(self, rollout))  # reward_funcs: rewards/*, reward, completions/*

@@ -78,6 +78,11 @@ RANGES: dict[str, str] = {
     "temperature": "(0, inf)",
     "total_episodes": "[1, inf)",
     "num_ppo_epochs": "[1, inf)",
+    # trl_ext.PPOConfig's objective keys (trl_ext.ppo.objectives)
+    "cliprange_low": "[0, 1]",
+    "dual_clip": "(1, inf)",
+    "delta": "(1, inf)",
+    "max_sampling_rounds": "[1, inf)",
     "num_mini_batches": "[1, inf)",
     "cliprange": "(0, inf)",
     "gamma": "[0, 1]",

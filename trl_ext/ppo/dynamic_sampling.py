@@ -1,0 +1,173 @@
+"""Dynamic sampling (DAPO, Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", sec.
+3.2): an update trains only on groups whose scores differ, sampling more prompts until its batch is full.
+
+With a group estimator (RLOO, GRPO, REINFORCE++-baseline) a group whose `k` scores are all equal has advantage 0
+(up to the KL in the reward): it costs a generation and a backward for no policy gradient. With
+`PPOConfig.dynamic_sampling`, :func:`resample_groups` (called by the trainer after the first round is scored)
+
+1. keeps the groups with unequal scores (:func:`informative_groups`);
+2. while some process has fewer than `local_batch_size / k` of them and fewer than `max_sampling_rounds` rounds ran,
+   draws the next prompt batch (`next_prompt_batch`), generates, scores and keeps its informative groups (the
+   number of rounds is the same on every process: the loop runs while any process is short);
+3. takes the first `local_batch_size / k` informative groups in the order they came; a batch still short is filled
+   with dropped groups (first come, first used), so every update has the same shape.
+
+Rounds of different prompt lengths are joined by :func:`concat_rollouts` (queries left-padded, responses
+right-padded, as the trainer pads them). Metrics (`rollout.sampling`): `sampling/rounds`, `sampling/groups_dropped`
+and `sampling/groups_refilled` (summed over processes) and `sampling/completions` (completions generated in the
+update, all processes; the batch trains on `batch_size` of them). `episode` counts trained episodes as before; the
+later rounds' generation and scoring time counts in `time/scoring`.
+
+The rounds go through the trainer's own steps, so a subclass's `compute_scores` and the reward functions score them
+too (with the round's prompts and dataset columns); the reward functions' per-completion results
+(`rollout.reward_scores`: rewards, prompts, completions, logged extra columns) follow the selected episodes, their
+timeout and error counts and `log_metric` values cover every round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from .reward_funcs import begin_reward_scoring
+from .sequences import INVALID_LOGPROB
+
+__all__ = ["concat_rollouts", "informative_groups", "resample_groups", "select_rows"]
+
+_RIGHT_PAD = {"responses": "pad", "postprocessed_responses": "pad", "logprobs": INVALID_LOGPROB,
+              "ref_logprobs": INVALID_LOGPROB, "values": 0.0, "padding_mask": True, "padding_mask_p1": True}
+"""What fills a `(batch, T)` field's new positions when responses of different lengths are joined."""
+_PER_ROUND = {"names": lambda values: values[0],
+              "timeouts": lambda values: [sum(c) for c in zip(*values)],
+              "errors": lambda values: [sum(c) for c in zip(*values)],
+              "logged_metrics": lambda values: {k: [x for v in values for x in v.get(k, [])] for k in values[0]}}
+"""Fields of a nested dataclass (the reward functions' `RewardScores`) that hold one value per round, not per episode
+(names of the rewards, counts of timeouts and errors, values logged by `log_metric`): how rounds combine."""
+
+
+def informative_groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``(batch / k,)`` bool: True for the groups (k consecutive rows) whose scores are not all equal."""
+    grouped = scores.view(-1, group_size)
+    return ~(grouped == grouped[:, :1]).all(1)
+
+
+def select_rows(value, rows: torch.Tensor, batch: int):
+    """``value`` restricted to ``rows`` when it has one entry per episode (tensor or list), recursing into dicts."""
+    if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == batch:
+        return value[rows.to(value.device)]
+    if isinstance(value, list) and len(value) == batch:
+        return [value[i] for i in rows.tolist()]
+    if isinstance(value, dict):
+        return {key: select_rows(item, rows, batch) for key, item in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: select_rows(getattr(value, f.name), rows, batch)
+                                             for f in dataclasses.fields(value) if f.name not in _PER_ROUND})
+    return value
+
+
+def _join(name, values, batch_sizes, context_pads, width, pad_token_id):
+    first = values[0]
+    if first is None:
+        return None
+    if isinstance(first, dict):
+        return {key: _join(key, [v[key] for v in values], batch_sizes, context_pads, width, pad_token_id)
+                for key in first}
+    if dataclasses.is_dataclass(first) and not isinstance(first, type):
+        return dataclasses.replace(first, **{
+            f.name: _PER_ROUND[f.name]([getattr(v, f.name) for v in values]) if f.name in _PER_ROUND
+            else _join(f.name, [getattr(v, f.name) for v in values], batch_sizes, context_pads, width, pad_token_id)
+            for f in dataclasses.fields(first)})
+    if isinstance(first, list) and all(len(v) == n for v, n in zip(values, batch_sizes)):
+        return [item for v in values for item in v]
+    if not torch.is_tensor(first):
+        return first
+    if first.dim() == 0:  # a per-process statistic (e.g. scores_clipfrac): weighted by each round's size
+        return sum(v * n for v, n in zip(values, batch_sizes)) / sum(batch_sizes)
+    if not all(v.shape[0] == n for v, n in zip(values, batch_sizes)):
+        return first
+    if name in ("queries", "query_responses"):  # left-pad the prompt part to the longest context
+        values = [F.pad(v, (pad, 0), value=pad_token_id) for v, pad in zip(values, context_pads)]
+        if name == "query_responses":
+            longest = max(v.shape[1] for v in values)
+            values = [F.pad(v, (0, longest - v.shape[1]), value=pad_token_id) for v in values]
+    elif name in _RIGHT_PAD and first.dim() == 2:
+        fill = pad_token_id if _RIGHT_PAD[name] == "pad" else _RIGHT_PAD[name]
+        values = [F.pad(v, (0, width - v.shape[1]), value=fill) for v in values]
+    return torch.cat(values, 0)
+
+
+def concat_rollouts(rollouts: list, pad_token_id: int):
+    """One rollout of the episodes of several (scored) rollouts, in order. Per-episode fields are concatenated;
+    queries are left-padded with ``pad_token_id`` to the longest context, responses and their per-token fields
+    right-padded to the longest response (pad token, ``INVALID_LOGPROB`` log-probs, value 0, padding masks True);
+    a per-process scalar statistic becomes the mean over all episodes."""
+    if len(rollouts) == 1:
+        return rollouts[0]
+    context = max(r.context_length for r in rollouts)
+    width = max(r.responses.shape[1] for r in rollouts)
+    sizes = [r.responses.shape[0] for r in rollouts]
+    pads = [context - r.context_length for r in rollouts]
+    joined = {f.name: _join(f.name, [getattr(r, f.name) for r in rollouts], sizes, pads, width, pad_token_id)
+              for f in dataclasses.fields(rollouts[0]) if f.name != "context_length"}
+    return dataclasses.replace(rollouts[0], context_length=context, **joined)
+
+
+def _subset(rollout, rows: torch.Tensor):
+    batch = rollout.responses.shape[0]
+    return dataclasses.replace(rollout, **{f.name: select_rows(getattr(rollout, f.name), rows, batch)
+                                           for f in dataclasses.fields(rollout) if f.name != "context_length"})
+
+
+def _group_rows(groups: torch.Tensor, k: int) -> torch.Tensor:
+    return (groups.unsqueeze(1) * k + torch.arange(k, device=groups.device)).reshape(-1)
+
+
+def resample_groups(trainer, rollout):
+    """The update's rollout under `dynamic_sampling` (see the module docstring); ``rollout`` unchanged when off.
+
+    ``rollout`` is the first round, scored and clipped. Later rounds go through the trainer's own steps
+    (`next_prompt_batch`, `generate_rollouts`, `score_rollouts`, `check_finite`, `clip_scores`); a round whose scores
+    are not finite is dropped whole under `nonfinite_policy: skip`.
+    """
+    args = trainer.args
+    if not args.dynamic_sampling:
+        return rollout
+    accelerator, k = trainer.accelerator, args.num_samples_per_prompt
+    wanted = args.local_batch_size // k
+    kept, dropped, generated, rounds = [], [], [rollout.responses.shape[0]], 1
+
+    def split(part):
+        informative = informative_groups(part.scores, k)
+        groups = torch.arange(informative.shape[0], device=informative.device)
+        if informative.any():
+            kept.append(_subset(part, _group_rows(groups[informative], k)))
+        if (~informative).any():
+            dropped.append(_subset(part, _group_rows(groups[~informative], k)))
+
+    def count(parts):
+        return sum(p.responses.shape[0] for p in parts) // k
+
+    split(rollout)
+    while rounds < args.max_sampling_rounds:
+        short = torch.tensor(float(wanted - min(count(kept), wanted)), device=accelerator.device)
+        if accelerator.gather(short.reshape(1)).max().item() == 0:
+            break
+        data = trainer.next_prompt_batch()
+        begin_reward_scoring(trainer, data)  # reward_funcs: this round's prompts and dataset columns
+        part = trainer.generate_rollouts(data["input_ids"].to(accelerator.device))
+        trainer.score_rollouts(part)
+        rounds += 1
+        generated.append(part.responses.shape[0])
+        if trainer.check_finite("objective/scores", part.scores, "rollouts", where=f" (sampling round {rounds})"):
+            trainer.clip_scores(part)
+            split(part)
+    refill = max(0, wanted - count(kept))
+    joined = concat_rollouts(kept + dropped, trainer.processing_class.pad_token_id)
+    out = _subset(joined, torch.arange(wanted * k, device=joined.responses.device))
+    totals = accelerator.gather(torch.tensor([[float(count(dropped) - refill), float(refill), float(sum(generated))]],
+                                             device=accelerator.device)).sum(0)
+    out.sampling = {"sampling/rounds": rounds, "sampling/groups_dropped": totals[0].item(),
+                    "sampling/groups_refilled": totals[1].item(), "sampling/completions": totals[2].item()}
+    return out
