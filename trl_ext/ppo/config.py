@@ -193,6 +193,7 @@ class PPOConfig(EngineOnCPUArgsMixin, NonFinitePolicyArgs, ParentPPOConfig):
 
     def __post_init__(self):
         # engine limits first: before accelerate's state is set up for that engine
+        check_rollout_engine(self)
         if launched_engine() == FSDP:
             raise UserInputError(
                 "PPO does not run under FSDP: TRL's PPO generates with the policy inside the sharded model without "
@@ -207,7 +208,6 @@ class PPOConfig(EngineOnCPUArgsMixin, NonFinitePolicyArgs, ParentPPOConfig):
             )
         super().__post_init__()
         self.local_rollout_forward_batch_size = rollout_chunk_value(self.local_rollout_forward_batch_size)
-        check_rollout_engine(self)
         if self.max_memory_gib is not None and not self.max_memory_gib > 0:
             raise UserInputError(f"max_memory_gib: must be positive (GiB), got {self.max_memory_gib!r}")
         if self.local_rollout_forward_batch_size == AUTO and self.max_memory_gib is None and self.use_cpu:
