@@ -74,6 +74,11 @@ def test_config_refusals_in_one_line(tmp_path, monkeypatch):
     with pytest.raises(UserInputError) as err:
         trl_ext.PPOConfig(rollout_engine="vllm", **kwargs)
     assert str(err.value) == "rollout_engine: unknown value 'vllm'; use one of generate, continuous_batching, auto"
+    from trl_ext.recipes.loader import resolve_recipe
+
+    out = ["--output_dir", str(tmp_path / "out"), "--use_cpu", "true", "--reward_model_path", "tiny://reward"]
+    recipe = resolve_recipe("recipes/demo/ppo.yaml", out + ["--rollout_engine", "auto"])
+    assert recipe.training_args.rollout_engine == "auto"
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
     with pytest.raises(UserInputError) as err:
