@@ -48,6 +48,7 @@ cannot page (no ``sdpa``/``eager``/flash attention).
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 from dataclasses import dataclass
@@ -208,9 +209,10 @@ class EngineCachePlan:
         """Keyword arguments of ``transformers.ContinuousBatchingConfig``. ``max_memory_percent=1.0``: the sizes are
         fixed here; transformers only checks that they fit the device's free memory. Prefix sharing stays on
         (the samples of one prompt, ``num_samples_per_prompt``, share its KV); :meth:`ContinuousBatchingRollout.sample`
-        empties the prefix ledger before each rollout, so no KV of an earlier policy is reused."""
+        empties the prefix ledger before each rollout, so no KV of an earlier policy is reused. No CUDA graphs: a
+        graph would freeze what the policy's Python decides per call (which adapter is active on a shared base)."""
         return dict(page_size=self.page_size, num_blocks=self.num_blocks, max_batch_tokens=self.max_batch_tokens,
-                    max_requests_per_batch=self.chunk, max_memory_percent=1.0)
+                    max_requests_per_batch=self.chunk, max_memory_percent=1.0, use_cuda_graph=False)
 
 
 def engine_cache_plan(chunk: int, prompt_length: int, response_length: int, page_size: int = PAGE_SIZE
@@ -305,6 +307,7 @@ class ContinuousBatchingRollout:
         # the manager switched the attention to a paged one; stop() restores it, start() switches again
         self._restore_attention(manager)
         self.manager, self._model, self._config_key = manager, model, key
+        atexit.register(self.close)  # free the cache while the interpreter is whole (its __del__ needs torch)
         return manager
 
     @staticmethod
