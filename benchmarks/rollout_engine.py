@@ -3,18 +3,21 @@ tolerance between the engine's log-probs and the trainer's teacher-forced ones (
 
 Model: a random Llama (hidden 256, 4 layers, vocabulary 2048, built in memory) whose EOS probability is set by hand
 (:func:`build_model`): an embedding dimension held at a constant carries through the residual stream, and only the EOS
-row of the LM head reads it, so every step stops a response with probability ~1/60 (mean length ~60 tokens,
+row of the LM head reads it, so every step stops a response with probability ~1/50 (mean length ~50 tokens,
 geometric spread) while the other tokens stay near-uniform. Two workloads, 32 prompts of 8-64 random tokens, sampling
-at temperature 1: **uneven** (EOS stops responses, up to 256 new tokens) and **fixed** (no stop token: every response
-runs to 128 tokens, what TRL's PPO does without `stop_token`). Variants: `generate` on the whole batch (chunk 32),
+at temperature 1: **uneven** (EOS stops responses, up to 192 new tokens) and **fixed** (no stop token: every response
+runs to 96 tokens, what TRL's PPO does without `stop_token`). Variants: `generate` on the whole batch (chunk 32),
 `generate` in chunks of 8, continuous batching with the cache of one chunk of 32 and of 8
 (:func:`trl_ext.ppo.rollout_engine.engine_cache_plan`), each with and without a LoRA adapter (r 16 on q/k/v/o).
 
 - **tokens/s**: response tokens up to and including the stop token (what the trainer keeps) per second of rollout,
   in one process, variants alternating (A B C D, B C D A, ...; `_common.alternate`) after one warm-up call each;
   the ratio to `generate` (whole batch) is the median of the per-repeat ratios.
-- **peak memory**: one fresh child process per variant (`_common.run_child`); the peak RSS growth over the RSS
-  before the timed rollout (the second call: the engine's cache is built by the first and kept).
+- **peak memory**: one fresh child process per variant (`_common.run_child`); the peak RSS growth over two
+  rollouts from the RSS before the first (which builds the engine's cache; kept for the run, so it counts).
+
+`--threshold`: the auto rule's response-length threshold (continuous batching vs `generate` as `response_length`
+grows, uneven lengths). `--memory-only`: only the children.
 
 `--tolerance`: max |engine log-prob - teacher-forced log-prob| over the positions the trainer keeps, CPU float32,
 temperatures 0.7/1.0/1.3 with a stop token, tiny and this model, with and without LoRA; the same for `generate`'s
@@ -96,15 +99,19 @@ def prompts(n=32, low=8, high=64, vocab=2048, seed=1):
 def generation_config(response_length, stop, temperature=1.0, **extra):
     from transformers import GenerationConfig
 
-    return GenerationConfig(max_new_tokens=response_length, do_sample=True, temperature=temperature + 1e-7,
-                            top_k=0, top_p=1.0, eos_token_id=EOS if stop else None, pad_token_id=PAD, **extra)
+    return GenerationConfig(**{"max_new_tokens": response_length, "do_sample": True, "temperature": temperature + 1e-7,
+                               "top_k": 0, "top_p": 1.0, "eos_token_id": EOS if stop else None, "pad_token_id": PAD,
+                               **extra})
 
 
-def kept_tokens(query_responses, context_length):
-    """Response tokens the trainer keeps: up to and including the first EOS, before any pad."""
+def kept_tokens(query_responses, context_length, stop=True):
+    """Response tokens the trainer keeps: before the first pad, after truncating at the first EOS if `stop` (with no
+    stop token TRL's PPO keeps every token)."""
     from trl_ext.ppo.sequences import first_true_indices, truncate_response
 
-    responses = truncate_response(EOS, PAD, query_responses[:, context_length:])
+    responses = query_responses[:, context_length:]
+    if stop:
+        responses = truncate_response(EOS, PAD, responses)
     return int((first_true_indices(responses == PAD)).sum())
 
 
@@ -121,32 +128,76 @@ def rollout_fn(model, queries, engine, chunk, config):
     return lambda: cb.sample(base, queries, PAD, config)[:2]
 
 
-def timed(fn, context_length):
+def timed(fn, context_length, stop=True):
     start = time.perf_counter()
     query_responses, _ = fn()
     seconds = time.perf_counter() - start
-    tokens = kept_tokens(query_responses, context_length)
+    tokens = kept_tokens(query_responses, context_length, stop)
     return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
             "mean_length": tokens / query_responses.shape[0]}
 
 
 def child(args) -> None:
-    """One variant, fresh process: peak RSS growth of the second rollout (the first builds the engine's cache)."""
+    """One variant, fresh process: peak RSS growth over two rollouts, from the RSS before the first (which builds
+    the engine's cache, kept for the second: a continuous-batching run holds it all run, so it counts)."""
     import torch
 
     engine, chunk = VARIANTS[args.variant]
     model = build_model(lora=args.lora)
     queries = prompts()
     fn = rollout_fn(model, queries, engine, chunk, generation_config(**WORKLOADS[args.workload]))
-    torch.manual_seed(0)
-    fn()
     trim_heap()
     before = rss_mb()
     reset_peak_rss()
-    result = timed(fn, queries.shape[1])
+    torch.manual_seed(0)
+    fn()
+    result = timed(fn, queries.shape[1], WORKLOADS[args.workload]["stop"])
     result["peak_growth_mb"] = peak_rss_mb() - before
     result["rss_before_mb"] = before
     child_result(result)
+
+
+def memory_runs(workloads=WORKLOADS) -> dict:
+    """Every variant in a fresh child process (see :func:`child`)."""
+    script = Path(__file__).resolve()
+    out = {}
+    for workload in workloads:
+        for lora in (False, True):
+            for variant in VARIANTS:
+                extra = ["--lora"] if lora else []
+                out[(workload, lora, variant)] = run_child(
+                    script, ["--child", "--variant", variant, "--workload", workload, *extra])
+                print(f"  memory {workload} lora={lora} {variant}: {out[(workload, lora, variant)]['peak_growth_mb']:.1f}"
+                      " MiB", flush=True)
+    return out
+
+
+def threshold(args) -> list[dict]:
+    """The auto rule's response-length threshold: uneven lengths (EOS ~1/50 per step, so short limits cut most
+    responses: lengths bunch at the limit), continuous batching (cache of 32) vs generate (whole batch), by
+    response_length, alternating in this process."""
+    import torch
+
+    model = build_model()
+    queries = prompts()
+    rows = []
+    for response_length in (16, 32, 64, 128):
+        config = generation_config(response_length, True)
+        fns = {name: rollout_fn(model, queries, *VARIANTS[name], config)
+               for name in ("generate (whole batch)", "continuous batching (cache of 32)")}
+        torch.manual_seed(0)
+        for fn in fns.values():
+            fn()
+        runs = alternate({name: (lambda fn=fn: timed(fn, queries.shape[1])) for name, fn in fns.items()},
+                         args.repeats)
+        gen = [r["tokens_per_s"] for r in runs["generate (whole batch)"]]
+        cb = [r["tokens_per_s"] for r in runs["continuous batching (cache of 32)"]]
+        rows.append({"response_length": response_length, "generate_tokens_per_s": median(gen),
+                     "cb_tokens_per_s": median(cb), "ratio": median(ratios(cb, gen)),
+                     "ratios": ratios(cb, gen),
+                     "mean_length": median([r["mean_length"] for r in runs["generate (whole batch)"]])})
+        print(rows[-1], flush=True)
+    return rows
 
 
 def speed(args) -> dict:
@@ -164,7 +215,7 @@ def speed(args) -> dict:
             torch.manual_seed(0)
             for fn in fns.values():
                 fn()  # warm-up; builds the engines' caches
-            runs = {name: (lambda fn=fn: timed(fn, queries.shape[1])) for name, fn in fns.items()}
+            runs = {name: (lambda fn=fn: timed(fn, queries.shape[1], spec["stop"])) for name, fn in fns.items()}
             out[f"{workload}, {'LoRA' if lora else 'no LoRA'}"] = alternate(runs, args.repeats)
             print(f"  timed {workload} lora={lora} (load {load_average()})", flush=True)
     return out
@@ -184,7 +235,7 @@ def tolerance(args) -> dict:
         return torch.arange(responses.shape[1]) <= lengths.unsqueeze(1)
 
     rows = []
-    models = {"tiny (hidden 64, 2 layers, vocab 365-like)": dict(hidden=64, layers=2, vocab=384),
+    models = {"tiny (hidden 64, 2 layers, vocab 384)": dict(hidden=64, layers=2, vocab=384),
               "bench (hidden 256, 4 layers, vocab 2048)": dict(hidden=256, layers=4, vocab=2048)}
     for model_name, shape in models.items():
         for lora in (False, True):
@@ -222,6 +273,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--tolerance", action="store_true", help="only the log-prob tolerance study")
     parser.add_argument("--no-memory", action="store_true", help="skip the fresh-process memory runs")
+    parser.add_argument("--memory-only", action="store_true", help="only the fresh-process memory runs")
+    parser.add_argument("--threshold", action="store_true", help="only the auto rule's response-length study")
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--variant", help=argparse.SUPPRESS)
@@ -231,6 +284,23 @@ def main() -> None:
     setup_env()
     if args.child:
         return child(args)
+    if args.threshold:
+        rows = threshold(args)
+        print_table(["response_length", "mean length", "generate tokens/s", "continuous batching tokens/s",
+                     "ratio (median)", "per-repeat"],
+                    [[r["response_length"], f"{r['mean_length']:.0f}", f"{r['generate_tokens_per_s']:.0f}",
+                      f"{r['cb_tokens_per_s']:.0f}", f"{r['ratio']:.2f}",
+                      "-".join(f"{x:.2f}" for x in (min(r["ratios"]), max(r["ratios"])))] for r in rows])
+        write_result("rollout_engine_threshold", {"repeats": args.repeats}, rows, out=args.out)
+        return
+    if args.memory_only:
+        memory = memory_runs()
+        print_table(["workload", "LoRA", "engine", "peak RSS growth (MiB)", "tokens/s (this child)"],
+                    [[w, "LoRA" if lora else "no LoRA", v, f"{r['peak_growth_mb']:.1f}", f"{r['tokens_per_s']:.0f}"]
+                     for (w, lora, v), r in memory.items()])
+        write_result("rollout_engine_memory", {}, {" / ".join(map(str, k)): v for k, v in memory.items()},
+                     out=args.out)
+        return
     if args.tolerance:
         rows = tolerance(args)
         temp_only = [r for r in rows if r["sampling"] == "temperature only"]
@@ -242,15 +312,7 @@ def main() -> None:
         return
     t0 = time.time()
     timings = speed(args)
-    memory = {}
-    if not args.no_memory:
-        script = Path(__file__).resolve()
-        for workload in WORKLOADS:
-            for lora in (False, True):
-                for variant in VARIANTS:
-                    extra = ["--lora"] if lora else []
-                    memory[(workload, lora, variant)] = run_child(
-                        script, ["--child", "--variant", variant, "--workload", workload, *extra])
+    memory = {} if args.no_memory else memory_runs()
     rows = []
     for key, runs in timings.items():
         workload, lora = key.split(", ")
