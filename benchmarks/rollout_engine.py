@@ -74,7 +74,7 @@ def build_model(hidden=256, layers=4, vocab=2048, lora=False, seed=0):
         probe = torch.randint(3, vocab, (4, 32), generator=torch.Generator().manual_seed(seed))
         normed = model.model.norm(model.model(input_ids=probe).last_hidden_state)[..., k]
         model.lm_head.weight[EOS, k] = EOS_LOGIT / float(normed.mean())  # EOS logit ~EOS_LOGIT at every step
-    model.generation_config.eos_token_id = EOS
+    model.generation_config.eos_token_id = None  # as TRL's PPO sets it without a stop token; the workloads pass EOS
     model.generation_config.pad_token_id = PAD
     if lora:
         from peft import LoraConfig, get_peft_model
@@ -200,7 +200,7 @@ def threshold(args) -> list[dict]:
     return rows
 
 
-def speed(args) -> dict:
+def speed(args, workloads=WORKLOADS) -> dict:
     """Tokens/s of every variant, alternating in this process, per workload and LoRA setting."""
     import torch
 
@@ -208,7 +208,7 @@ def speed(args) -> dict:
     for lora in (False, True):
         model = build_model(lora=lora)
         queries = prompts()
-        for workload, spec in WORKLOADS.items():
+        for workload, spec in workloads.items():
             config = generation_config(**spec)
             fns = {name: rollout_fn(model, queries, engine, chunk, config) for name, (engine, chunk) in
                    VARIANTS.items()}
@@ -271,6 +271,7 @@ def tolerance(args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of uneven,fixed")
     parser.add_argument("--tolerance", action="store_true", help="only the log-prob tolerance study")
     parser.add_argument("--no-memory", action="store_true", help="skip the fresh-process memory runs")
     parser.add_argument("--memory-only", action="store_true", help="only the fresh-process memory runs")
@@ -311,8 +312,9 @@ def main() -> None:
         write_result("rollout_engine_tolerance", {}, rows, out=args.out)
         return
     t0 = time.time()
-    timings = speed(args)
-    memory = {} if args.no_memory else memory_runs()
+    workloads = {name: WORKLOADS[name] for name in args.workloads.split(",")}
+    timings = speed(args, workloads)
+    memory = {} if args.no_memory else memory_runs(workloads)
     rows = []
     for key, runs in timings.items():
         workload, lora = key.split(", ")
