@@ -3,7 +3,8 @@ three trainers with LoRA and the extensions on, under whatever engine CONFIG nam
 
 Usage: engine_script.py TINY_MODELS_DIR OUT_DIR RUN[,RUN...] [--gpu] with runs from `reward` (ranked data + label
 smoothing), `dpo` (cDPO), `ppo` (LoRA policy, adaptive KL, joint ptx; 3 updates, checkpoint at update 2) and
-`ppo_resumed` (PPO resumed from that checkpoint by a fresh trainer), in that order, and `ppo_recipe` (the PPO demo
+`ppo_resumed` (PPO resumed from that checkpoint by a fresh trainer), in that order, `ppo_reward_funcs` (GRPO with a
+reward function and no reward model, as in ddp_script.py), and `ppo_recipe` (the PPO demo
 recipe through trl_ext.recipes.pipeline, as `trl-ext train` runs it: a full policy, whose reference TRL copies, 2
 updates, fp32; needs TRL_EXT_TINY_DIR and the repository as working directory). The settings are those of
 tests/runtime/ddp_script.py, so a DDP launch of this script gives the reference numbers. `--gpu` (used by
@@ -35,7 +36,7 @@ torch.set_num_threads(1)
 from ddp_script import hf_args, lora, rows  # noqa: E402
 from ppo_helpers import config_kwargs, left_tokenizer, load_models, prompt_dataset, ptx_dataset, seed_all  # noqa: E402
 
-RUNS = ("reward", "dpo", "ppo", "ppo_resumed", "ppo_recipe")
+RUNS = ("reward", "dpo", "ppo", "ppo_resumed", "ppo_recipe", "ppo_reward_funcs")
 ON_GPU = "--gpu" in sys.argv[4:]
 
 
@@ -202,6 +203,12 @@ def main():
                 result[run] = run_ppo(tiny, out, resume=str(out / "ppo" / "checkpoint-2"))
             elif run == "ppo_recipe":
                 result[run] = run_ppo_recipe(out)
+            elif run == "ppo_reward_funcs":
+                from ddp_script import run_ppo_reward_funcs
+
+                result[run] = run_ppo_reward_funcs(
+                    tiny, left_tokenizer(tiny), out, use_cpu=not ON_GPU,
+                    facts=lambda t: engine_facts(t, t.model, t.accelerator.unwrap_model(t.model)))
             else:
                 raise ValueError(f"unknown run {run!r}; use {RUNS}")
         except Exception as err:  # recorded for the matrix; the test fails on it

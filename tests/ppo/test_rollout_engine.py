@@ -188,6 +188,7 @@ def ppo_trainer(tiny_models, tok, tmp_path, trainer_class=None, **overrides):
 
     seed_all(0)
     shared = overrides.pop("shared_adapter", None)
+    reward_funcs = overrides.pop("reward_funcs", None)
     policy = AutoModelForCausalLM.from_pretrained(tiny_models.policy)
     kwargs = config_kwargs(tmp_path, num_sample_generations=0, total_episodes=8, num_ppo_epochs=1, response_length=12,
                            rollout_engine="continuous_batching")
@@ -202,11 +203,14 @@ def ppo_trainer(tiny_models, tok, tmp_path, trainer_class=None, **overrides):
         reward = add_scalar_adapter(policy, "reward", source=shared, trainable=False)
         value = add_scalar_adapter(policy, "value", source=shared, trainable=True)
         peft_config = None
+    elif reward_funcs is not None:
+        reward, value = None, None
     else:
         reward, value = AutoModelForSequenceClassification.from_pretrained(tiny_models.reward), None
+    extra = {} if reward_funcs is None else {"reward_funcs": reward_funcs}
     return (trainer_class or trl_ext.PPOTrainer)(
         args=trl_ext.PPOConfig(**kwargs), processing_class=tok, model=policy, ref_model=None, reward_model=reward,
-        train_dataset=prompt_dataset(tok, n=8), value_model=value, peft_config=peft_config,
+        train_dataset=prompt_dataset(tok, n=8), value_model=value, peft_config=peft_config, **extra,
     )
 
 
@@ -228,9 +232,10 @@ def test_ppo_gae_on_a_shared_base(tiny_models, tok, tmp_path, reward_adapter):
     first_update_is_on_policy(trainer)
 
 
-def test_ppo_critic_free_with_top_k_recomputes_logprobs(tiny_models, tok, tmp_path):
+def test_ppo_critic_free_with_top_k_and_a_reward_function(tiny_models, tok, tmp_path):
     """top-k sampling: the engine's log-probs (of the truncated distribution) are replaced by a teacher-forced
-    forward; the first update is then on-policy (with TRL's generate path and top-k it is not: ratio != 1)."""
+    forward; the first update is then on-policy (with TRL's generate path and top-k it is not: ratio != 1). The
+    reward function gets each completion's ids up to its stop token, as with generate."""
     import trl_ext
 
     class TopK(trl_ext.PPOTrainer):
@@ -238,9 +243,21 @@ def test_ppo_critic_free_with_top_k_recomputes_logprobs(tiny_models, tok, tmp_pa
             super().init_data_streams()
             self.generation_config.top_k = 20
 
+    lengths = []
+
+    def length(completion_ids, **kwargs):
+        lengths.append([len(ids) for ids in completion_ids])
+        return [len(ids) / 64 for ids in completion_ids]
+
     trainer = ppo_trainer(tiny_models, tok, tmp_path, trainer_class=TopK, advantage_estimator="rloo",
-                          num_samples_per_prompt=2, rollout_engine="auto", stop_token="eos", response_length=64)
+                          num_samples_per_prompt=2, rollout_engine="auto", stop_token="eos", response_length=64,
+                          reward_funcs=[length])
     assert trainer.rollout_engine_choice.engine == "continuous_batching"  # auto: stop token, 64 tokens
     trainer.train()
     assert trainer.rollout_engine.logprobs_from_engine is False
     first_update_is_on_policy(trainer)
+    logs = update_logs(trainer)
+    assert [len(x) for x in lengths] == [4, 4]
+    for log, seen in zip(logs, lengths):
+        assert log["completions/mean_length"] == pytest.approx(sum(seen) / len(seen))
+        assert log["rewards/length/mean"] == pytest.approx(sum(seen) / len(seen) / 64)

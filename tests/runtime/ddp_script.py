@@ -1,7 +1,8 @@
 """Run by test_ddp.py under `torchrun --nproc_per_node 2`: the three trainers with LoRA and the extensions on.
 
 Usage: ddp_script.py TINY_MODELS_DIR OUT_DIR. In order: a reward model (ranked data + label smoothing), DPO (cDPO),
-PPO (adaptive KL + joint ptx) for 3 updates with a checkpoint at update 2, and PPO resumed from that checkpoint.
+PPO (adaptive KL + joint ptx) for 3 updates with a checkpoint at update 2, PPO resumed from that checkpoint, and
+GRPO with a reward function (no reward model) that records the columns each rank sees.
 Each rank writes OUT_DIR/rank{N}.json: per run, a checksum of its trainable weights and what the test compares.
 """
 
@@ -111,6 +112,43 @@ def run_ppo(tiny, tok, out, resume=None):
     }
 
 
+RECORDED = []
+
+
+def answer_length_reward(prompts, completions, completion_ids, answer, trainer_state, **kwargs):
+    """Records what this rank's reward function sees; rewards the responses' length (a learnable signal)."""
+    RECORDED.append({"prompts": list(prompts), "answer": list(answer), "step": trainer_state.global_step})
+    return [float(len(ids)) for ids in completion_ids]
+
+
+def run_ppo_reward_funcs(tiny, tok, out, use_cpu=True, facts=None):
+    """GRPO with k = 2 and a reward function only: each rank's columns must travel with its own prompts.
+    (Also run by tests/engines/engine_script.py under DeepSpeed: `facts(trainer)` adds the engine's facts.)"""
+    from datasets import Dataset
+
+    from trl_ext import PPOConfig, PPOTrainer
+
+    seed_all(0)
+    policy, _, _ = load_models(tiny)
+    data = prompt_dataset(tok, n=16)
+    ids = [list(row) for row in data["input_ids"]]
+    texts = tok.batch_decode(ids, skip_special_tokens=True)
+    data = Dataset.from_dict({"input_ids": ids, "prompt": texts, "answer": [str(i) for i in range(16)]})
+    kwargs = config_kwargs(out / "ppo_rf", gradient_accumulation_steps=1, per_device_train_batch_size=4,
+                           total_episodes=16, num_sample_generations=0, advantage_estimator="grpo",
+                           num_samples_per_prompt=2, use_cpu=use_cpu)
+    trainer = PPOTrainer(args=PPOConfig(**kwargs), processing_class=tok, model=policy, ref_model=None,
+                         reward_model=None, train_dataset=data, value_model=None, peft_config=lora(None),
+                         reward_funcs=answer_length_reward)
+    trainer.train()
+    logs = [e for e in trainer.state.log_history if "objective/kl" in e]
+    result = facts(trainer) if facts else {"checksum": checksum(trainer.accelerator.unwrap_model(trainer.model)),
+                                            "world_size": trainer.accelerator.num_processes}
+    return {**result, "calls": RECORDED,
+            "prompt_of": dict(zip(data["answer"], texts)), "reward_mean": [e["rewards/answer_length_reward/mean"]
+                                                                            for e in logs]}
+
+
 def main():
     from trl_ext.testing import TinyModels
 
@@ -123,6 +161,7 @@ def main():
     tok = left_tokenizer(tiny)
     result["ppo"] = run_ppo(tiny, tok, out)
     result["ppo_resumed"] = run_ppo(tiny, tok, out, resume=str(out / "ppo" / "checkpoint-2"))
+    result["ppo_reward_funcs"] = run_ppo_reward_funcs(tiny, tok, out)
     result["rank"] = int(os.environ.get("RANK", "0"))
     (out / f"rank{result['rank']}.json").write_text(json.dumps(result))
 

@@ -8,7 +8,7 @@ def ranks(ddp_reference):
     return ddp_reference  # one launch of ddp_script.py per session (tests/conftest.py), shared with tests/engines
 
 
-@pytest.mark.parametrize("run", ["reward", "dpo", "ppo", "ppo_resumed"])
+@pytest.mark.parametrize("run", ["reward", "dpo", "ppo", "ppo_resumed", "ppo_reward_funcs"])
 def test_ranks_end_with_identical_weights(ranks, run):
     assert [r[run]["world_size"] for r in ranks] == [2, 2]
     assert ranks[0][run]["checksum"] == ranks[1][run]["checksum"]
@@ -42,3 +42,18 @@ def test_ppo_resume_under_two_processes(ranks):
         assert rank["ppo_resumed"]["checksum"] == rank["ppo"]["checksum"]
         assert rank["ppo_resumed"]["kl"] == pytest.approx(rank["ppo"]["kl"], abs=1e-6)
         assert rank["ppo_resumed"]["final_kl_coef"] == pytest.approx(rank["ppo"]["final_kl_coef"], rel=1e-9)
+
+
+def test_reward_functions_see_each_rank_s_own_rows_with_their_columns(ranks):
+    """Under two processes each rank's reward function gets its own prompts, k = 2 samples in a row, and the
+    dataset columns of those very rows; the ranks see different prompts and log the same (gathered) mean reward."""
+    seen = []
+    for rank in ranks:
+        run = rank["ppo_reward_funcs"]
+        assert [call["step"] for call in run["calls"]] == [0, 1]
+        for call in run["calls"]:
+            assert call["answer"][0::2] == call["answer"][1::2]
+            assert call["prompts"] == [run["prompt_of"][a] for a in call["answer"]]
+            seen.append(set(call["answer"]))
+    assert not seen[0] & seen[2] and not seen[1] & seen[3]  # rank 0 and rank 1, same update: different rows
+    assert ranks[0]["ppo_reward_funcs"]["reward_mean"] == ranks[1]["ppo_reward_funcs"]["reward_mean"]

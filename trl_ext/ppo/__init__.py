@@ -12,7 +12,8 @@
   ``num_samples_per_prompt`` groups, the estimators on a scored rollout, the group metrics.
 * ``sequences.py`` (sampling responses, truncation at the stop token, padded forward passes) and
   ``masked_stats.py`` (masked mean, variance, whitening): the tensor helpers of the steps, the same on every TRL.
-* ``rollout.py``: the containers passed between the steps of one update.
+* ``rollout.py``: the containers passed between the steps of one update; ``checkpointing.py``: what a PPO checkpoint
+  adds to HF's (value model, KL controller, stream positions), resume, and the state saved before a bad update.
 * ``rollout_logprobs.py``: the sampled tokens' log-probs taken while ``generate`` samples them (no
   ``(batch, length, vocab)`` scores tensor; TRL's path with that tensor for the configs it cannot rebuild), and the
   reference pass's logits without every layer's hidden states.

@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..errors import UserInputError
+from ..rewards.config import RewardFunctionArgs
 from ..runtime.engines import DEEPSPEED, FSDP, EngineOnCPUArgsMixin, launched_engine
 from ..runtime.nonfinite import NonFinitePolicyArgs
 from .advantages import ADVANTAGE_ESTIMATORS, GROUP_ESTIMATORS
@@ -18,7 +19,7 @@ KL_IN = ("reward", "loss")
 
 
 @dataclass
-class PPOConfig(EngineOnCPUArgsMixin, NonFinitePolicyArgs, ParentPPOConfig):
+class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, NonFinitePolicyArgs, ParentPPOConfig):
     r"""Configuration for [`trl_ext.PPOTrainer`]: every field of TRL 1.12's `experimental.ppo.PPOConfig` (TRL's class
     on TRL 1.10-1.12, trl-ext's copy from 1.13 on, see :mod:`trl_ext.ppo.base`), plus the extensions below (all of
     them default to TRL's behaviour).
@@ -100,6 +101,21 @@ class PPOConfig(EngineOnCPUArgsMixin, NonFinitePolicyArgs, ParentPPOConfig):
             `kl_controller` sets `kl_coef` either way, from the rollout's `objective/kl`.
         grpo_scale_by_std (`bool`, *optional*, defaults to `True`):
             `grpo` only: divide by the group's std. `False` is Dr. GRPO (Liu et al. 2025): `A_i = r_i - mean`.
+
+        > Parameters of the trainer's `reward_funcs` (full description: :class:`trl_ext.rewards.config.RewardFunctionArgs`)
+
+        reward_weights (`list[float]`, *optional*):
+            One weight per reward (the reward model first when there is one, then `reward_funcs`); default 1.0 each.
+        reward_num_workers (`int`, *optional*, defaults to `0`):
+            Worker processes for reward functions: `0` in process (as TRL); `> 0` timeouts and errors score None,
+            are counted, and the run goes on.
+        reward_timeout_s (`float`, *optional*):
+            With workers: the longest a reward call may run. None: no limit.
+        log_completions (`bool`, *optional*, defaults to `False`):
+            Log each update's prompts, completions, rewards and advantages (wandb table, `completions.jsonl`,
+            console).
+        num_completions_to_print (`int`, *optional*):
+            With `log_completions`: rows printed per update (None: all).
 
         > Parameters that control NaN/inf losses and gradients (full description:
         > :class:`trl_ext.runtime.nonfinite.NonFinitePolicyArgs`)

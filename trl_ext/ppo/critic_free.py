@@ -98,11 +98,19 @@ def group_prompts(trainer) -> None:
 
 
 def repeat_prompts(batch: dict, k: int) -> dict:
-    """Each prompt of a collated batch `k` times in a row (`[p0, p0, p1, p1, ...]` for `k = 2`)."""
+    """Each prompt of a collated batch `k` times in a row (`[p0, p0, p1, p1, ...]` for `k = 2`), its tensors and its
+    list columns (the dataset columns reward functions get) alike."""
     if k == 1:
         return batch
-    return {key: value.repeat_interleave(k, dim=0) if torch.is_tensor(value) else value
-            for key, value in batch.items()}
+
+    def repeat(value):
+        if torch.is_tensor(value):
+            return value.repeat_interleave(k, dim=0)
+        if isinstance(value, list):
+            return [item for item in value for _ in range(k)]
+        return value
+
+    return {key: repeat(value) for key, value in batch.items()}
 
 
 def _sum_over_processes(accelerator):

@@ -45,6 +45,8 @@ class Rollout:
     """The KL coefficient of this update (set by ``compute_rewards``; the loss uses it when ``kl_in="loss"``)."""
     estimator_stats: dict = field(default_factory=dict)
     """Critic-free estimators' per-process quantities for the metrics (:mod:`trl_ext.ppo.critic_free`)."""
+    reward_scores: object | None = None
+    """With ``reward_funcs``: every reward of every completion (:class:`trl_ext.rewards.scoring.RewardScores`)."""
 
 
 @dataclass

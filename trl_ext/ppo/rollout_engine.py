@@ -30,7 +30,8 @@ What this module adds to transformers' engine, and why:
   drops them); the result is ``queries`` followed by each response right-padded with the pad token that ``generate``
   pads finished rows with (the generation config's ``pad_token_id``, else its first EOS), to the longest response of
   the batch. Log-prob positions after a response's end hold 0 (``score_rollouts`` masks them with
-  ``INVALID_LOGPROB``, as for ``generate``).
+  ``INVALID_LOGPROB``, as for ``generate``). Each response goes to the reward-function workers
+  (``submit_rollout_chunk``, :mod:`trl_ext.ppo.reward_funcs`) as soon as it is done, while the others generate.
 * **Old log-probs from the engine when they are the trainer's.** The engine returns
   ``log(softmax(processed scores)[token])`` per sampled token. When its processors are exactly the trainer's
   temperature (``TemperatureLogitsWarper(temperature + 1e-7)``, sampling), that is the distribution the training
@@ -340,10 +341,12 @@ class ContinuousBatchingRollout:
     # -------------------------------------------------------------- one rollout
 
     @torch.no_grad()
-    def sample(self, model, queries: torch.Tensor, pad_token_id: int, generation_config: GenerationConfig):
+    def sample(self, model, queries: torch.Tensor, pad_token_id: int, generation_config: GenerationConfig,
+               on_finished=None):
         """Generate one response per left-padded query. Returns ``(query_responses, logprobs, processors)``:
         the trainer's layout (see the module docstring), the engine's per-token log-probs (0 after each end) and
-        the engine's logits processors."""
+        the engine's logits processors. ``on_finished(row, response)``, if given, is called with each response
+        (``(1, length)`` ids) as soon as it is done, while the others still generate."""
         config = _effective_config(model, generation_config) or generation_config
         manager = self._manager(model, config)
         inputs = [row[row != pad_token_id].tolist() for row in queries]
@@ -353,13 +356,16 @@ class ContinuousBatchingRollout:
         if manager.batch_processor is not None:  # prefix blocks hold the previous rollout's (older) weights' KV
             manager.batch_processor.cache.reset()
         request_ids = manager.add_requests(inputs=inputs, max_new_tokens=config.max_new_tokens)
-        results = {}
+        results, rows = {}, {rid: row for row, rid in enumerate(request_ids)}
         manager.start()  # all requests are queued: the scheduler sees them at once (same batches every run)
         try:
             while len(results) < len(request_ids):
                 result = manager.get_result(timeout=1)
                 if result is not None and result.is_finished():
                     results[result.request_id] = result
+                    if on_finished is not None and result.error is None:
+                        on_finished(rows[result.request_id],
+                                    torch.tensor([result.generated_tokens], dtype=queries.dtype, device=queries.device))
                 elif result is None and not manager.is_running():
                     break
         finally:
@@ -385,9 +391,12 @@ class ContinuousBatchingRollout:
 
     def generate(self, trainer, policy, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The rollout of :meth:`trl_ext.PPOTrainer.generate_rollouts`: ``(query_responses, logprobs)``."""
+        from .reward_funcs import submit_rollout_chunk  # reward functions in workers: scored while others generate
+
         pad_token_id = trainer.processing_class.pad_token_id
-        query_responses, logprobs, processors = self.sample(_generating_model(policy), queries, pad_token_id,
-                                                            trainer.generation_config)
+        query_responses, logprobs, processors = self.sample(
+            _generating_model(policy), queries, pad_token_id, trainer.generation_config,
+            on_finished=lambda row, response: submit_rollout_chunk(trainer, row, response))
         self.logprobs_from_engine = engine_logprobs_usable(processors, trainer.generation_config,
                                                            trainer.args.temperature)
         if not self.logprobs_from_engine:

@@ -159,6 +159,7 @@ def generate_with_logprobs(
     chunk_size: int,
     pad_token_id: int,
     plan: SamplingPlan,
+    on_chunk=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TRL's ``batch_generation`` followed by ``selective_log_softmax``, without keeping every step's scores.
 
@@ -167,6 +168,8 @@ def generate_with_logprobs(
     responses, right-padded with ``pad_token_id`` to the longest chunk, and the ``(batch, response_length)``
     log-probs of the response tokens under the sampling distribution. Where a chunk stopped early, TRL's padded
     logits are zeros; the log-prob there is the same ``-log(vocab)`` (those positions are masked out later anyway).
+    ``on_chunk(start, responses)``, if given, is called with each chunk's responses as soon as it is generated (the
+    reward functions' workers start on them while the next chunk generates).
     """
     context_length = queries.shape[1]
     chunks = []
@@ -182,6 +185,8 @@ def generate_with_logprobs(
         )
         response = sequences[:, context_length:]
         chunks.append((torch.cat((query, response), 1), capture.logprobs(response), capture.vocab_size))
+        if on_chunk is not None:
+            on_chunk(i, response)
         del capture
     length = max(qr.shape[1] for qr, _, _ in chunks)
     query_responses, logprobs = [], []

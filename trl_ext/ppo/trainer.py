@@ -31,10 +31,8 @@ adapter) and ``save_model`` writes the policy's adapter only.
 
 from __future__ import annotations
 
-import glob
 import math
 import os
-import random
 import time
 import warnings
 from contextlib import contextmanager, nullcontext
@@ -42,7 +40,6 @@ from contextlib import contextmanager, nullcontext
 import numpy as np
 import torch
 from transformers import GenerationConfig
-from transformers.integrations.deepspeed import deepspeed_load_checkpoint
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import selective_log_softmax
 
@@ -55,14 +52,15 @@ from ..models.shared_base import (
     saving_policy_adapters_only,
     scalar_adapter_names,
 )
-from ..runtime.checkpoints import AtomicCheckpointMixin, latest_checkpoint, load_weights_in_place, resolve_checkpoint
+from ..runtime.checkpoints import AtomicCheckpointMixin, latest_checkpoint, resolve_checkpoint
 from ..runtime.devices import empty_cache, release_memory
 from ..runtime.engines import gathered_parameters
 from ..runtime.interruption import raise_if_interrupted, watch_signals
 from ..runtime.nonfinite import Finding, NonFiniteError, StepGuard, count_nonfinite, guarded_optimizer_step
-from .accumulation_state import dataloader_stack, restore_dataloader_stack
 from .advantages import gae_advantages
 from .base import OnlineTrainerState, ParentPPOTrainer
+from .checkpointing import VALUE_MODEL_DIR, PPOCheckpointMixin, ppo_state_file
+from .completions_log import log_completions
 from .config import PPOConfig
 from .critic_free import check_value_model, critic_free_advantages, critic_free_metrics, group_prompts, no_value_loss
 from .critic_free import repeat_prompts
@@ -71,6 +69,16 @@ from .losses import kl_loss_k3, policy_loss, ptx_lm_loss, value_loss
 from .masked_stats import masked_whiten
 from .prompt_stream import PromptStream
 from .ptx_data import PtxStream, tokenize_ptx_dataset
+from .reward_funcs import (
+    attach_reward_scorer,
+    begin_reward_scoring,
+    finish_reward_scoring,
+    model_reward_scores,
+    prepare_reward_funcs,
+    reward_func_metrics,
+    submit_rollout_chunk,
+    zero_unscorable_advantages,
+)
 from .rollout import MicroBatchOutput, Rollout, UpdateStats
 from .rollout_chunk import AUTO, resolve_auto_rollout_chunk
 from .rollout_engine import build_rollout_engine
@@ -79,16 +87,7 @@ from .sequences import INVALID_LOGPROB, first_true_indices, forward, truncate_re
 
 __all__ = ["PPOConfig", "PPOTrainer", "VALUE_MODEL_DIR", "ppo_state_file"]
 
-VALUE_MODEL_DIR = "value_model"
-"""Sub-folder of a PPO checkpoint that holds the value model (`save_pretrained`: full weights or its adapter)."""
-
-
-def ppo_state_file(checkpoint_dir: str, process_index: int) -> str:
-    """Path of one process's trl-ext PPO state in a checkpoint (KL controller, prompt and ptx stream positions)."""
-    return os.path.join(checkpoint_dir, f"trl_ext_ppo_state_{process_index}.pt")
-
-
-class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
+class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
     """TRL's PPO trainer (see :mod:`trl_ext.ppo.base`) with value-clip modes, KL controllers, PPO-ptx and steps.
 
     Takes every argument of TRL's trainer (same order), plus:
@@ -100,6 +99,14 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         kl_controller ([`trl_ext.ppo.kl_controllers.KLController`], *optional*):
             Your own KL controller (any object with a float `value` and `update(kl, n_steps)`); overrides
             `args.kl_controller`. Its `value` is the coefficient of the next update's rewards.
+        reward_funcs (`callable`, [`~torch.nn.Module`] or a list of them, *optional*):
+            Rewards computed by programs, with TRL GRPO's contract (:mod:`trl_ext.rewards.contract`): each callable
+            gets `prompts`, `completions`, `completion_ids`, every other column of `train_dataset` (one value per
+            completion) and `trainer_state`, and returns one float or None per completion. Scalar-headed models
+            (same tokenizer as the policy) may be mixed in. `reward_model` may then be None; when both are given the
+            reward model is the first reward. The score is `sum_i reward_weights[i] * r_i` over the rewards that did
+            not return None; it then goes through the same pipeline as a reward model's score. Guide:
+            `docs/reward-functions.md`.
 
     `value_model` is None with a critic-free `args.advantage_estimator` (:mod:`trl_ext.ppo.critic_free`).
     `reward_model` and `value_model` may be [`trl_ext.models.shared_base.SharedBaseScalarModel`]s made by
@@ -138,6 +145,7 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         peft_config=None,
         ptx_dataset=None,
         kl_controller: KLController | None = None,
+        reward_funcs=None,
     ) -> None:
         if not isinstance(args, PPOConfig):
             raise UserInputError(f"args: expected a trl_ext.PPOConfig, got {type(args).__name__}")
@@ -153,6 +161,8 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         ):
             raise UserInputError("kl_controller: needs a `value` attribute and an `update(kl, n_steps)` method")
         value_model = check_value_model(args, value_model)  # critic-free: a stand-in without parameters
+        reward_model, data_collator, reward_list = prepare_reward_funcs(args, processing_class, reward_model,
+                                                                        reward_funcs, data_collator)
         self.shared_base = check_shared_base_roles(model, reward_model, value_model, peft_config, args)
         if args.fp16:  # the loss scaler needs float32 gradients (trl_ext.models.dtypes)
             float32_trainable_parameters(model, value_model)
@@ -172,6 +182,7 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
             peft_config=peft_config,
         )
         # Nothing below may touch the global torch/numpy RNGs: the parent left them exactly where its train() expects.
+        attach_reward_scorer(self, reward_list)  # reward_funcs: the scorer (and its worker processes)
         group_prompts(self)  # num_samples_per_prompt > 1: local_batch_size / k prompts per update (same RNG after)
         if args.local_rollout_forward_batch_size == AUTO:  # the largest chunk that fits args.max_memory_gib
             self.rollout_chunk_choice = resolve_auto_rollout_chunk(self)
@@ -264,6 +275,20 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         finally:
             self.model = backup
 
+    def create_optimizer(self):
+        """HF's optimizer; under DeepSpeed without its empty parameter group. A LoRA policy without a value model
+        (critic-free) has no parameter without weight decay: DeepSpeed drops that empty group from the optimizer,
+        and the LR scheduler, built on both groups, then failed at its first step."""
+        optimizer = super().create_optimizer()
+        if self.accelerator.state.deepspeed_plugin is not None:  # (is_deepspeed_enabled is set after this)
+            optimizer.param_groups[:] = [group for group in optimizer.param_groups if group["params"]]
+        return optimizer
+
+    def generate_completions(self, sampling: bool = False):
+        """TRL's sample generations, scored by the reward model; skipped in a run without one (warned at init)."""
+        if self.reward_model is not None:
+            super().generate_completions(sampling=sampling)
+
     def create_model_card(self, *args, **kwargs):
         """TRL's model card (written with each checkpoint), also when the model is wrapped in DistributedDataParallel
         (TRL reads `self.model.config`, which the wrapper does not have: checkpoints crashed under DDP)."""
@@ -298,10 +323,14 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         self.accelerator.print("===training policy===")
         self.start_time = time.time()
         with watch_signals(self) as interruption:
-            for update in range(self.state.global_step + 1, args.num_total_batches + 1):
-                self.run_update(update)
-                if self.control.should_training_stop:
-                    break
+            try:
+                for update in range(self.state.global_step + 1, args.num_total_batches + 1):
+                    self.run_update(update)
+                    if self.control.should_training_stop:
+                        break
+            finally:
+                if self.reward_scorer is not None:
+                    self.reward_scorer.close()  # the reward workers (restarted by the next train())
             # HF trainer specifics
             self.control = self.callback_handler.on_train_end(args, self.state, self.control)
             if self.control.should_save:
@@ -357,6 +386,7 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         if self._resumed_dataloader_stack is not None:
             self._restore_dataloader_stack()
         t0 = time.perf_counter()
+        begin_reward_scoring(self, data)  # reward_funcs: prompts and dataset columns of this batch
         with torch.no_grad():
             rollout = self.generate_rollouts(data["input_ids"].to(self.accelerator.device))
             t1 = time.perf_counter()
@@ -376,6 +406,8 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
             with torch.no_grad():
                 metrics = self.update_metrics(rollout, stats, kl_coef, timings)
             self.log_update(metrics)
+            if args.log_completions:
+                log_completions(self, rollout)
         else:  # NaN/inf scores under nonfinite_policy "skip": the update is dropped (nor scheduler nor KL step)
             self.state.global_step += 1
             self.log({**self.step_guard.metrics(), "episode": self.state.episode})
@@ -392,131 +424,6 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         if self.control.should_save:
             self._save_checkpoint(self.model, trial=None)
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
-
-    # ------------------------------------------------------------------ checkpoints and resume
-
-    def save_extra_checkpoint_files(self, checkpoint_dir: str) -> None:
-        """Add to a checkpoint what HF's `_save_checkpoint` leaves out for PPO: the value model (main process) and
-        each process's trl-ext state (KL controller, prompt and ptx stream positions)."""
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        with gathered_parameters(unwrapped.value_model, self.accelerator):  # ZeRO-3: whole weights, all processes
-            if self.args.should_save and not self.args.critic_free:
-                unwrapped.value_model.save_pretrained(os.path.join(checkpoint_dir, VALUE_MODEL_DIR))
-        os.makedirs(checkpoint_dir, exist_ok=True)
-        state = {
-            "world_size": self.accelerator.num_processes,
-            "kl_controller": self.kl_ctl.state_dict() if hasattr(self.kl_ctl, "state_dict") else None,
-            "prompt_stream": self.prompt_iterator.state_dict() if self.prompt_iterator is not None else None,
-            "ptx_stream": self.ptx_stream.state_dict() if self.ptx_stream is not None else None,
-            "dataloader_stack": dataloader_stack(self.accelerator.gradient_state, self._accelerate_dataloaders()),
-        }
-        torch.save(state, ppo_state_file(checkpoint_dir, self.accelerator.process_index))
-
-    def load_checkpoint(self, checkpoint: str) -> None:
-        """Restore weights, optimizer, LR scheduler, KL controller, data stream positions and RNG states.
-
-        Called by `train(resume_from_checkpoint=...)` after `init_train_state` (which restored `self.state`) and
-        `init_data_streams`.
-        """
-        state_path = ppo_state_file(checkpoint, self.accelerator.process_index)
-        if not os.path.isfile(state_path):
-            raise UserInputError(
-                f"resume_from_checkpoint: {checkpoint} has no {os.path.basename(state_path)}; it was not written by "
-                "trl_ext.PPOTrainer or by a run with as many processes as this one"
-            )
-        extra = torch.load(state_path, weights_only=True)
-        if extra["world_size"] != self.accelerator.num_processes:
-            raise UserInputError(
-                f"resume_from_checkpoint: {checkpoint} was written by {extra['world_size']} processes, this run has "
-                f"{self.accelerator.num_processes}; resume with the same number of processes"
-            )
-        if not self.is_deepspeed_enabled and not os.path.isfile(os.path.join(checkpoint, "optimizer.pt")):
-            raise UserInputError(
-                f"resume_from_checkpoint: {checkpoint} has no optimizer.pt (saved with save_only_model=True?); "
-                "resume from a full checkpoint"
-            )
-        if self.is_deepspeed_enabled:
-            # DeepSpeed's own checkpoint (`global_step*/`, written by HF's `_save_checkpoint`) holds the weights of
-            # policy and value model and the (sharded) optimizer state; the LR scheduler is TRL's (scheduler.pt).
-            if not glob.glob(os.path.join(checkpoint, "global_step*")):
-                raise UserInputError(
-                    f"resume_from_checkpoint: {checkpoint} has no DeepSpeed checkpoint (global_step*/); it was not "
-                    "written by a DeepSpeed run; resume with the engine that wrote it"
-                )
-            deepspeed_load_checkpoint(self.model, checkpoint, load_module_strict=True)
-        else:
-            unwrapped = self.accelerator.unwrap_model(self.model)
-            load_weights_in_place(unwrapped.policy, checkpoint)
-            if not self.args.critic_free:
-                load_weights_in_place(unwrapped.value_model, os.path.join(checkpoint, VALUE_MODEL_DIR))
-        self._load_optimizer_and_scheduler(checkpoint)
-        if extra["kl_controller"] is not None and hasattr(self.kl_ctl, "load_state_dict"):
-            self.kl_ctl.load_state_dict(extra["kl_controller"])
-        elif not isinstance(self.kl_ctl, KLController):
-            warnings.warn("kl_controller has no state_dict/load_state_dict: its state was not restored", stacklevel=2)
-        if (extra["ptx_stream"] is None) != (self.ptx_stream is None):
-            raise UserInputError(
-                f"resume_from_checkpoint: {checkpoint} was saved with ptx "
-                f"{'off' if extra['ptx_stream'] is None else 'on'}; resume with the same ptx_coef/ptx_dataset"
-            )
-        if self.ptx_stream is not None:
-            self.ptx_stream.load_state_dict(extra["ptx_stream"])
-        if extra["prompt_stream"] is not None:
-            self.prompt_iterator.load_state_dict(extra["prompt_stream"])
-            # rebuilt once the resumed prompt stream has re-opened its DataLoader (in `run_update`)
-            self._resumed_dataloader_stack = (extra["dataloader_stack"], extra["prompt_stream"]["epoch"])
-        self._load_rng_state(checkpoint)
-
-    def capture_update_start(self) -> dict:
-        """What an update changes before its first optimizer step: episode count, RNG states, data positions.
-
-        Together with the (not yet changed) weights, optimizer, scheduler and KL controller this is the state
-        before the update; `save_update_start_checkpoint` writes it when the update turns out to be bad.
-        """
-        return {
-            "episode": self.state.episode,
-            "python": random.getstate(),
-            "numpy": np.random.get_state(),
-            "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-            "prompt_stream": self.prompt_iterator.state_dict(),
-            "ptx_stream": self.ptx_stream.state_dict() if self.ptx_stream is not None else None,
-            "dataloader_stack": dataloader_stack(self.accelerator.gradient_state, self._accelerate_dataloaders()),
-        }
-
-    def _accelerate_dataloaders(self) -> dict:
-        return {"prompt": self.dataloader, "eval": self.eval_dataloader}
-
-    def _restore_dataloader_stack(self) -> None:
-        """After the first prompt batch of a resumed run: accelerate's open DataLoaders as the uninterrupted run
-        has them at this point (the checkpoint's, with the prompt DataLoader re-opened on top if a new epoch just
-        began), so gradient accumulation follows the same `sync_with_dataloader` history."""
-        stack, epoch = self._resumed_dataloader_stack
-        self._resumed_dataloader_stack = None
-        if self.prompt_iterator.epoch > epoch:
-            stack = [entry for entry in stack if entry[0] != "prompt"] + [("prompt", False)]
-        restore_dataloader_stack(
-            self.accelerator.gradient_state, self._accelerate_dataloaders(), stack, keep_flags=("prompt",)
-        )
-
-    def save_update_start_checkpoint(self) -> str:
-        """Rewind episode, RNGs and data positions to the start of the current update and save `checkpoint-N`
-        (N = completed updates). Only valid before the update's first optimizer step."""
-        start = self._update_start_state
-        self.state.episode = start["episode"]
-        random.setstate(start["python"])
-        np.random.set_state(start["numpy"])
-        torch.set_rng_state(start["torch"])
-        if start["cuda"] is not None:
-            torch.cuda.set_rng_state_all(start["cuda"])
-        self.prompt_iterator.load_state_dict(start["prompt_stream"])
-        if start["ptx_stream"] is not None:
-            self.ptx_stream.load_state_dict(start["ptx_stream"])
-        restore_dataloader_stack(
-            self.accelerator.gradient_state, self._accelerate_dataloaders(), start["dataloader_stack"]
-        )
-        self._save_checkpoint(self.model, trial=None)
-        return self.last_checkpoint
 
     def check_finite(self, quantity: str, tensor: torch.Tensor, unit: str, where: str = "") -> bool:
         """True if `tensor` is finite on all processes, else False (`skip`) or `stop_on_nonfinite` (`stop`)."""
@@ -579,8 +486,10 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
             if self.rollout_engine is not None:  # continuous batching (trl_ext.ppo.rollout_engine)
                 query_responses, logprobs = self.rollout_engine.generate(self, unwrapped_model.policy, queries)
             elif plan is not None:
-                query_responses, logprobs = generate_with_logprobs(unwrapped_model.policy, queries, chunk,
-                                                                   pad_token_id, plan)
+                query_responses, logprobs = generate_with_logprobs(
+                    unwrapped_model.policy, queries, chunk, pad_token_id, plan,
+                    on_chunk=lambda start, responses: submit_rollout_chunk(self, start, responses),
+                )
             else:
                 warnings.warn("generate_rollouts: sampling config not rebuilt; keeping TRL's path", stacklevel=2)
                 query_responses, logprobs = generate_with_full_scores(unwrapped_model.policy, queries, chunk,
@@ -615,6 +524,8 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         ref_logprobs = torch.cat(ref_logprobs, 0)
         rollout.sequence_lengths = sequence_lengths = torch.cat(sequence_lengths, 0)
         scores = torch.cat(scores, 0)
+        if self.reward_scorer is not None:  # reward_funcs: reward models' scores + functions -> weighted score
+            scores = finish_reward_scoring(self, rollout, scores)
         values = torch.cat(values, 0)
 
         # Completions without the stop token (EOS) get `missing_eos_penalty` subtracted from their score.
@@ -664,7 +575,10 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
         return full_value[:, context_length - 1 : -1].squeeze(-1)
 
     def compute_scores(self, postprocessed_query_response: torch.Tensor, context_length: int) -> torch.Tensor:
-        """Reward-model score `(batch,)` of each (truncated) query+response: the head's output at its last token."""
+        """Reward-model score `(batch,)` of each (truncated) query+response: the head's output at its last token.
+        With `reward_funcs`: `(batch, models)`, the scores of the reward models among them (functions come later)."""
+        if self.reward_scorer is not None:
+            return model_reward_scores(self, postprocessed_query_response, context_length)
         _, score, _ = scalar_model_outputs(
             self.reward_model, postprocessed_query_response, self.processing_class.pad_token_id, context_length
         )
@@ -691,11 +605,13 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
     def compute_advantages(self, rollout: Rollout) -> None:
         """GAE advantages and returns; advantages whitened over the response tokens. (Critic-free: the estimator.)"""
         if self.args.critic_free:
-            return critic_free_advantages(rollout, self.args, self.accelerator)
-        advantages, returns = gae_advantages(rollout.rewards, rollout.values, self.args.gamma, self.args.lam)
-        advantages = masked_whiten(advantages, ~rollout.padding_mask)
-        rollout.advantages = torch.masked_fill(advantages, rollout.padding_mask, 0)
-        rollout.returns = returns
+            critic_free_advantages(rollout, self.args, self.accelerator)
+        else:
+            advantages, returns = gae_advantages(rollout.rewards, rollout.values, self.args.gamma, self.args.lam)
+            advantages = masked_whiten(advantages, ~rollout.padding_mask)
+            rollout.advantages = torch.masked_fill(advantages, rollout.padding_mask, 0)
+            rollout.returns = returns
+        zero_unscorable_advantages(rollout)  # reward_funcs: completions no reward scored
 
     # ------------------------------------------------------------------ optimisation
 
@@ -838,6 +754,7 @@ class PPOTrainer(AtomicCheckpointMixin, ParentPPOTrainer):
             metrics["loss/ptx_avg"] = gather(torch.stack(stats.ptx_losses).mean()).mean().item()
         if self.args.critic_free:
             critic_free_metrics(metrics, rollout, stats, self.args, self.accelerator)
+        metrics.update(reward_func_metrics(self, rollout))  # reward_funcs: rewards/*, reward, completions/*
         metrics.update(timings)
         metrics.update(self.step_guard.metrics())  # nonfinite/*: only under `skip` or fp16's loss scaler
         metrics["lr"] = self.lr_scheduler.get_last_lr()[0]

@@ -1,0 +1,154 @@
+"""What :class:`trl_ext.PPOTrainer`'s steps call for ``reward_funcs`` (TRL GRPO's reward functions, reward models
+mixed in): the trainer calls one function per step; the contract, the scorer and the metrics are
+:mod:`trl_ext.rewards`.
+
+* :func:`prepare_reward_funcs` (before the parent's ``__init__``): the run's rewards and weights, a collator that
+  keeps the dataset's columns, and a stand-in reward model for the parent when there is none;
+* :func:`attach_reward_scorer` (after it): models in ``reward_funcs`` to the device, frozen; the
+  :class:`~trl_ext.rewards.scoring.RewardScorer` (and its worker pool);
+* :func:`begin_reward_scoring` (before generation), :func:`submit_rollout_chunk` (each generated chunk),
+  :func:`finish_reward_scoring` (after the scoring pass): the rollout's scores;
+* :func:`zero_unscorable_advantages`, :func:`reward_func_metrics`: after the estimator, in the metrics.
+
+Without ``reward_funcs`` none of this runs: the trainer scores with its reward model exactly as before.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+from transformers import DataCollatorWithPadding
+
+from ..errors import UserInputError
+from ..models.scalar_heads import scalar_model_outputs
+from ..rewards.columns import ColumnsCollator, batch_columns
+from ..rewards.metrics import reward_metrics
+from ..rewards.scoring import RewardScorer, build_reward_list
+
+__all__ = [
+    "NoRewardModel",
+    "attach_reward_scorer",
+    "begin_reward_scoring",
+    "finish_reward_scoring",
+    "model_reward_scores",
+    "prepare_reward_funcs",
+    "reward_func_metrics",
+    "submit_rollout_chunk",
+    "zero_unscorable_advantages",
+]
+
+
+class NoRewardModel(nn.Module):
+    """What the parent trainer gets as ``reward_model`` when the run has reward functions only; the trainer puts
+    ``None`` back right after the parent's ``__init__``. It has a config and one frozen number because the parent
+    hands its reward model to ``prepare_deepspeed`` under DeepSpeed, which reads ``config`` and wants parameters."""
+
+    def __init__(self):
+        super().__init__()
+        from transformers import PretrainedConfig
+
+        self.config = PretrainedConfig()
+        self.placeholder = nn.Parameter(torch.zeros(1), requires_grad=False)
+
+
+def prepare_reward_funcs(args, processing_class, reward_model, reward_funcs, data_collator):
+    """Before the parent's ``__init__``: ``(reward_model for the parent, data_collator, rewards)``, ``rewards`` being
+    ``(rewards, weights, names)`` (:func:`~trl_ext.rewards.scoring.build_reward_list`), or None without
+    ``reward_funcs``.
+
+    ``rewards`` is None without ``reward_funcs`` (then ``reward_model`` is required and ``reward_weights`` must be
+    unset or a single weight of 1).
+
+    Raises:
+        UserInputError: no reward at all, a bad ``reward_funcs`` entry, ``reward_weights`` of the wrong length.
+    """
+    if reward_funcs is None:
+        if reward_model is None:
+            raise UserInputError("reward_model: None and no reward_funcs; pass a reward model, reward_funcs, or both")
+        if args.reward_weights is not None and args.reward_weights != [1.0]:
+            raise UserInputError(
+                f"reward_weights: {args.reward_weights} given, but the run has one reward (the reward model) and no "
+                "reward_funcs; remove reward_weights"
+            )
+        if args.reward_num_workers:
+            warnings.warn("reward_num_workers is ignored: the run has no reward_funcs", stacklevel=3)
+        return reward_model, data_collator, None
+    rewards = build_reward_list(reward_model, reward_funcs, args.reward_weights)  # (rewards, weights, names)
+    data_collator = ColumnsCollator(data_collator or DataCollatorWithPadding(processing_class))
+    return (reward_model if reward_model is not None else NoRewardModel()), data_collator, rewards
+
+
+def attach_reward_scorer(trainer, reward_list) -> None:
+    """After the parent's ``__init__``: ``trainer.reward_scorer`` (None without ``reward_funcs``)."""
+    if isinstance(getattr(trainer.reward_model, "module", trainer.reward_model), NoRewardModel):  # also DeepSpeed's
+        trainer.reward_model = None
+    trainer.reward_scorer = None
+    if reward_list is None:
+        return
+    rewards, weights, names = reward_list
+    if trainer.reward_model is not None:
+        rewards = [trainer.reward_model, *rewards[1:]]  # the parent moved it to the device (or DeepSpeed)
+    for i, reward in enumerate(rewards):
+        if isinstance(reward, nn.Module) and reward is not trainer.reward_model:
+            reward.eval()
+            reward.requires_grad_(False)
+            if not hasattr(reward, "adapter_name"):  # a SharedBaseScalarModel lives on the policy already
+                rewards[i] = reward.to(trainer.accelerator.device)
+    args = trainer.args
+    trainer.reward_scorer = RewardScorer(rewards, weights, names, trainer.processing_class,
+                                         trainer.processing_class.pad_token_id, num_workers=args.reward_num_workers,
+                                         timeout_s=args.reward_timeout_s)
+    if trainer.reward_model is None and args.num_sample_generations > 0:
+        warnings.warn(
+            "num_sample_generations: TRL's sample generations are scored by a reward model and this run has none; "
+            "they are skipped (set log_completions: true for a table of completions and their rewards)",
+            stacklevel=3,
+        )
+
+
+def begin_reward_scoring(trainer, batch: dict) -> None:
+    """Before generation: the prompt batch's ids and columns to the scorer."""
+    if trainer.reward_scorer is not None:
+        trainer.reward_scorer.begin(batch["input_ids"], batch_columns(batch), trainer.state)
+
+
+def submit_rollout_chunk(trainer, start: int, responses: torch.Tensor) -> None:
+    """Right after a chunk is generated: its truncated responses to the workers (a no-op in process)."""
+    if trainer.reward_scorer is not None:
+        trainer.reward_scorer.submit(start, trainer.postprocess_responses(responses))
+
+
+def model_reward_scores(trainer, postprocessed_query_response: torch.Tensor, context_length: int) -> torch.Tensor:
+    """``(chunk, models)`` scores of the reward models among the rewards (the scoring pass calls it per chunk)."""
+    pad = trainer.processing_class.pad_token_id
+    scores = [scalar_model_outputs(model, postprocessed_query_response, pad, context_length)[1]
+              for model in trainer.reward_scorer.reward_models]
+    if not scores:
+        return torch.zeros(postprocessed_query_response.shape[0], 0, device=postprocessed_query_response.device)
+    return torch.stack(scores, 1)
+
+
+def finish_reward_scoring(trainer, rollout, model_scores: torch.Tensor) -> torch.Tensor:
+    """After the scoring pass: every reward of the rollout (``rollout.reward_scores``); returns the scores."""
+    scorer = trainer.reward_scorer
+    per_model = {index: model_scores[:, j] for j, index in enumerate(scorer.model_indices)}
+    rollout.reward_scores = scorer.score(rollout.postprocessed_responses, per_model)
+    return rollout.reward_scores.score.to(model_scores.device)
+
+
+def zero_unscorable_advantages(rollout) -> None:
+    """Completions that no reward scored (every one said None) teach nothing: advantage 0 on their tokens."""
+    scores = getattr(rollout, "reward_scores", None)
+    if scores is not None and bool(scores.unscorable.any()):
+        rollout.advantages = torch.masked_fill(rollout.advantages, scores.unscorable.unsqueeze(1), 0)
+
+
+def reward_func_metrics(trainer, rollout) -> dict:
+    """The reward-function metrics of the update (:mod:`trl_ext.rewards.metrics`); empty without ``reward_funcs``."""
+    if trainer.reward_scorer is None:
+        return {}
+    return reward_metrics(rollout.reward_scores, rollout.sequence_lengths, rollout.contain_eos_token,
+                          trainer.args.num_samples_per_prompt, trainer.accelerator.gather_for_metrics,
+                          with_workers=trainer.reward_scorer.pool is not None)

@@ -1,0 +1,71 @@
+"""The metrics of a reward-function run, in TRL GRPO's names (``GRPOTrainer._generate_and_score_completions``).
+
+Per reward ``i`` (over the completions where it did not return None, all processes):
+
+* ``rewards/<name>/mean``, ``rewards/<name>/std`` (TRL's ``nanmean``/``nanstd``: unbiased);
+* ``rewards/<name>/timeouts``, ``rewards/<name>/errors``: calls that timed out or raised in a worker this update
+  (summed over processes; only with ``reward_num_workers > 0``).
+
+Of the weighted score (before ``missing_eos_penalty``, ``reward_clip`` and the KL penalty):
+
+* ``reward``, ``reward_std``: its mean and std over the scorable completions;
+* ``frac_reward_zero_std``: with ``num_samples_per_prompt > 1``, the fraction of groups whose scores are all equal;
+* ``rewards/unscorable``: completions where every reward said None (score 0, advantage 0).
+
+Of the completions: ``completions/mean_length``, ``/min_length``, ``/max_length`` (tokens up to the stop token) and
+``completions/clipped_ratio`` (the fraction that hit ``response_length`` without the stop token).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["nanstd", "reward_metrics"]
+
+
+def nanstd(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Unbiased standard deviation over the non-NaN entries (TRL's ``nanstd``); NaN with fewer than two."""
+    mean = torch.nanmean(values, dim=dim, keepdim=dim is not None)
+    count = (~torch.isnan(values)).sum(dim=dim) if dim is not None else (~torch.isnan(values)).sum()
+    squares = torch.nansum((values - mean) ** 2, dim=dim) if dim is not None else torch.nansum((values - mean) ** 2)
+    return torch.where(count > 1, torch.sqrt(squares / (count - 1).clamp(min=1)), torch.nan)
+
+
+def reward_metrics(scores, sequence_lengths: torch.Tensor, contain_stop: torch.Tensor, k: int, gather,
+                   with_workers: bool = False) -> dict:
+    """The metrics above, ``gather`` being ``accelerator.gather_for_metrics`` (every process calls this).
+
+    Args:
+        scores: the update's :class:`~trl_ext.rewards.scoring.RewardScores` on this process.
+        sequence_lengths: ``(batch,)`` index of each response's last token (the trainer's).
+        contain_stop: ``(batch,)`` True where the response has its stop token.
+        k: samples per prompt (consecutive rows).
+        with_workers: the functions ran in worker processes (log the timeout and error counts).
+    """
+    device = sequence_lengths.device
+    per_reward = gather(scores.per_reward.to(device))
+    counts = gather(torch.tensor([scores.timeouts, scores.errors], device=device).unsqueeze(0)).sum(0)
+    metrics = {}
+    for i, name in enumerate(scores.names):
+        metrics[f"rewards/{name}/mean"] = torch.nanmean(per_reward[:, i]).item()
+        metrics[f"rewards/{name}/std"] = nanstd(per_reward[:, i]).item()
+        if with_workers:
+            metrics[f"rewards/{name}/timeouts"] = int(counts[0, i])
+            metrics[f"rewards/{name}/errors"] = int(counts[1, i])
+    score = gather(scores.score.float())
+    unscorable = gather(scores.unscorable)
+    scorable = torch.where(unscorable, torch.full_like(score, float("nan")), score)
+    metrics["reward"] = torch.nanmean(scorable).item()
+    metrics["reward_std"] = nanstd(scorable).item()
+    metrics["rewards/unscorable"] = int(unscorable.sum())
+    if k > 1:
+        grouped = score.view(-1, k)
+        metrics["frac_reward_zero_std"] = (grouped == grouped[:, :1]).all(1).float().mean().item()
+    lengths = gather(sequence_lengths + 1).float()
+    metrics["completions/mean_length"] = lengths.mean().item()
+    metrics["completions/min_length"] = lengths.min().item()
+    metrics["completions/max_length"] = lengths.max().item()
+    metrics["completions/clipped_ratio"] = (~gather(contain_stop)).float().mean().item()
+    for name, values in scores.logged_metrics.items():  # log_metric(name, value): this process's mean, as TRL
+        metrics[name] = sum(values) / len(values)
+    return metrics

@@ -1,0 +1,510 @@
+"""Worker processes for slow reward functions, with a per-call timeout.
+
+A reward function that executes code or runs a math checker can take seconds, hang, or crash its process. With
+:class:`RewardWorkerPool` the trainer submits one call per completion (or per chunk) and collects the results later:
+the calls run in ``num_workers`` processes at once, and a call that runs past ``timeout_s``, raises, or kills its
+worker comes back as a :class:`CallResult` with status ``"timeout"`` or ``"error"``; the pool replaces the worker and
+keeps serving the other calls. Nothing a reward function does can hang or kill the training process.
+
+How it works:
+
+* The workers are started once, at construction, with the ``fork`` start method where the platform has it: they
+  inherit the functions as they are (closures, lambdas, functions loaded from a file), nothing is pickled. Elsewhere
+  (or ``start_method="spawn"``) the functions are pickled by reference, so they must be importable module-level
+  functions. A worker replaced after a timeout or crash is forked the same way.
+* A call's keyword arguments are pickled in :meth:`RewardWorkerPool.submit`, in the caller's thread (an object that
+  cannot be pickled raises there). One daemon thread in the parent sends queued calls to idle workers in submission
+  order, collects replies, and kills a worker whose call is past its deadline (counted from when the call was handed
+  to the worker, not from submit; a worker gets calls only once it has started up). Results are collected in any
+  order with :meth:`PendingCall.result`.
+* The worker calls ``funcs[i](**kwargs, log_extra=..., log_metric=...)`` (TRL GRPO's recorders, kept in the worker and
+  returned with the result); an ``async def`` function (any awaitable result) runs under ``asyncio.run``.
+* In a worker: SIGINT is ignored (Ctrl-C is the parent's to handle; :meth:`RewardWorkerPool.close` kills the
+  workers), ``CUDA_VISIBLE_DEVICES`` is emptied and ``OMP_NUM_THREADS=1``, and if the parent has torch loaded the
+  worker runs it on one thread (``torch.set_num_threads(1)``: N workers on N cores, no oversubscription). The pool's
+  own thread forks every worker: a child forked from a thread that has run torch's OpenMP pool hangs in its first
+  parallel op (measured with torch 2.13: forked from the main thread after a 500x500 matmul on 2 threads, the
+  child's own matmul never returns; forked from a fresh thread, it runs).
+* Each worker leads its own process group, so a timeout kills the verifier's own subprocesses too (code
+  execution); a worker exits by itself when the parent dies (Linux ``PR_SET_PDEATHSIG``, and a parent-pid check
+  once a second while idle).
+* :meth:`RewardWorkerPool.close` (also ``with``, garbage collection, and interpreter exit) kills the workers; calls
+  still queued or running then resolve with status ``"error"`` ("pool closed"), so no ``result()`` waits forever.
+
+Cost: a call's arguments and reply are pickled once each way through a pipe (``benchmarks/slow_verifier.py``
+measures the calls per second of a trivial function). Pass a small ``trainer_state`` (it is pickled with every call).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+import weakref
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait as wait_ready
+
+# Keys the worker supplies itself; a caller that passes the trainer's own recorders has them dropped (they would
+# pickle the trainer).
+RECORDER_KEYS = ("log_extra", "log_metric")
+# A worker that dies before it has run a single call this many times in a row means workers cannot start (e.g. a
+# function that cannot be unpickled under spawn): the pool stops replacing them and fails its calls instead.
+MAX_START_FAILURES = 3
+
+
+@dataclass
+class CallResult:
+    """The outcome of one call.
+
+    ``status`` is ``"ok"``, ``"timeout"`` or ``"error"``. ``rewards`` is what the function returned (not validated),
+    for ``"ok"`` only. ``message``: for an error the exception type, message and traceback text (or how the worker
+    died); for a timeout ``"timed out after X s"``. ``extras`` holds ``{column: [values]}`` from ``log_extra`` calls
+    and ``metrics`` ``{name: [floats]}`` from ``log_metric`` calls in the worker (empty when the worker was killed).
+    ``seconds``: the call's wall time in the worker (for a timeout, the time until it was killed).
+    """
+
+    status: str
+    rewards: list | None
+    message: str | None
+    extras: dict = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+class PendingCall:
+    """A submitted call. :meth:`result` blocks until it finished, failed or timed out (or the pool closed)."""
+
+    __slots__ = ("func_index", "_event", "_result")
+
+    def __init__(self, func_index: int):
+        self.func_index = func_index
+        self._event = threading.Event()
+        self._result: CallResult | None = None
+
+    def done(self) -> bool:
+        """Whether :meth:`result` would return without waiting."""
+        return self._event.is_set()
+
+    def result(self) -> CallResult:
+        self._event.wait()
+        return self._result
+
+    def _resolve(self, result: CallResult) -> None:
+        if not self._event.is_set():
+            self._result = result
+            self._event.set()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The worker process
+
+
+def _set_parent_death_signal() -> None:
+    """Linux: SIGKILL this process when the thread that forked it ends (the pool's dispatcher thread forks them all)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - a safety net only; the parent-pid check still applies
+        pass
+
+
+def _prepare_worker_process(parent_pid: int, inherited: list) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        os.setpgid(0, 0)  # own process group: a kill on timeout also reaches the verifier's subprocesses
+    except OSError:
+        pass
+    for conn in inherited:  # the parent's ends of the other workers' pipes, inherited through fork
+        try:
+            conn.close()
+        except OSError:
+            pass
+    _set_parent_death_signal()
+    if os.getppid() != parent_pid:
+        os._exit(0)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
+async def _await(awaitable):
+    return await awaitable
+
+
+def _run_call(func, kwargs: dict) -> bytes:
+    """Run one call and return its pickled reply: (status, rewards, message, extras, metrics, seconds)."""
+    extras: dict = {}
+    metrics: dict = {}
+
+    def log_extra(column: str, values: list) -> None:
+        extras.setdefault(column, []).extend(values)
+
+    def log_metric(name: str, value: float) -> None:
+        metrics.setdefault(name, []).append(float(value))
+
+    start = time.perf_counter()
+    try:
+        out = func(**kwargs, log_extra=log_extra, log_metric=log_metric)
+        if inspect.isawaitable(out):
+            out = asyncio.run(_await(out))
+        reply = ("ok", out, None, extras, metrics, time.perf_counter() - start)
+    except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt in a verifier are its errors too
+        text = "".join(traceback.format_exception(exc))
+        reply = ("error", None, f"{type(exc).__name__}: {exc}\n{text}", extras, metrics, time.perf_counter() - start)
+    try:
+        return pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # noqa: BLE001
+        message = f"the reward function's result could not be pickled: {type(exc).__name__}: {exc}"
+        return pickle.dumps(("error", None, message, {}, {}, reply[5]), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _worker_main(conn, funcs, parent_pid: int, inherited: list) -> None:
+    _prepare_worker_process(parent_pid, inherited)
+    if isinstance(funcs, bytes):  # spawn: unpickled after the environment above is set
+        funcs = pickle.loads(funcs)
+    conn.send_bytes(b"")  # ready: the parent hands out calls (and starts their clocks) only from here on
+    while True:
+        if not conn.poll(1.0):
+            if os.getppid() != parent_pid:
+                return
+            continue
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        func_index, kwargs = pickle.loads(data)
+        conn.send_bytes(_run_call(funcs[func_index], kwargs))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The parent side
+
+
+class _Worker:
+    __slots__ = ("call", "conn", "deadline", "process", "ran_a_call", "ready", "started")
+
+    def __init__(self, process, conn):
+        self.process = process
+        self.conn = conn
+        self.ready = False  # until the worker says so (after its start-up: imports under spawn)
+        self.call: PendingCall | None = None
+        self.deadline: float | None = None
+        self.started = 0.0
+        self.ran_a_call = False
+
+
+def _kill(process) -> None:
+    if process.exitcode is None:  # not yet reaped: its pid (and process group) cannot have been reused
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass
+        try:
+            process.kill()
+        except (OSError, AttributeError):
+            pass
+
+
+def _how_it_died(process) -> str:
+    process.join(timeout=5)
+    code = process.exitcode
+    if code is None:
+        return "the worker process closed its pipe"
+    if code < 0:
+        try:
+            return f"the worker process was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"the worker process was killed by signal {-code}"
+    return f"the worker process exited with code {code}"
+
+
+class _PoolCore:
+    """Everything the dispatcher thread and :meth:`RewardWorkerPool.close` share (kept apart from the pool object so
+    that the thread does not keep the pool alive, and garbage collection can close it)."""
+
+    def __init__(self, ctx, funcs, funcs_payload, num_workers: int, timeout_s: float | None):
+        self.ctx = ctx
+        self.owner_pid = os.getpid()
+        self.funcs = funcs  # fork: inherited by the children as they are
+        self.funcs_payload = funcs_payload  # spawn: pickled by reference
+        self.timeout_s = timeout_s
+        self.lock = threading.Lock()
+        self.queue: collections.deque = collections.deque()
+        self.closed = False
+        self.broken: str | None = None
+        self.wake_pending = False
+        self.start_failures = 0
+        self.wake_r, self.wake_w = ctx.Pipe(duplex=False)
+        self.workers: list[_Worker] = []
+        # The dispatcher thread forks every worker (the first ones too), so that the workers' parent-death signal
+        # fires when the pool's thread ends (close, or the process dying), not when whichever thread built the pool
+        # exits.
+        self.started = threading.Event()
+        self.start_error: BaseException | None = None
+        self.num_workers = num_workers
+        self.thread = threading.Thread(target=self.dispatch_forever, name="RewardWorkerPool", daemon=True)
+        self.thread.start()
+        self.started.wait()
+        if self.start_error is not None:
+            self.close()
+            raise self.start_error
+
+    # -- workers
+    def start_worker(self) -> _Worker:
+        parent_conn, child_conn = self.ctx.Pipe(duplex=True)
+        if self.funcs_payload is None:
+            inherited = [w.conn for w in self.workers] + [self.wake_r, self.wake_w, parent_conn]
+            funcs = self.funcs
+        else:
+            inherited, funcs = [], self.funcs_payload
+        process = self.ctx.Process(
+            target=_worker_main, args=(child_conn, funcs, os.getpid(), inherited), name="reward-worker", daemon=False
+        )
+        process.start()
+        child_conn.close()
+        return _Worker(process, parent_conn)
+
+    def retire(self, worker: _Worker) -> None:
+        """Kill a worker (if still alive), reap it, and put a fresh one in its place unless the pool is closing."""
+        _kill(worker.process)
+        worker.process.join(timeout=5)
+        worker.conn.close()
+        if worker.ran_a_call or worker.call is not None:
+            self.start_failures = 0
+        else:
+            self.start_failures += 1
+        index = self.workers.index(worker)
+        if self.closed or self.start_failures >= MAX_START_FAILURES:
+            self.workers.pop(index)
+            if not self.closed and self.broken is None:
+                self.fail_everything(f"reward worker processes keep dying before their first call "
+                                     f"({MAX_START_FAILURES} in a row; the last: {_how_it_died(worker.process)})")
+            return
+        self.workers[index] = self.start_worker()
+
+    def fail_everything(self, reason: str) -> None:
+        with self.lock:
+            self.broken = reason
+            queued = [call for call, _ in self.queue]
+            self.queue.clear()
+        for call in queued:
+            call._resolve(CallResult("error", None, reason))
+
+    # -- submission
+    def submit(self, call: PendingCall, payload: bytes) -> None:
+        with self.lock:
+            if self.closed:
+                raise RuntimeError("RewardWorkerPool.submit: the pool is closed")
+            if self.broken is not None:
+                call._resolve(CallResult("error", None, self.broken))
+                return
+            self.queue.append((call, payload))
+            wake = not self.wake_pending
+            self.wake_pending = True
+        if wake:
+            self.wake()
+
+    def wake(self) -> None:
+        try:
+            self.wake_w.send_bytes(b"")
+        except OSError:
+            pass
+
+    # -- the dispatcher thread
+    def dispatch_forever(self) -> None:
+        try:
+            for _ in range(self.num_workers):
+                self.workers.append(self.start_worker())
+        except BaseException as exc:  # noqa: BLE001 - handed to the constructor
+            self.start_error = exc
+            return
+        finally:
+            self.started.set()
+        try:
+            while not self.closed:
+                self.dispatch_once()
+        except BaseException as exc:  # noqa: BLE001 - a bug here must not leave result() waiting forever
+            if not self.closed:
+                reason = f"the reward pool's dispatcher failed: {type(exc).__name__}: {exc}"
+                self.fail_everything(reason)
+                for worker in self.workers:
+                    if worker.call is not None:
+                        worker.call._resolve(CallResult("error", None, reason))
+
+    def hand_out(self) -> None:
+        for worker in self.workers:
+            if worker.call is not None or not worker.ready:
+                continue
+            with self.lock:
+                if not self.queue or self.closed:
+                    return
+                call, payload = self.queue.popleft()
+            worker.call = call
+            worker.started = time.monotonic()
+            worker.deadline = None if self.timeout_s is None else worker.started + self.timeout_s
+            try:
+                worker.conn.send_bytes(payload)
+            except OSError:  # died while idle: the call goes back to the front, the worker is replaced
+                worker.call = None
+                with self.lock:
+                    self.queue.appendleft((call, payload))
+                self.retire(worker)
+                return
+
+    def dispatch_once(self) -> None:
+        self.hand_out()
+        busy = [w for w in self.workers if w.call is not None or not w.ready]
+        deadlines = [w.deadline for w in busy if w.deadline is not None]
+        wait_s = None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
+        objects = [self.wake_r] + [w.conn for w in busy] + [w.process.sentinel for w in self.workers]
+        ready = set(wait_ready(objects, wait_s))
+        if self.closed:
+            return
+        if self.wake_r in ready:
+            while self.wake_r.poll():
+                self.wake_r.recv_bytes()
+            with self.lock:
+                self.wake_pending = False
+        for worker in list(self.workers):
+            if not worker.ready and worker.conn in ready:
+                self.hear_ready(worker)
+            elif worker.call is not None and (worker.conn in ready or worker.process.sentinel in ready):
+                self.collect(worker)
+            elif worker.process.sentinel in ready:  # died while idle (or after its reply was read)
+                self.retire(worker)
+        now = time.monotonic()
+        for worker in list(self.workers):
+            if worker.call is not None and worker.deadline is not None and now >= worker.deadline:
+                call, elapsed = worker.call, now - worker.started
+                self.retire(worker)
+                call._resolve(CallResult("timeout", None, f"timed out after {self.timeout_s:g} s", seconds=elapsed))
+
+    def hear_ready(self, worker: _Worker) -> None:
+        try:
+            worker.conn.recv_bytes()
+        except (EOFError, OSError):  # died while starting
+            self.retire(worker)
+            return
+        worker.ready = True
+
+    def collect(self, worker: _Worker) -> None:
+        call = worker.call
+        try:
+            if not worker.conn.poll(0):  # the process ended and nothing came (a grandchild may hold the pipe open)
+                raise EOFError
+            data = worker.conn.recv_bytes()
+        except (EOFError, OSError):
+            elapsed = time.monotonic() - worker.started
+            message = f"{_how_it_died(worker.process)} during the call"
+            self.retire(worker)
+            call._resolve(CallResult("error", None, message, seconds=elapsed))
+            return
+        worker.call, worker.deadline, worker.ran_a_call = None, None, True
+        self.start_failures = 0
+        status, rewards, message, extras, metrics, seconds = pickle.loads(data)
+        call._resolve(CallResult(status, rewards, message, extras, metrics, seconds))
+
+    # -- shutdown
+    def close(self) -> None:
+        if os.getpid() != self.owner_pid:  # a forked copy of the parent exiting: the workers are not its own
+            return
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            queued = [call for call, _ in self.queue]
+            self.queue.clear()
+        for worker in list(self.workers):
+            _kill(worker.process)
+        self.wake()
+        if threading.current_thread() is not self.thread:
+            self.thread.join(timeout=10)
+        for worker in self.workers:
+            _kill(worker.process)
+            worker.process.join(timeout=5)
+            worker.conn.close()
+            if worker.call is not None:
+                worker.call._resolve(CallResult("error", None, "the reward pool was closed during the call"))
+        for call in queued:
+            call._resolve(CallResult("error", None, "the reward pool was closed before the call started"))
+        self.wake_r.close()
+        self.wake_w.close()
+
+
+class RewardWorkerPool:
+    """``num_workers`` processes that run calls of ``funcs`` (sync or ``async def`` reward functions), each bounded by
+    ``timeout_s`` seconds (None: no limit). See the module docstring for how calls run and fail.
+
+    ``start_method`` (keyword only, default: ``"fork"`` where available, else ``"spawn"``) picks how workers start;
+    under ``"spawn"`` the functions must pickle by reference (importable module-level functions).
+
+    Use as a context manager, or call :meth:`close`; a pool that is garbage collected or still open at interpreter
+    exit is closed then.
+    """
+
+    def __init__(self, funcs: list, num_workers: int, timeout_s: float | None = None, *,
+                 start_method: str | None = None):
+        funcs = list(funcs)
+        if not funcs or not all(callable(f) for f in funcs):
+            raise TypeError(f"RewardWorkerPool: funcs must be a non-empty list of callables, got {funcs!r}")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"RewardWorkerPool: num_workers must be an integer >= 1, got {num_workers!r}")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"RewardWorkerPool: timeout_s must be > 0 or None, got {timeout_s!r}")
+        if start_method is None:
+            start_method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        ctx = multiprocessing.get_context(start_method)
+        payload = None
+        if start_method != "fork":
+            try:
+                payload = pickle.dumps(funcs, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:
+                raise TypeError(
+                    f"RewardWorkerPool: with the {start_method!r} start method the reward functions are pickled by "
+                    f"reference and must be importable module-level functions; this one is not: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+        self.num_funcs = len(funcs)
+        self.num_workers = num_workers
+        self.timeout_s = timeout_s
+        self.start_method = start_method
+        self._core = _PoolCore(ctx, funcs, payload, num_workers, timeout_s)
+        self._finalizer = weakref.finalize(self, self._core.close)  # also runs at interpreter exit
+
+    def submit(self, func_index: int, kwargs: dict) -> PendingCall:
+        """Queue ``funcs[func_index](**kwargs)`` and return at once. ``kwargs`` must pickle; ``log_extra`` and
+        ``log_metric`` in it are dropped (the worker supplies its own)."""
+        if not 0 <= func_index < self.num_funcs:
+            raise IndexError(f"RewardWorkerPool.submit: func_index {func_index} not in [0, {self.num_funcs})")
+        kwargs = {key: value for key, value in kwargs.items() if key not in RECORDER_KEYS}
+        payload = pickle.dumps((func_index, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        call = PendingCall(func_index)
+        self._core.submit(call, payload)
+        return call
+
+    @property
+    def closed(self) -> bool:
+        return self._core.closed
+
+    def close(self) -> None:
+        """Kill the workers. Calls still queued or running resolve with status ``"error"``. Idempotent."""
+        self._finalizer()
+
+    def __enter__(self) -> RewardWorkerPool:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
