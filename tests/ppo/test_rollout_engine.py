@@ -117,6 +117,7 @@ def test_greedy_gives_generates_tokens_and_the_cache_is_built_once(lora_policy, 
     assert torch.equal(first, reference) and torch.equal(second, reference)
     assert engine.manager.batch_processor.cache.cache_tensor is cache  # the same cache for every rollout
     assert cache.numel() == (engine.plan.num_blocks * 32 + 2 * 32) * 2 * 2 * 2 * 16 * 4  # + 2 trash pages
+    assert cache.untyped_storage().nbytes() == 0  # its memory is given back between rollouts
     assert not hasattr(base, "_cached_continuous_batching_manager") and base.config._attn_implementation == "sdpa"
     with lora_policy.disable_adapter():  # the adapter matters: without it the tokens differ
         without, _, _ = engine.sample(base, q, tok.pad_token_id, config)

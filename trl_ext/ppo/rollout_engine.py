@@ -18,9 +18,11 @@ What this module adds to transformers' engine, and why:
   ``max_batch_tokens`` new tokens per forward. ``chunk`` is the trainer's ``local_rollout_forward_batch_size``: with
   ``"auto"`` the chunk whose budget fits ``max_memory_gib`` (:mod:`trl_ext.ppo.rollout_chunk`), so the engine's KV
   cache is the budget's ``rollout: KV cache (one chunk)`` line up to one page per sequence. The manager is created on
-  the first rollout and kept (``ContinuousBatchingManager.stop(keep_for_next_session=True)`` keeps its batch
-  processor, hence its cache tensor; the library allows it). It is not cached on the model (transformers' own
-  persistence puts a thread-owning object on the module; ours lives on the engine).
+  the first rollout and kept (a stopped manager keeps its batch processor, hence its cache; the library allows
+  it). It is not cached on the model (transformers' own persistence puts a thread-owning object on the module;
+  ours lives on the engine). Between rollouts the cache's storage shrinks to 0 bytes and grows again for the next
+  (:meth:`ContinuousBatchingRollout._hold_cache`): the budget's phases do not overlap, so the KV cache must not
+  sit in memory while the update scores and trains.
 * **The trainer's RNG, reproducibly.** The engine reseeds torch's global RNG once when it builds its batch processor
   (``DistributedHelper.set_tp_seed``); that build happens here under a saved-and-restored RNG state, so the run's
   RNG stream is a function of the checkpoint (resume reproduces an uninterrupted run). Sampling then draws from the
@@ -273,6 +275,7 @@ class ContinuousBatchingRollout:
         self.manager = None
         self._model = None
         self._config_key = None
+        self._cache_nbytes = 0
         self.logprobs_from_engine: bool | None = None
         """After the first rollout: True if the engine's log-probs are the rollout's, False if recomputed."""
 
@@ -317,6 +320,23 @@ class ContinuousBatchingRollout:
             manager.model.set_attn_implementation(manager._original_attn_impl)
             manager._original_attn_impl = None
 
+    def _hold_cache(self, manager, hold: bool) -> None:
+        """Give the cache's memory back between rollouts (``hold=False``: its storage shrinks to 0 bytes) and take
+        it again, zeroed, for the next (``hold=True``). The scoring and training phases then have the memory the
+        budget gives them; the cache object, its views and the engine stay built (resizing a storage keeps every
+        view valid, the trick FSDP uses for its flat parameters)."""
+        processor = manager.batch_processor
+        if processor is None:
+            return
+        storage = processor.cache.cache_tensor.untyped_storage()
+        if hold:
+            if storage.nbytes() == 0:
+                storage.resize_(self._cache_nbytes)
+                processor.cache.cache_tensor.zero_()  # as built: padded reads must not meet NaN bit patterns
+        else:
+            self._cache_nbytes = storage.nbytes()
+            storage.resize_(0)
+
     @staticmethod
     def _stop(manager) -> None:
         """``manager.stop(keep_for_next_session=True)`` without its ``gc.collect()`` (0.3 s and more per rollout in a
@@ -355,6 +375,7 @@ class ContinuousBatchingRollout:
         manager.switch_to_cb_friendly_attn(model, manager.continuous_batching_config.auto_switch_to_flash)
         if manager.batch_processor is not None:  # prefix blocks hold the previous rollout's (older) weights' KV
             manager.batch_processor.cache.reset()
+            self._hold_cache(manager, True)
         request_ids = manager.add_requests(inputs=inputs, max_new_tokens=config.max_new_tokens)
         results, rows = {}, {rid: row for row, rid in enumerate(request_ids)}
         manager.start()  # all requests are queued: the scheduler sees them at once (same batches every run)
@@ -370,6 +391,7 @@ class ContinuousBatchingRollout:
                     break
         finally:
             self._stop(manager)
+            self._hold_cache(manager, False)
         failed = [rid for rid in request_ids if rid not in results or results[rid].error is not None]
         if failed:
             error = results[failed[0]].error if failed[0] in results else "no result"
