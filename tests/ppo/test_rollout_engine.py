@@ -228,6 +228,7 @@ def first_update_is_on_policy(trainer):
 def test_ppo_gae_on_a_shared_base(tiny_models, tok, tmp_path, reward_adapter):
     trainer = ppo_trainer(tiny_models, tok, tmp_path, shared_adapter=reward_adapter)
     assert trainer.shared_base and trainer.rollout_engine_choice.engine == "continuous_batching"
+    assert trainer.rollout_engine.plan.chunk == 2  # local_rollout_forward_batch_size 2 (of a per-device batch of 4)
     trainer.train()
     assert trainer.rollout_engine.logprobs_from_engine is True
     first_update_is_on_policy(trainer)

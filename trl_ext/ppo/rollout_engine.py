@@ -75,6 +75,7 @@ __all__ = [
     "choose_rollout_engine",
     "engine_cache_plan",
     "engine_logprobs_usable",
+    "has_continuous_batching",
     "teacher_forced_logprobs",
 ]
 
@@ -148,6 +149,15 @@ def _zero3_launched() -> bool:
     return False
 
 
+def has_continuous_batching() -> bool:
+    """The installed transformers has the continuous-batching engine (5.8 and later)."""
+    try:
+        from transformers.generation.continuous_batching import ContinuousMixin
+    except ImportError:
+        return False
+    return hasattr(ContinuousMixin, "init_continuous_batching")
+
+
 def check_rollout_engine(args) -> None:
     """``PPOConfig.__post_init__``: a known value, and no combination the engine cannot run (one line each)."""
     value = args.rollout_engine
@@ -155,11 +165,7 @@ def check_rollout_engine(args) -> None:
         raise UserInputError(f"rollout_engine: unknown value {value!r}; use one of {', '.join(ROLLOUT_ENGINES)}")
     if value != CONTINUOUS_BATCHING:
         return
-    try:
-        from transformers.generation.continuous_batching import ContinuousMixin
-    except ImportError:
-        ContinuousMixin = None
-    if ContinuousMixin is None or not hasattr(ContinuousMixin, "init_continuous_batching"):
+    if not has_continuous_batching():
         raise UserInputError("rollout_engine: 'continuous_batching' needs transformers >= 5.8 (continuous batching); "
                              "use 'generate'")
     if _zero3_launched():
@@ -178,6 +184,8 @@ def build_rollout_engine(trainer) -> "ContinuousBatchingRollout | None":
     args = trainer.args
     stop_token_set = bool(args.stop_token) or args.stop_token_id is not None
     choice = choose_rollout_engine(args.rollout_engine, args.response_length, stop_token_set)
+    if choice.engine == CONTINUOUS_BATCHING and choice.requested == AUTO and not has_continuous_batching():
+        choice = EngineChoice(AUTO, GENERATE, "this transformers has no continuous batching")
     if choice.engine == CONTINUOUS_BATCHING and zero3_enabled(trainer.accelerator):
         if choice.requested == AUTO:
             choice = EngineChoice(AUTO, GENERATE, "DeepSpeed ZeRO-3")
@@ -190,9 +198,8 @@ def build_rollout_engine(trainer) -> "ContinuousBatchingRollout | None":
     if choice.engine == GENERATE:
         return None
     prompt_length = max(len(ids) for ids in trainer.train_dataset["input_ids"])
-    return ContinuousBatchingRollout(
-        engine_cache_plan(int(args.local_rollout_forward_batch_size), prompt_length, args.response_length)
-    )
+    chunk = min(int(args.local_rollout_forward_batch_size), args.local_batch_size)  # generate's largest chunk too
+    return ContinuousBatchingRollout(engine_cache_plan(chunk, prompt_length, args.response_length))
 
 
 @dataclass(frozen=True)
