@@ -17,11 +17,13 @@ from trl_ext.ppo.rollout_engine import (
     choose_rollout_engine,
     engine_cache_plan,
     engine_logprobs_usable,
+    has_continuous_batching,
     teacher_forced_logprobs,
 )
 from trl_ext.ppo.sequences import first_true_indices, truncate_response
 
-pytest.importorskip("transformers.generation.continuous_batching")
+if not has_continuous_batching():
+    pytest.skip("transformers without the continuous batching trl-ext drives", allow_module_level=True)
 
 TEXTS = ["hello world the", "a b", "the quick brown fox jumps", "x", "one two three four five six", "b a"]
 

@@ -149,8 +149,18 @@ def _zero3_launched() -> bool:
     return False
 
 
+MIN_TRANSFORMERS = "5.24"
+"""The transformers this module is written and tested against: it drives the engine's manager (start, stop without
+``gc.collect``, its cache, its RNG reseed), whose internals change between minor releases."""
+
+
 def has_continuous_batching() -> bool:
-    """The installed transformers has the continuous-batching engine (5.8 and later)."""
+    """The installed transformers has the continuous-batching engine this module drives (:data:`MIN_TRANSFORMERS`)."""
+    import transformers
+    from packaging.version import Version
+
+    if Version(transformers.__version__).release[:2] < Version(MIN_TRANSFORMERS).release[:2]:
+        return False
     try:
         from transformers.generation.continuous_batching import ContinuousMixin
     except ImportError:
@@ -166,8 +176,8 @@ def check_rollout_engine(args) -> None:
     if value != CONTINUOUS_BATCHING:
         return
     if not has_continuous_batching():
-        raise UserInputError("rollout_engine: 'continuous_batching' needs transformers >= 5.8 (continuous batching); "
-                             "use 'generate'")
+        raise UserInputError(f"rollout_engine: 'continuous_batching' needs transformers >= {MIN_TRANSFORMERS} (its "
+                             "continuous-batching engine as trl-ext drives it); upgrade transformers or use 'generate'")
     if _zero3_launched():
         raise UserInputError(
             "rollout_engine: 'continuous_batching' is not supported under DeepSpeed ZeRO-3 (the engine runs the model "
