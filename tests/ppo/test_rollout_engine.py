@@ -265,3 +265,30 @@ def test_ppo_critic_free_with_top_k_and_a_reward_function(tiny_models, tok, tmp_
     for log, seen in zip(logs, lengths):
         assert log["completions/mean_length"] == pytest.approx(sum(seen) / len(seen))
         assert log["rewards/length/mean"] == pytest.approx(sum(seen) / len(seen) / 64)
+
+
+def test_greedy_on_a_4bit_lora_policy(tiny_models, tok):
+    """A QLoRA policy (nf4 base through bitsandbytes' CPU path, trl-ext's loader): the engine's greedy tokens are
+    generate's, and its sampled log-probs the trainer's."""
+    from transformers import GenerationConfig
+    from trl import ModelConfig
+
+    from trl_ext.models import load_policy
+    from trl_ext.ppo.rollout_logprobs import generate_with_logprobs, sampling_plan
+
+    policy = load_policy(ModelConfig(model_name_or_path=str(tiny_models.policy), load_in_4bit=True, dtype="float32",
+                                     use_peft=True, lora_r=4, lora_target_modules=["q_proj", "v_proj"]),
+                         tokenizer=tok)
+    policy.generation_config.eos_token_id = tok.eos_token_id
+    q = queries(tok)
+    engine = ContinuousBatchingRollout(engine_cache_plan(4, q.shape[1], 10))
+    greedy = GenerationConfig(max_new_tokens=10, do_sample=False)
+    reference, _ = generate_with_logprobs(policy, q, len(TEXTS), tok.pad_token_id, sampling_plan(policy, greedy))
+    tokens, _, _ = engine.sample(policy.get_base_model(), q, tok.pad_token_id, greedy)
+    assert torch.equal(tokens, reference)
+    sampling = GenerationConfig(max_new_tokens=10, do_sample=True, temperature=1.0 + 1e-7, top_k=0, top_p=1.0)
+    torch.manual_seed(0)
+    query_responses, logprobs, _ = engine.sample(policy.get_base_model(), q, tok.pad_token_id, sampling)
+    teacher = teacher_forced_logprobs(policy, query_responses, q.shape[1], tok.pad_token_id, 1.0, 4)
+    assert (logprobs - teacher)[valid_positions(query_responses, q.shape[1], tok)].abs().max() <= LOGPROB_TOLERANCE
+    engine.close()
