@@ -1,4 +1,5 @@
-"""trl-ext 0.1.0's flat module paths, kept importable after the move into subpackages.
+"""trl-ext 0.1.0's flat module paths, kept importable after the move into subpackages (and ``trl_ext.recipes.cli``,
+the command line's home before it moved up to ``trl_ext.cli``).
 
 Checkpoints pickle the trainer's config by its module path (HF Trainer's ``training_args.bin`` names
 ``trl_ext.ppo_config.PPOConfig``), and user code may import ``trl_ext.kl_controllers`` or ``trl_ext.interruption``.
@@ -19,7 +20,6 @@ MOVED = {
     "trl_ext.accumulation_state": "trl_ext.ppo.accumulation_state",
     "trl_ext.biased_score_model": "trl_ext.models.biased_score_model",
     "trl_ext.checkpoints": "trl_ext.runtime.checkpoints",
-    "trl_ext.cli": "trl_ext.recipes.cli",
     "trl_ext.data": "trl_ext.recipes.data",
     "trl_ext.dpo_config": "trl_ext.preference.dpo_config",
     "trl_ext.dpo_trainer": "trl_ext.preference.dpo_trainer",
@@ -44,6 +44,8 @@ MOVED = {
     "trl_ext.reward_config": "trl_ext.preference.reward_config",
     "trl_ext.reward_trainer": "trl_ext.preference.reward_trainer",
     "trl_ext.scalar_heads": "trl_ext.models.scalar_heads",
+    # the command line went back to the top (it runs both recipes/ and export/); 0.2's path still imports
+    "trl_ext.recipes.cli": "trl_ext.cli",
 }
 """Old module path -> new module path."""
 

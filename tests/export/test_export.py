@@ -250,7 +250,7 @@ def test_roles_and_dtype_options(runs, tmp_path):
 
 
 def _cli(capsys, *args):
-    from trl_ext.recipes.cli import main
+    from trl_ext.cli import main
 
     code = main([str(a) for a in args])
     err = capsys.readouterr().err.strip()
@@ -284,7 +284,7 @@ def test_export_errors_are_one_line_and_write_nothing(runs, tmp_path, capsys):
 
 
 def test_export_help_says_what_it_writes(capsys):
-    from trl_ext.recipes.cli import build_parser
+    from trl_ext.cli import build_parser
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["export", "--help"])

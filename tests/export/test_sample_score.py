@@ -14,7 +14,7 @@ PROMPTS = ROOT / "recipes" / "demo" / "data" / "prompts.jsonl"
 
 
 def _cli(capsys, *args):
-    from trl_ext.recipes.cli import main
+    from trl_ext.cli import main
 
     code = main([str(a) for a in args])
     captured = capsys.readouterr()
@@ -204,7 +204,7 @@ def test_sample_errors(ppo_shared_run, reward_centred_run, tmp_path, capsys):
 
 
 def test_help_says_what_each_command_writes(capsys):
-    from trl_ext.recipes.cli import build_parser
+    from trl_ext.cli import build_parser
 
     for command, needle in (("sample", "Writes one JSON line per sample"), ("score", "writes the rows with their "
                                                                                      "scores")):

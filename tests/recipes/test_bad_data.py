@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from trl_ext.recipes.cli import main
+from trl_ext.cli import main
 
 PAIR = {"prompt": "Say something:", "chosen": " good happy", "rejected": " bad sad"}
 

@@ -9,7 +9,7 @@ import pytest
 
 from trl_ext.errors import UserInputError
 from trl_ext.ppo.memory_budget import GIB, LLAMA_3_8B, ModelShape, PPOShape, ppo_memory_budget
-from trl_ext.recipes.cli import main
+from trl_ext.cli import main
 from trl_ext.recipes.plan import make_plan, split_plan_options
 
 SHARED = "recipes/qwen2.5-0.5b/ppo_shared.yaml"

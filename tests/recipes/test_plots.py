@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from trl_ext.errors import UserInputError
-from trl_ext.recipes.cli import main
+from trl_ext.cli import main
 from trl_ext.recipes.plots import load_run, panels_for, series
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@
 * ``sample.py``: ``trl-ext sample RUN_DIR --prompts FILE [--reward MODEL_DIR]``.
 * ``score.py``: ``trl-ext score REWARD_DIR --data FILE``.
 
-The command-line parsers are in :mod:`trl_ext.recipes.cli`; user docs in ``docs/export-sample-score.md``.
+The command-line parsers are in :mod:`trl_ext.cli`; user docs in ``docs/export-sample-score.md``.
 """
 
 from .export_models import export_run

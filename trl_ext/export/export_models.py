@@ -124,7 +124,7 @@ def _export_role(run: Run, role: str, source, target: Path, dtype: str) -> dict:
 
 
 def main(args) -> int:
-    """``trl-ext export`` (parsed arguments from :mod:`trl_ext.recipes.cli`)."""
+    """``trl-ext export`` (parsed arguments from :mod:`trl_ext.cli`)."""
     info = export_run(args.run, args.out, roles=args.roles, dtype=args.dtype, overwrite=args.overwrite,
                       base=args.base)
     if info["trainer"] == "ppo" and "reward" not in info["roles"] and not args.roles:

@@ -97,7 +97,7 @@ def generate_samples(model, tokenizer, prompt_ids: list[list[int]], settings: di
 
 
 def main(args) -> int:
-    """``trl-ext sample`` (parsed arguments from :mod:`trl_ext.recipes.cli`)."""
+    """``trl-ext sample`` (parsed arguments from :mod:`trl_ext.cli`)."""
     from transformers import set_seed
 
     from ..recipes.data import open_split, tokenize_prompts

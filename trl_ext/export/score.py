@@ -12,6 +12,12 @@ each sequence's last non-pad token). Three kinds of data, told apart by their co
 
 For preference data it prints the pairwise accuracy (``score(better) > score(worse)``; a tie counts as wrong, as
 TRL's ``accuracy`` metric) and the mean margin ``score(better) - score(worse)``, both over all pairs.
+
+``--reward-funcs SPEC [SPEC ...]`` (the entries of a recipe's ``reward_funcs``: ``module:function``,
+``file.py:function``, a factory as JSON ``{"name": ..., "kwargs": {...}}``, ``{"url": ...}``) scores prompt/response
+rows with reward functions, with or without a reward model, called as the PPO trainer calls them
+(:func:`score_with_reward_funcs`); it prints each function's mean over the rows it scored (``None``: not
+applicable, counted apart).
 """
 
 from __future__ import annotations
@@ -22,7 +28,10 @@ from pathlib import Path
 
 from ..errors import UserInputError
 
-__all__ = ["load_reward_model", "score_token_ids", "score_rows", "preference_metrics", "data_kind"]
+__all__ = ["load_reward_model", "score_token_ids", "score_rows", "preference_metrics", "data_kind",
+           "score_with_reward_funcs"]
+
+RESPONSE_COLUMNS = ("response", "completion")
 
 
 def load_reward_model(path: str, *, dtype: str | None = None):
@@ -124,19 +133,105 @@ def _check_out(out: str | None) -> None:
         raise UserInputError(f"--out {out}: exists; give a new file (nothing is overwritten)")
 
 
+def _parse_spec_args(specs: list[str]) -> list:
+    """``--reward-funcs`` values: text, or JSON mappings (factories, remote rewards)."""
+    out = []
+    for spec in specs:
+        if spec.lstrip().startswith("{"):
+            try:
+                spec = json.loads(spec)
+            except ValueError as err:
+                raise UserInputError(f"--reward-funcs {spec}: not valid JSON ({err})") from None
+        out.append(spec)
+    return out
+
+
+def score_with_reward_funcs(funcs: list, rows: list[dict], *, tokenizer=None, entries=None, columns=None
+                            ) -> dict[str, list[float]]:
+    """Each reward function's reward of each prompt/response row (NaN where it said None), by the functions' metric
+    names. The functions are called once, on all rows, with the PPO trainer's keywords
+    (:mod:`trl_ext.rewards.contract`): ``prompts`` (the ``prompt`` column, or ``""``), ``completions`` (the
+    ``response``/``completion`` column; a text response to a chat prompt becomes ``[{"role": "assistant",
+    "content": text}]``), ``completion_ids`` (the response tokenized by ``tokenizer`` without special tokens; None
+    without one), every other column, and ``trainer_state``/``log_extra``/``log_metric`` (None and no-ops).
+    ``entries`` name the functions in signature errors; ``columns`` are the data's columns."""
+    from ..rewards.contract import call_reward_funcs, reward_func_names
+    from ..rewards.resolve import check_reward_func
+
+    columns = list(columns if columns is not None else (rows[0].keys() if rows else []))
+    passed = [c for c in columns if c not in RESPONSE_COLUMNS]
+    names = reward_func_names(funcs)
+    for func, entry in zip(funcs, entries or names):
+        check_reward_func(func, entry, passed)
+    prompts = [row.get("prompt", "") for row in rows]
+    completions = []
+    for row, prompt in zip(rows, prompts):
+        response = row.get("response", row.get("completion"))
+        if isinstance(prompt, list) and isinstance(response, str):
+            response = [{"role": "assistant", "content": response}]
+        completions.append(response)
+    completion_ids = None
+    if tokenizer is not None:
+        texts = [c if isinstance(c, str) else "".join(m.get("content", "") for m in c) for c in completions]
+        completion_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    inputs = {"prompts": prompts, "completions": completions,
+              "completion_ids": completion_ids if completion_ids is not None else [None] * len(rows)}
+    inputs.update({c: [row.get(c) for row in rows] for c in passed if c != "prompt"})
+    inputs.update(trainer_state=None, log_extra=lambda *args, **kwargs: None,
+                  log_metric=lambda *args, **kwargs: None)
+    results = call_reward_funcs({i: (name, func) for i, (name, func) in enumerate(zip(names, funcs))}, inputs)
+    return {name: results[i] for i, name in enumerate(names)}
+
+
+def _print_function_means(name: str, rewards: dict[str, list[float]]) -> None:
+    import math
+
+    for func_name, values in rewards.items():
+        scored = [v for v in values if not math.isnan(v)]
+        mean = f"mean {sum(scored) / len(scored):.4f}" if scored else "no row scored"
+        print(f"{name}: {func_name}: {mean} over {len(scored)} rows ({len(values) - len(scored)} None)")
+
+
 def main(args) -> int:
-    """``trl-ext score`` (parsed arguments from :mod:`trl_ext.recipes.cli`)."""
+    """``trl-ext score`` (parsed arguments from :mod:`trl_ext.cli`)."""
     from ..recipes.data import open_split
 
+    specs = getattr(args, "reward_funcs", None)
+    if not args.reward and not specs:
+        raise UserInputError("score: give a reward model (REWARD_DIR), --reward-funcs, or both")
     _check_out(args.out)
+    funcs = []
+    if specs:
+        from ..rewards.resolve import parse_reward_spec, resolve_reward_funcs
+
+        parsed = [parse_reward_spec(s, i, key="--reward-funcs") for i, s in enumerate(_parse_spec_args(specs))]
+        funcs = resolve_reward_funcs(parsed, ".", key="--reward-funcs")  # before any data or model loads
     dataset = open_split(args.data, args.split, key="--data", split_key="--split")
     kind = data_kind(list(dataset.column_names), args.data)
+    if funcs and kind != "rows":
+        raise UserInputError(f"--reward-funcs scores prompt/response rows; --data {args.data} holds {kind} "
+                             f"(columns: {', '.join(dataset.column_names)})")
     rows = [dict(row) for row in dataset]
     if not rows:
         raise UserInputError(f"--data {args.data}: no rows")
-    model, tokenizer = load_reward_model(args.reward, dtype=args.dtype)
-    row_scores = score_rows(model, tokenizer, rows, kind=kind, name=args.data, batch_size=args.batch_size)
-    if kind == "rows":
+    model = tokenizer = None
+    if args.reward:
+        model, tokenizer = load_reward_model(args.reward, dtype=args.dtype)
+    elif getattr(args, "tokenizer", None):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    func_rewards = {}
+    if funcs:
+        func_rewards = score_with_reward_funcs(funcs, rows, tokenizer=tokenizer, entries=[p.where for p in parsed],
+                                               columns=list(dataset.column_names))
+        _print_function_means(args.data, func_rewards)
+    row_scores = None
+    if model is not None:
+        row_scores = score_rows(model, tokenizer, rows, kind=kind, name=args.data, batch_size=args.batch_size)
+    if row_scores is None:
+        pass
+    elif kind == "rows":
         flat = [s[0] for s in row_scores]
         print(f"{args.data}: {len(flat)} rows, mean score {sum(flat) / len(flat):.4f}, "
               f"min {min(flat):.4f}, max {max(flat):.4f}")
@@ -145,10 +240,17 @@ def main(args) -> int:
         print(f"{args.data}: {len(rows)} rows, {metrics['pairs']} pairs, accuracy {metrics['accuracy']:.4f}, "
               f"mean margin {metrics['margin']:.4f}")
     if args.out:
+        import math
+
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "x") as f:
-            for row, scores in zip(rows, row_scores):
-                extra = {"score": scores[0]} if kind == "rows" else {"scores": scores}
+            for i, row in enumerate(rows):
+                extra = {}
+                if row_scores is not None:
+                    scores = row_scores[i]
+                    extra = {"score": scores[0]} if kind == "rows" else {"scores": scores}
+                if func_rewards:
+                    extra["rewards"] = {name: None if math.isnan(v[i]) else v[i] for name, v in func_rewards.items()}
                 f.write(json.dumps({**row, **extra}) + "\n")
         print(f"wrote {args.out}")
     return 0

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 from ..errors import UserInputError
+from .file_text import check_file_text
 
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -39,8 +40,6 @@ def open_split(name: str, split: str, *, config: str | None = None, key: str = "
             raise UserInputError(
                 f"{key}: unsupported file type '{path.suffix}' for '{name}' (use .json, .jsonl, .parquet or .csv)"
             )
-        from .data_rows import check_file_text
-
         check_file_text(path, key=key)  # undecodable text or a bad jsonl line: one line, not a parser traceback
 
         def load_file():
@@ -127,10 +126,14 @@ def check_columns(dataset, trainer: str, *, name: str, split: str, text_column: 
         raise ValueError(f"unknown trainer {trainer!r}")
 
 
-def tokenize_prompts(dataset, tokenizer, *, num_proc: int | None = None):
-    """PPO prompts -> ``input_ids`` as TRL's PPO example does (chat messages go through the chat template)."""
+def tokenize_prompts(dataset, tokenizer, *, num_proc: int | None = None, keep_columns: bool = False):
+    """PPO prompts -> ``input_ids`` as TRL's PPO example does (chat messages go through the chat template).
+
+    ``keep_columns``: keep every other column next to ``input_ids`` (``prompt``, ``solution``, ...), for reward
+    functions, which receive them; otherwise only ``input_ids`` is left, as TRL's PPO expects.
+    """
     if "input_ids" in dataset.column_names:
-        return dataset.select_columns(["input_ids"])
+        return dataset if keep_columns else dataset.select_columns(["input_ids"])
 
     def tokenize(example):
         prompt = example["prompt"]
@@ -142,7 +145,7 @@ def tokenize_prompts(dataset, tokenizer, *, num_proc: int | None = None):
             ids = tokenizer(prompt, padding=False)["input_ids"]
         return {"input_ids": list(ids)}
 
-    return dataset.map(tokenize, remove_columns=dataset.column_names, num_proc=num_proc)
+    return dataset.map(tokenize, remove_columns=[] if keep_columns else dataset.column_names, num_proc=num_proc)
 
 
 def ptx_texts(dataset, text_column: str):

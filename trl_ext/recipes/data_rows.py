@@ -1,7 +1,7 @@
 """Row checks of recipe datasets: bad rows found before training, each as one line naming the file, row and column.
 
-* :func:`check_file_text`: a local ``.jsonl``/``.json``/``.csv`` file whose bytes are not UTF-8 text, or (jsonl) a
-  line that is not a JSON object; read before ``datasets`` parses the file (whose own error is a traceback).
+* (:func:`trl_ext.recipes.file_text.check_file_text`, called when a file is opened: a local file whose bytes are
+  not UTF-8 text, or a ``.jsonl`` line that is not a JSON object.)
 * :func:`check_rows`: an empty dataset; a row whose needed column is missing (``null``), empty or whitespace only,
   not text (undecodable bytes); a preference pair whose chosen and rejected are identical.
 * :func:`check_prompt_lengths`: a row whose prompt alone reaches the length limit (needs the tokenizer):
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import UserInputError
+from .data import check_columns, open_split
 
 # Columns whose values are text a trainer learns from or conditions on, per trainer kind.
 TEXT_COLUMNS = {
@@ -36,55 +37,6 @@ def _where(name: str, split: str, row: int, column: Optional[str] = None) -> str
     line = f" (line {row + 1})" if str(name).endswith(".jsonl") else ""
     col = f" column '{column}'" if column else ""
     return f"dataset '{name}' split '{split}' row {row}{line}{col}"
-
-
-def check_file_text(path: str | Path, *, key: str = "dataset_name") -> None:
-    """Refuse a local text data file that is not UTF-8, or a ``.jsonl`` line that is not a JSON object."""
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix not in (".jsonl", ".json", ".csv"):
-        return
-    data = path.read_bytes()
-    what = "dataset" if key == "dataset_name" else key
-    if not data.strip():
-        raise UserInputError(f"{what} '{path}' is empty: no rows to train on")
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start)
-        where = f"{what} '{path}' line {line + 1}"
-        column = _column_of_bad_bytes(data.split(b"\n")[line]) if suffix == ".jsonl" else None
-        if suffix == ".jsonl":
-            where = f"{what} '{path}' row {_row_of_line(data, line)} (line {line + 1})"
-        col = f" column '{column}'" if column else ""
-        raise UserInputError(f"{where}{col}: undecodable text (byte 0x{data[err.start]:02x} is not UTF-8)") from None
-    if suffix != ".jsonl":
-        return
-    row = 0
-    for i, raw in enumerate(data.decode("utf-8").split("\n")):
-        if not raw.strip():
-            continue
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError as err:
-            raise UserInputError(f"{what} '{path}' row {row} (line {i + 1}): not valid JSON ({err.msg})") from None
-        if not isinstance(value, dict):
-            raise UserInputError(f"{what} '{path}' row {row} (line {i + 1}): not a JSON object of columns")
-        row += 1
-
-
-def _row_of_line(data: bytes, line: int) -> int:
-    return sum(1 for raw in data.split(b"\n")[:line] if raw.strip())
-
-
-def _column_of_bad_bytes(raw: bytes) -> Optional[str]:
-    try:
-        value = json.loads(raw.decode("utf-8", errors="replace"))
-    except json.JSONDecodeError:
-        return None
-    if isinstance(value, dict):
-        return next((k for k, v in value.items() if "\ufffd" in json.dumps(v, ensure_ascii=False)), None)
-    return None
 
 
 def _text_problem(value) -> Optional[str]:
@@ -223,16 +175,21 @@ def _prompt_tokens(tokenizer, prompt) -> Optional[int]:
 
 
 def check_local_data(recipe) -> None:
-    """`trl-ext check`: columns and rows of a local train split (and PPO-ptx text), and the prompts' lengths when the
-    tokenizer (and, for PPO, the model's ``config.json``) is local too. Hub datasets are checked by `train`."""
+    """`trl-ext check`: columns and rows of a local train split (and PPO-ptx text), the reward functions' signatures
+    against its columns, and the prompts' lengths when the tokenizer (and, for PPO, the model's ``config.json``) is
+    local too. Hub datasets are checked by `train`."""
     from ..models.paths import looks_local
-    from .data import check_columns, open_split
+    from .reward_keys import check_reward_columns
 
     s, args = recipe.script_args, recipe.training_args
-    if s.dataset_name and looks_local(s.dataset_name):
+    local = bool(s.dataset_name and looks_local(s.dataset_name))
+    if not local:  # reward functions: the trainer's own keywords only (the hub dataset's columns are not known)
+        check_reward_columns(recipe, None)
+    if local:
         text_column = getattr(args, "dataset_text_field", "text")
         ds = open_split(s.dataset_name, s.dataset_train_split, config=s.dataset_config)
         check_columns(ds, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split, text_column=text_column)
+        check_reward_columns(recipe, ds.column_names)
         check_rows(ds, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split, text_column=text_column,
                    allow_empty_responses=recipe.pipeline.allow_empty_responses)
         if recipe.trainer == "ppo":

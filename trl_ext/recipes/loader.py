@@ -32,6 +32,7 @@ from typing import Any, Optional
 from ..errors import UserInputError
 from ..models.paths import looks_local
 from . import validation
+from .reward_keys import check_no_reward_model, portable_spec, resolve_reward_keys
 
 TRAINERS = ("sft", "reward", "dpo", "ppo")
 RECIPE_FILENAME = "trl_ext_recipe.yaml"
@@ -69,8 +70,16 @@ class PipelineArguments:
             for those weights and the activations, faster. Norms compute in float32 inside either way; LoRA weights,
             score heads that train and their optimizer states stay float32. Applies to every model of the run
             (policy, reference, reward, value, shared base). See `docs/dtypes.md`.
+        reward_funcs (`list`, *optional*):
+            PPO: reward functions beside (or instead of) the reward model, called as TRL's `GRPOTrainer` calls them.
+            Each entry is `"module:function"` (or dotted `"module.function"`), `"path/to/file.py:function"` (relative
+            to the recipe's folder), a factory `{name: FACTORY, kwargs: {...}}` whose call returns the function, or
+            a remote reward `{url: http://host:port/path, timeout_s: 30, retries: 2, label_column: label}`
+            (`trl_ext.rewards.resolve`). With it `reward_model_path` is optional; `reward_weights` has one weight
+            per reward, the reward model's first. See `docs/reward-functions-recipes.md`.
         value_model_path (`str`, *optional*):
-            PPO: checkpoint of the value model. Defaults to `reward_model_path`.
+            PPO: checkpoint of the value model. Defaults to `reward_model_path`; without a reward model
+            (`reward_funcs` only) to the policy's `model_name_or_path` with a fresh one-output head.
         value_reinit_score_head (`bool`, *optional*, defaults to `False`):
             PPO: as `reinit_score_head`, for the value model.
         shared_base (`bool`, *optional*, defaults to `False`):
@@ -80,7 +89,9 @@ class PipelineArguments:
             on the policy's `model_name_or_path`; the value adapter starts from `value_model_path` (an adapter
             directory on the same base; default: the reward adapter) or, when `value_model_path` is the policy's
             `model_name_or_path`, fresh (the policy's LoRA settings, overridden by `value_lora_*` keys). The reward
-            adapter is frozen. `reward_*` keys and `value_*` keys other than LoRA settings do not apply.
+            adapter is frozen. Without a reward model (`reward_funcs` only) only the value adapter shares the base,
+            fresh unless `value_model_path` names an adapter; a critic-free run without a reward model has nothing
+            to share and is refused. `reward_*` keys and `value_*` keys other than LoRA settings do not apply.
         ptx_dataset_name (`str`, *optional*):
             PPO-ptx: hub name, local file or `save_to_disk` directory of the pretraining-mix text.
         ptx_dataset_config (`str`, *optional*):
@@ -113,6 +124,10 @@ class PipelineArguments:
     upcast_non_quantized: bool = field(
         default=True,
         metadata={"help": "Quantized models: float32 embeddings, LM head, norms (peft's upcast); false keeps dtype."},
+    )
+    reward_funcs: Optional[list[str]] = field(
+        default=None,
+        metadata={"help": "PPO: reward functions ('module:function', 'file.py:function', {name:, kwargs:}, {url:})."},
     )
     value_model_path: Optional[str] = field(
         default=None, metadata={"help": "PPO: value model checkpoint (defaults to reward_model_path)."}
@@ -148,7 +163,10 @@ class Recipe:
         model_args: TRL `ModelConfig` of the trained model (the policy for SFT/DPO/PPO, the reward model for reward).
         training_args: the trainer's config (`trl_ext.SFTConfig`, `RewardConfig`, `DPOConfig` or `PPOConfig`).
         pipeline: :class:`PipelineArguments`.
-        reward_model_args / value_model_args: PPO only, `ModelConfig`s of the reward and value models.
+        reward_model_args / value_model_args: PPO only, `ModelConfig`s of the reward and value models (None when
+            the run has none: `reward_funcs` only, or a critic-free `advantage_estimator`).
+        reward_funcs: PPO only, the callables of `reward_funcs` (imported, factories called), in order.
+        reward_func_entries: how messages name each of them (`recipe: key 'reward_funcs' entry N '...'`).
         explicit: the keys the recipe and the command line set, with their resolved values.
         notes: remarks for the user (printed by `trl-ext check`).
         env: the recipe's `env` mapping (environment variables).
@@ -162,6 +180,8 @@ class Recipe:
     pipeline: PipelineArguments
     reward_model_args: Any = None
     value_model_args: Any = None
+    reward_funcs: list = field(default_factory=list)
+    reward_func_entries: list = field(default_factory=list)
     explicit: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
     env: dict = field(default_factory=dict)
@@ -292,6 +312,9 @@ def valid_keys(trainer: str) -> list[str]:
 
 
 def _to_argv(key: str, value: Any, action) -> list[str]:
+    if key in STRUCTURED_LIST_KEYS:  # mappings in the list travel as JSON text
+        entries = value if isinstance(value, (list, tuple)) else [value]
+        return [f"--{key}", *(json.dumps(v) if isinstance(v, (dict, list)) else _scalar_str(key, v) for v in entries)]
     if isinstance(value, (list, tuple)):
         if action.nargs not in ("+", "*"):
             raise UserInputError(f"recipe: key '{key}' takes one value, got a list {list(value)}")
@@ -374,32 +397,93 @@ def resolve_recipe(
     actions = {a.dest: a for a in parser._actions if a.dest != "help"}
     defaults = {dest: a.default for dest, a in actions.items()}
     try:
-        return _resolve(path, merged, cli, env, trainer, types, parser, actions, for_check)
+        return _resolve(_Resolution(path=path, merged=merged, cli=cli, env=env, trainer=trainer, types=types,
+                                    parser=parser, actions=actions, for_check=for_check))
     finally:  # `null` values are set as parser defaults: put the parser back as it was
         for dest, a in actions.items():
             a.default = defaults[dest]
         parser._defaults.clear()
 
 
-def _resolve(path, merged, cli, env, trainer, types, parser, actions, for_check) -> Recipe:
-    for key in merged:
-        if key in UNSUPPORTED_KEYS:
-            raise UserInputError(f"recipe: key '{key}' is not used by trl-ext: {UNSUPPORTED_KEYS[key]}")
-        if key not in actions:
-            close = difflib.get_close_matches(key, list(actions) + ["env"], n=1, cutoff=0.6)
-            hint = f" (did you mean '{close[0]}'?)" if close else f" (not a key of a {trainer} recipe)"
-            raise UserInputError(f"recipe: unknown key '{key}'{hint}")
+@dataclass
+class _Resolution:
+    """What the steps of :func:`_resolve` share: the recipe's raw keys, the parser of its trainer, and what each
+    step adds (``specs``, ``argv``, ``parsed``, ``notes``, ``resuming``, the reward and value model configs)."""
 
-    def given(key, default=None):
-        return merged.get(key, default)
+    path: Any
+    merged: dict
+    cli: dict
+    env: dict
+    trainer: str
+    types: list
+    parser: Any
+    actions: dict
+    for_check: bool
+    specs: dict = field(default_factory=dict)
+    argv: list = field(default_factory=list)
+    parsed: tuple = ()
+    notes: list = field(default_factory=list)
+    resuming: bool = False
+    reward_args: Any = None
+    value_args: Any = None
+    reward_specs: list = field(default_factory=list)
+    reward_funcs: list = field(default_factory=list)
 
-    def truthy(key):
-        v = merged.get(key)
+    @property
+    def has_reward_model(self) -> bool:
+        return self.given("reward_model_path") not in (None, "")
+
+    def given(self, key, default=None):
+        return self.merged.get(key, default)
+
+    def truthy(self, key) -> bool:
+        v = self.merged.get(key)
         return v is True or (isinstance(v, str) and v.lower() in ("true", "yes", "1", "t", "y"))
 
-    # Checks on raw values that TRL's own messages would not name clearly.
+    @property
+    def training_args(self):
+        return self.parsed[2]
+
+    @property
+    def pipeline(self) -> PipelineArguments:
+        return self.parsed[3]
+
+
+def _resolve(ctx: _Resolution) -> Recipe:
+    """Validate and resolve a recipe, one named step after the other (each raises a one-line UserInputError)."""
+    _check_known_keys(ctx)
+    _check_raw_values(ctx)
+    _parse(ctx)
+    _check_paths_and_resume(ctx)
+    _resolve_ppo_models(ctx)
+    _check_model_and_output(ctx)
+    script_args, model_args, training_args, pipeline = ctx.parsed[:4]
+    env = {str(k): str(v) for k, v in ctx.env.items()}
+    return Recipe(
+        path=Path(ctx.path), trainer=ctx.trainer, script_args=script_args, model_args=model_args,
+        training_args=training_args, pipeline=pipeline, reward_model_args=ctx.reward_args,
+        value_model_args=ctx.value_args, reward_funcs=ctx.reward_funcs,
+        reward_func_entries=[spec.where for spec in ctx.reward_specs], explicit=_explicit_keys(ctx), notes=ctx.notes,
+        env=env,
+    )
+
+
+def _check_known_keys(ctx: _Resolution) -> None:
+    """Unknown keys (with the closest valid one) and keys trl-ext does not use."""
+    for key in ctx.merged:
+        if key in UNSUPPORTED_KEYS:
+            raise UserInputError(f"recipe: key '{key}' is not used by trl-ext: {UNSUPPORTED_KEYS[key]}")
+        if key not in ctx.actions:
+            close = difflib.get_close_matches(key, list(ctx.actions) + ["env"], n=1, cutoff=0.6)
+            hint = f" (did you mean '{close[0]}'?)" if close else f" (not a key of a {ctx.trainer} recipe)"
+            raise UserInputError(f"recipe: unknown key '{key}'{hint}")
+
+
+def _check_raw_values(ctx: _Resolution) -> None:
+    """Checks on raw values that TRL's own messages would not name clearly: both quantizations, missing keys."""
+    given, trainer = ctx.given, ctx.trainer
     for prefix in ("", "reward_", "value_"):
-        if truthy(f"{prefix}load_in_4bit") and truthy(f"{prefix}load_in_8bit"):
+        if ctx.truthy(f"{prefix}load_in_4bit") and ctx.truthy(f"{prefix}load_in_8bit"):
             raise UserInputError(
                 f"recipe: keys '{prefix}load_in_4bit' and '{prefix}load_in_8bit' are both true; choose one"
             )
@@ -411,139 +495,171 @@ def _resolve(path, merged, cli, env, trainer, types, parser, actions, for_check)
     if trainer == "ppo":
         if given("dataset_name") in (None, ""):
             raise UserInputError("recipe: missing key 'dataset_name' (prompts for PPO)")
-        if truthy("dataset_streaming"):
+        if ctx.truthy("dataset_streaming"):
             raise UserInputError("recipe: key 'dataset_streaming' is not supported by PPO (it needs the prompt count)")
-        if given("reward_model_path") in (None, ""):
-            raise UserInputError("recipe: missing key 'reward_model_path' (the reward model PPO optimises)")
+        if not ctx.has_reward_model and given("reward_funcs") in (None, "", []):
+            raise UserInputError("recipe: missing key 'reward_model_path' (the reward model PPO optimises) or "
+                                 "'reward_funcs' (reward functions)")
 
-    # Type and choice checks: as TRL's CLI would parse them, with one-line errors; then nullability and ranges
-    # (trl_ext.recipes.validation), before the libraries' own checks in the dataclasses' __post_init__.
-    specs = validation.key_specs(types)
 
-    def argv_of(keys) -> list[str]:
-        argv: list[str] = []
-        for key in keys:
-            value = merged[key]
-            if value is None:
-                validation.check_null(key, specs[key])
-                parser.set_defaults(**{key: None})
-            elif value is True and key in cli and actions[key].nargs == "?":
-                argv.append(f"--{key}")
-            else:
-                argv += _to_argv(key, value, actions[key])
-        return argv
+def _argv_of(ctx: _Resolution, keys) -> list[str]:
+    """Command-line tokens of ``keys`` as TRL's CLI would parse them; a `null` value becomes a parser default."""
+    argv: list[str] = []
+    for key in keys:
+        value = ctx.merged[key]
+        if value is None:
+            validation.check_null(key, ctx.specs[key])
+            ctx.parser.set_defaults(**{key: None})
+        elif value is True and key in ctx.cli and ctx.actions[key].nargs == "?":
+            argv.append(f"--{key}")
+        else:
+            argv += _to_argv(key, value, ctx.actions[key])
+    return argv
 
-    argv = argv_of(merged)
-    validation.check_namespace(parser.parse_known_args(argv)[0], merged, specs)
 
-    def builds(keys) -> bool:
-        parser.parse_args_into_dataclasses(
-            args=argv_of(keys) + (["--bf16", "false", "--fp16", "false"] if for_check else []),
-            look_for_args_file=False)
-        return True
-
-    def library_error(msg: str) -> UserInputError:
-        """A library's validation error, naming the recipe key at fault (validation.find_culprit)."""
-        culprit = validation.find_culprit(msg, list(merged), builds)
-        return UserInputError(f"recipe: {f'key {culprit!r}: ' if culprit else ''}{msg}")
-
-    notes: list[str] = []
+def _parse(ctx: _Resolution) -> None:
+    """Type and choice checks as TRL's CLI would parse them, with one-line errors; then nullability and ranges
+    (trl_ext.recipes.validation), before the libraries' own checks in the dataclasses' __post_init__ (an error
+    there names the recipe key at fault). `check` on a machine without a GPU validates a GPU precision as fp32."""
+    ctx.specs = validation.key_specs(ctx.types)
+    ctx.argv = _argv_of(ctx, ctx.merged)
+    validation.check_namespace(ctx.parser.parse_known_args(ctx.argv)[0], ctx.merged, ctx.specs)
     try:
-        parsed = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+        ctx.parsed = tuple(ctx.parser.parse_args_into_dataclasses(args=ctx.argv, look_for_args_file=False))
+        return
     except UserInputError:
         raise
     except ValueError as err:
         msg = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
-        precision = any(k in msg for k in ("bf16", "fp16", "gpu", "GPU"))
-        if precision and not for_check:
-            raise UserInputError(
-                f"recipe: key 'bf16'/'fp16': this machine cannot train in that precision ({msg}); TRL's configs "
-                "default to bf16: true, so on CPU set use_cpu: true (or bf16: false)"
-            ) from None
-        if not precision:
-            raise library_error(msg) from None
-        # `check` on a machine without a GPU: validate the rest with fp32 and say so.
-        notes.append(f"this machine cannot run the recipe's precision ({msg}); checked the rest with fp32")
-        argv += ["--bf16", "false", "--fp16", "false"]
-        try:
-            parsed = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
-        except UserInputError:
-            raise
-        except ValueError as err2:
-            raise library_error(str(err2).strip().splitlines()[0]) from None
+    precision = any(k in msg for k in ("bf16", "fp16", "gpu", "GPU"))
+    if precision and not ctx.for_check:
+        raise UserInputError(
+            f"recipe: key 'bf16'/'fp16': this machine cannot train in that precision ({msg}); TRL's configs "
+            "default to bf16: true, so on CPU set use_cpu: true (or bf16: false)"
+        ) from None
+    if not precision:
+        raise _library_error(ctx, msg) from None
+    # `check` on a machine without a GPU: validate the rest with fp32 and say so.
+    ctx.notes.append(f"this machine cannot run the recipe's precision ({msg}); checked the rest with fp32")
+    ctx.argv += ["--bf16", "false", "--fp16", "false"]
+    try:
+        ctx.parsed = tuple(ctx.parser.parse_args_into_dataclasses(args=ctx.argv, look_for_args_file=False))
+    except UserInputError:
+        raise
+    except ValueError as err2:
+        raise _library_error(ctx, str(err2).strip().splitlines()[0]) from None
 
-    script_args, model_args, training_args, pipeline = parsed[:4]
 
-    # Local paths must exist (hub names are checked when loaded).
+def _library_error(ctx: _Resolution, msg: str) -> UserInputError:
+    """A library's validation error, naming the recipe key at fault (validation.find_culprit)."""
+
+    def builds(keys) -> bool:
+        ctx.parser.parse_args_into_dataclasses(
+            args=_argv_of(ctx, keys) + (["--bf16", "false", "--fp16", "false"] if ctx.for_check else []),
+            look_for_args_file=False)
+        return True
+
+    culprit = validation.find_culprit(msg, list(ctx.merged), builds)
+    return UserInputError(f"recipe: {f'key {culprit!r}: ' if culprit else ''}{msg}")
+
+
+def _check_paths_and_resume(ctx: _Resolution) -> None:
+    """Local paths must exist (hub names are checked when loaded); `resume_from_checkpoint` must find one."""
     for key in PATH_KEYS:
-        owner = next((o for o in parsed[:4] if key in {f.name for f in dataclasses.fields(o)}), None)
+        owner = next((o for o in ctx.parsed[:4] if key in {f.name for f in dataclasses.fields(o)}), None)
         value = getattr(owner, key, None)
         if isinstance(value, str):
             _check_path(key, value)
     # resume_from_checkpoint: true (latest complete checkpoint-N in output_dir) or a checkpoint folder
-    resume = getattr(training_args, "resume_from_checkpoint", None)
-    resuming = resume is not None and str(resume).strip().lower() not in ("", "false", "no", "none")
-    if resuming:
+    resume = getattr(ctx.training_args, "resume_from_checkpoint", None)
+    ctx.resuming = resume is not None and str(resume).strip().lower() not in ("", "false", "no", "none")
+    if ctx.resuming:
         from ..runtime.checkpoints import resolve_checkpoint
 
-        resolve_checkpoint(resume, training_args.output_dir)  # UserInputError naming the key if there is none
+        resolve_checkpoint(resume, ctx.training_args.output_dir)  # UserInputError naming the key if there is none
 
-    reward_args = value_args = None
-    if trainer == "ppo":
-        reward_args = _model_config_from_prefix(parsed[4], "reward", model_args, training_args.reward_model_path)
-        if getattr(training_args, "critic_free", False):
-            _check_critic_free(merged, training_args)  # no value model: value_model_args stays None
-        else:
-            value_path = pipeline.value_model_path or training_args.reward_model_path
-            value_args = _model_config_from_prefix(parsed[5], "value", model_args, value_path)
-        _check_ptx(training_args, pipeline)
-        validation.check_ppo_batches(training_args)
-        if pipeline.shared_base:
-            _check_shared_base(merged, parsed, model_args, training_args, pipeline)
-        else:
-            validation.check_lora(reward_args, prefix="reward_")
-            validation.check_lora(value_args, prefix="value_")
-    elif any(getattr(pipeline, k) not in (None, f.default) for k, f in _PPO_ONLY.items()):
-        bad = next(k for k, f in _PPO_ONLY.items() if getattr(pipeline, k) not in (None, f.default))
-        raise UserInputError(f"recipe: key '{bad}' is for PPO recipes only (this recipe has trainer: {trainer})")
-    if trainer == "reward" and "lora_task_type" not in merged:
+
+def _resolve_ppo_models(ctx: _Resolution) -> None:
+    """PPO: the reward and value models' configs and their checks (ptx, batches, shared base, LoRA); other trainers:
+    refuse PPO-only keys."""
+    training_args, pipeline, model_args = ctx.training_args, ctx.pipeline, ctx.parsed[1]
+    if ctx.trainer != "ppo":
+        bad = next((k for k, f in _PPO_ONLY.items() if getattr(pipeline, k) not in (None, f.default)), None)
+        if bad:
+            raise UserInputError(
+                f"recipe: key '{bad}' is for PPO recipes only (this recipe has trainer: {ctx.trainer})"
+            )
+        return
+    resolve_reward_keys(ctx)
+    critic_free = getattr(training_args, "critic_free", False)
+    if ctx.has_reward_model:
+        ctx.reward_args = _model_config_from_prefix(ctx.parsed[4], "reward", model_args,
+                                                    training_args.reward_model_path)
+    else:  # reward functions only: no reward model (TRL's config default path would be a model nobody asked for)
+        check_no_reward_model(ctx.merged, critic_free, pipeline)
+        training_args.reward_model_path = None
+    if critic_free:
+        _check_critic_free(ctx.merged, training_args)  # no value model: value_model_args stays None
+    else:
+        value_path = default_value_model_path(pipeline, training_args, model_args)
+        ctx.value_args = _model_config_from_prefix(ctx.parsed[5], "value", model_args, value_path)
+    _check_ptx(training_args, pipeline)
+    validation.check_ppo_batches(training_args)
+    if pipeline.shared_base:
+        _check_shared_base(ctx.merged, ctx.parsed, model_args, training_args, pipeline)
+    else:
+        validation.check_lora(ctx.reward_args, prefix="reward_")
+        validation.check_lora(ctx.value_args, prefix="value_")
+
+
+def _check_model_and_output(ctx: _Resolution) -> None:
+    """The trained model's LoRA and length limits, runs that would train nothing, and a non-empty output_dir
+    (never overwritten unless asked, or resuming into it)."""
+    model_args, training_args, pipeline = ctx.parsed[1], ctx.training_args, ctx.pipeline
+    if ctx.trainer == "reward" and "lora_task_type" not in ctx.merged:
         model_args.lora_task_type = "SEQ_CLS"  # the reward model is a sequence classifier
     validation.check_lora(model_args)
-    validation.check_model_limits(trainer, training_args, _local_model_config(model_args.model_name_or_path))
-    validation.check_nothing_to_do(trainer, training_args)
-
-    # The output directory: never overwrite a non-empty one unless asked (or resuming into it).
+    validation.check_model_limits(ctx.trainer, training_args, _local_model_config(model_args.model_name_or_path))
+    validation.check_nothing_to_do(ctx.trainer, training_args)
     out = Path(training_args.output_dir)
-    if out.is_dir() and any(out.iterdir()) and not pipeline.overwrite_output_dir and not resuming:
+    if out.is_dir() and any(out.iterdir()) and not pipeline.overwrite_output_dir and not ctx.resuming:
         raise UserInputError(
             f"recipe: output_dir '{out}' exists and is not empty; set overwrite_output_dir: true or choose another"
         )
 
-    explicit = {"trainer": trainer}
-    objs = list(parsed)
-    for key in merged:
+
+def _explicit_keys(ctx: _Resolution) -> dict:
+    """The keys the recipe and the command line set, with their resolved values (what `to_yaml` writes)."""
+    explicit = {"trainer": ctx.trainer}
+    for key in ctx.merged:
         if key == "trainer":
             continue
-        owner = next(o for o in objs if key in {f.name for f in dataclasses.fields(o)})
+        if key == "reward_funcs":  # as parsed (mappings again), file paths absolute: the copy runs from anywhere
+            explicit[key] = [portable_spec(spec, Path(ctx.path).parent) for spec in ctx.pipeline.reward_funcs or []]
+            continue
+        owner = next(o for o in ctx.parsed if key in {f.name for f in dataclasses.fields(o)})
         value = _plain(getattr(owner, key))
         # Keep what the user wrote where TRL normalised it to something that would not parse back ([] for
         # `report_to: none`), and where `check` relaxed a GPU-only precision.
-        explicit[key] = merged[key] if value == [] or (notes and key in ("bf16", "fp16")) else value
-    if env:
-        explicit["env"] = {str(k): str(v) for k, v in env.items()}
-
-    recipe = Recipe(
-        path=Path(path), trainer=trainer, script_args=script_args, model_args=model_args,
-        training_args=training_args, pipeline=pipeline, reward_model_args=reward_args,
-        value_model_args=value_args, explicit=explicit, notes=notes, env={str(k): str(v) for k, v in env.items()},
-    )
-    return recipe
+        explicit[key] = ctx.merged[key] if value == [] or (ctx.notes and key in ("bf16", "fp16")) else value
+    if ctx.env:
+        explicit["env"] = {str(k): str(v) for k, v in ctx.env.items()}
+    return explicit
 
 
 _PPO_ONLY = {
     f.name: f for f in dataclasses.fields(PipelineArguments)
-    if f.name.startswith(("value_", "ptx_")) or f.name == "shared_base"
+    if f.name.startswith(("value_", "ptx_")) or f.name in ("shared_base", "reward_funcs")
 }
+# List keys whose entries may be mappings (passed to the parser as JSON text, parsed back in the pipeline step).
+STRUCTURED_LIST_KEYS = ("reward_funcs",)
+
+
+def default_value_model_path(pipeline, training_args, model_args) -> str:
+    """Where a GAE run's value model starts: `value_model_path`, else the reward model, else (reward functions
+    only) the policy's own checkpoint, with a fresh one-output head (as verl starts its critic from the actor)."""
+    return pipeline.value_model_path or training_args.reward_model_path or model_args.model_name_or_path
+
 
 # value_<ModelConfig key>s that still apply with a shared base (a fresh value adapter's LoRA settings)
 SHARED_BASE_VALUE_KEYS = ("use_peft", "use_rslora", "use_dora")
@@ -603,7 +719,7 @@ def _check_shared_base(merged: dict, parsed, model_args, training_args, pipeline
                 raise UserInputError("recipe: key 'value_use_peft' is false, but with shared_base the value model is a "
                                      "LoRA adapter; drop the key")
     policy_base = resolve_tiny_name(model_args.model_name_or_path)
-    sources = [("reward_model_path", training_args.reward_model_path)]
+    sources = [("reward_model_path", training_args.reward_model_path)] if training_args.reward_model_path else []
     value_path = pipeline.value_model_path
     if value_path and not shared_value_is_fresh(value_path, model_args.model_name_or_path):
         sources.append(("value_model_path", value_path))

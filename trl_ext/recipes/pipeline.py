@@ -265,25 +265,31 @@ def train_ppo(recipe: Recipe):
 
     Policy from ``model_name_or_path`` (reference: adapter disabled with LoRA, else a frozen copy; under DeepSpeed
     ZeRO-3 the reference is loaded from ``model_name_or_path`` too, as TRL asks), reward model
-    from ``reward_model_path``, value model (none with a critic-free ``advantage_estimator``) from ``value_model_path``
-    (default: the reward model), each with its own ``reward_*``/``value_*`` quantization and LoRA keys. Prompts come
-    from the ``prompt`` column, tokenized as in TRL's PPO example; the eval split (if the dataset has one) feeds
-    TRL's sample generations.
+    from ``reward_model_path`` (optional with ``reward_funcs``: the recipe's reward functions, resolved by the
+    loader, go to the trainer as ``reward_funcs``), value model (none with a critic-free ``advantage_estimator``)
+    from ``value_model_path`` (default: the reward model, else the policy's checkpoint with a fresh head), each with
+    its own ``reward_*``/``value_*`` quantization and LoRA keys. Prompts come from the ``prompt`` column, tokenized
+    as in TRL's PPO example; with reward functions the dataset's other columns stay beside ``input_ids``. The eval
+    split (if the dataset has one) feeds TRL's sample generations.
     """
     from transformers.integrations import is_deepspeed_zero3_enabled
 
     from trl_ext import PPOTrainer
 
+    from .reward_keys import check_reward_columns
+
     args = recipe.training_args
     train_ds, eval_ds = open_datasets(recipe)
+    check_reward_columns(recipe, train_ds.column_names)
     ptx = open_ptx_dataset(recipe)
 
     model_args = _resolved(recipe.model_args)
     tokenizer = load_tokenizer(model_args)
     tokenizer.padding_side = "left"  # generation needs left padding (as TRL's PPO example)
-    train_ds = tokenize_prompts(train_ds, tokenizer, num_proc=args.dataset_num_proc)
+    keep = bool(recipe.reward_funcs)  # reward functions receive the dataset's other columns
+    train_ds = tokenize_prompts(train_ds, tokenizer, num_proc=args.dataset_num_proc, keep_columns=keep)
     if eval_ds is not None:
-        eval_ds = tokenize_prompts(eval_ds, tokenizer, num_proc=args.dataset_num_proc)
+        eval_ds = tokenize_prompts(eval_ds, tokenizer, num_proc=args.dataset_num_proc, keep_columns=keep)
     check_lengths(recipe, tokenizer, train_ds, eval_ds, model_config=_model_config(model_args))
 
     upcast = recipe.pipeline.upcast_non_quantized
@@ -295,12 +301,14 @@ def train_ppo(recipe: Recipe):
     if recipe.pipeline.shared_base:
         reward_model, value_model = shared_base_scalar_models(recipe, policy)
     else:
-        reward_args = _resolved(recipe.reward_model_args)
-        reward_model = load_scalar_checkpoint(reward_args, trainable=False, tokenizer=tokenizer,
-                                              upcast_non_quantized=upcast)
-        reward_model.eval()
-        for p in reward_model.parameters():
-            p.requires_grad_(False)
+        reward_model = None  # reward functions only
+        if recipe.reward_model_args is not None:
+            reward_args = _resolved(recipe.reward_model_args)
+            reward_model = load_scalar_checkpoint(reward_args, trainable=False, tokenizer=tokenizer,
+                                                  upcast_non_quantized=upcast)
+            reward_model.eval()
+            for p in reward_model.parameters():
+                p.requires_grad_(False)
         value_model = None  # critic-free advantage_estimator: no value model
         if recipe.value_model_args is not None:
             value_args = _resolved(recipe.value_model_args)
@@ -308,9 +316,10 @@ def train_ppo(recipe: Recipe):
                                                  reinit_head=recipe.pipeline.value_reinit_score_head,
                                                  upcast_non_quantized=upcast)
 
+    extra = {"reward_funcs": recipe.reward_funcs} if recipe.reward_funcs else {}
     trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=ref_model,
                          reward_model=reward_model, value_model=value_model, train_dataset=train_ds,
-                         eval_dataset=eval_ds, ptx_dataset=ptx)
+                         eval_dataset=eval_ds, ptx_dataset=ptx, **extra)
     trainer.train(resume_from_checkpoint=_resume_arg(recipe))
     _finish(trainer, recipe, tokenizer)
     if recipe.pipeline.shared_base and value_model is not None:  # the value adapter lives nowhere else: keep it
@@ -331,15 +340,17 @@ def shared_base_scalar_models(recipe: Recipe, policy):
 
     from ..models.lora import lora_config_for
     from ..models.shared_base import REWARD_ADAPTER, VALUE_ADAPTER, add_scalar_adapter
-    from .loader import SHARED_BASE_VALUE_KEYS, shared_value_is_fresh
+    from .loader import SHARED_BASE_VALUE_KEYS, default_value_model_path, shared_value_is_fresh
 
     args, pipeline = recipe.training_args, recipe.pipeline
-    reward_model = add_scalar_adapter(policy, REWARD_ADAPTER, source=resolve_model_path(args.reward_model_path),
-                                      trainable=False)
-    reward_model.eval()
+    reward_model = None  # reward functions only: no reward adapter
+    if args.reward_model_path:
+        reward_model = add_scalar_adapter(policy, REWARD_ADAPTER, source=resolve_model_path(args.reward_model_path),
+                                          trainable=False)
+        reward_model.eval()
     if recipe.value_model_args is None:  # critic-free advantage_estimator: no value adapter
         return reward_model, None
-    value_path = pipeline.value_model_path or args.reward_model_path
+    value_path = default_value_model_path(pipeline, args, recipe.model_args)
     if shared_value_is_fresh(value_path, recipe.model_args.model_name_or_path):
         # the policy's LoRA settings, with the value_lora_* keys the recipe sets
         value_keys = {

@@ -116,6 +116,15 @@ def parse_ppo_recipe(path: str, overrides: list[str]):
     return tuple(parsed[:4])
 
 
+def merged_reward_model_path(path: str, overrides) -> str | None:
+    """The recipe's `reward_model_path` as written (None when it has none: reward functions only; TRL's config
+    would fill in a default model)."""
+    from . import loader
+
+    merged = {**loader.read_recipe_file(path), **loader.parse_overrides(list(overrides or []))}
+    return merged.get("reward_model_path") or None
+
+
 def read_model_config(path: str, key: str):
     """The transformers config of a local checkpoint (``config.json`` only), following a LoRA adapter directory to
     its base; one-line errors for Hub ids and missing files."""
@@ -160,8 +169,12 @@ def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memor
     shared = bool(pipeline.shared_base)
     critic = not args.critic_free  # a critic-free advantage_estimator: no value model to budget
     notes = []
+    has_reward_model = bool(merged_reward_model_path(recipe_path, overrides))
+    if not has_reward_model:
+        notes.append("no reward model (reward_funcs only): the budget still counts one (frozen, the policy's shape), "
+                     "an over-estimate")
     if not shared:
-        paths = [("reward_model_path", args.reward_model_path)]
+        paths = [("reward_model_path", args.reward_model_path)] if has_reward_model else []
         if critic:
             paths.append(("value_model_path", pipeline.value_model_path))
         for key, path in paths:

@@ -1,4 +1,5 @@
-"""The ``trl-ext`` command line (also ``python -m trl_ext``).
+"""The ``trl-ext`` command line (also ``python -m trl_ext``), above the packages whose commands it runs:
+``recipes`` (train, check, plan, plot) and ``export`` (export, sample, score).
 
 Commands:
   train RECIPE [--key value ...]   train an SFT, reward, DPO or PPO model from a YAML recipe
@@ -24,8 +25,8 @@ import logging
 import sys
 import warnings
 
-from .. import __version__
-from ..errors import UserInputError
+from . import __version__
+from .errors import UserInputError
 
 EXIT_USAGE = 2
 EXIT_NONFINITE = 3
@@ -113,14 +114,21 @@ def _add_export_parsers(sub) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "auto"],
                    help="dtype to run in (default: a run's recipe dtype; an export's or model's own)")
 
-    help_ = "score a data file with a reward model"
+    help_ = "score a data file with a reward model and/or reward functions"
     p = sub.add_parser("score", help=help_, description=help_ + (
-        ". prompt/response rows: prints the mean score; preference rows (chosen/rejected, or `responses` ranked "
-        "best first): prints pairwise accuracy and mean margin (better minus worse, over all pairs). With --out, "
-        "writes the rows with their scores (`score`, or `scores` per response) as JSON lines; nothing else is "
-        "written."))
-    p.add_argument("reward", metavar="REWARD_DIR", help="a reward run or checkpoint, an export (its reward model) "
-                   "or a one-output sequence-classification model directory")
+        ". prompt/response rows: prints the mean score (and, with --reward-funcs, each function's mean); preference "
+        "rows (chosen/rejected, or `responses` ranked best first): prints pairwise accuracy and mean margin (better "
+        "minus worse, over all pairs). With --out, writes the rows with their scores (`score`, or `scores` per "
+        "response; `rewards` per function) as JSON lines; nothing else is written."))
+    p.add_argument("reward", metavar="REWARD_DIR", nargs="?", help="a reward run or checkpoint, an export (its "
+                   "reward model) or a one-output sequence-classification model directory (optional with "
+                   "--reward-funcs)")
+    p.add_argument("--reward-funcs", nargs="+", metavar="SPEC", help="reward functions as in a recipe's "
+                   "reward_funcs: module:function, path/to/file.py:function (relative to the working directory), "
+                   "or JSON: '{\"name\": \"trl.rewards.get_soft_overlong_punishment\", \"kwargs\": {...}}', "
+                   "'{\"url\": \"http://host:port/path\"}'")
+    p.add_argument("--tokenizer", metavar="DIR", help="tokenizer for the functions' completion_ids when there is no "
+                   "REWARD_DIR (default: the reward model's)")
     p.add_argument("--data", required=True, metavar="FILE", help="a .jsonl/.json/.csv/.parquet file, a "
                    "save_to_disk folder or a dataset name")
     p.add_argument("--split", default="train", help="split of --data (default: train)")
@@ -149,54 +157,68 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .loader import resolve_recipe
+    from .recipes.loader import resolve_recipe
 
     if args.command in ("export", "sample", "score"):  # trl_ext/export/{export_models,sample,score}.py
         import importlib
 
         module = {"export": "export_models", "sample": "sample", "score": "score"}[args.command]
-        importlib.import_module("..export.run_dir", __package__).quiet_libraries()
-        return importlib.import_module(f"..export.{module}", __package__).main(args)
+        importlib.import_module(".export.run_dir", __package__).quiet_libraries()
+        return importlib.import_module(f".export.{module}", __package__).main(args)
     if args.command == "plot":
-        from .plots import plot_runs
+        from .recipes.plots import plot_runs
 
         for path in plot_runs(args.runs, args.out, smoothing=args.smoothing):
             print(path)
         return 0
     overrides = [tok for tok in args.overrides if tok != "--"]
     if args.command == "plan":
-        from .plan import run_plan
+        from .recipes.plan import run_plan
 
         return run_plan(args.recipe, overrides, gpu_memory=args.gpu_memory, prompt_length=args.prompt_length)
     if args.command == "check":
         recipe = resolve_recipe(args.recipe, overrides, for_check=True)
-        from .data_rows import check_local_data
+        from .recipes.data_rows import check_local_data
 
         check_local_data(recipe)  # local data: columns, rows and prompt lengths too (no network, no model)
+        from .recipes.lora_targets import check_recipe_lora_targets
+
+        notes = recipe.notes + check_recipe_lora_targets(recipe)  # models built on the meta device, no weights
         print(f"# {args.recipe}: OK ({recipe.trainer} recipe, {type(recipe.training_args).__name__})")
-        for note in recipe.notes:
+        for note in notes:
             print(f"# note: {note}")
         if recipe.trainer == "ppo" and recipe.pipeline.shared_base:
-            from .loader import shared_value_is_fresh
+            from .recipes.loader import shared_value_is_fresh
 
             base = recipe.model_args.model_name_or_path
             value = "none (critic-free advantage_estimator)"
             if recipe.value_model_args is not None:
                 value = recipe.value_model_args.model_name_or_path
                 value = "fresh adapter and head" if shared_value_is_fresh(value, base) else f"adapter {value}"
-            print(f"# shared base {base}: policy adapter; reward: adapter {recipe.reward_model_args.model_name_or_path}"
-                  f" (frozen); value: {value}; reference: adapters disabled")
+            reward = "none (reward_funcs only)" if recipe.reward_model_args is None else \
+                f"adapter {recipe.reward_model_args.model_name_or_path} (frozen)"
+            print(f"# shared base {base}: policy adapter; reward: {reward}; value: {value}; reference: adapters "
+                  "disabled")
         for role, margs in (("reward model", recipe.reward_model_args), ("value model", recipe.value_model_args)):
             if margs is not None and not (recipe.trainer == "ppo" and recipe.pipeline.shared_base):
                 quant = "4-bit" if margs.load_in_4bit else "8-bit" if margs.load_in_8bit else margs.dtype
                 lora = f", LoRA r={margs.lora_r}" if margs.use_peft else ""
                 print(f"# {role}: {margs.model_name_or_path} ({quant}{lora})")
+        if recipe.reward_funcs:
+            from .rewards.resolve import reward_func_name
+
+            from .models.paths import looks_local
+
+            names = ", ".join(reward_func_name(f) for f in recipe.reward_funcs)
+            columns = "the dataset's columns" if looks_local(recipe.script_args.dataset_name or "") else \
+                "the trainer's keywords; the hub dataset's columns are checked by train"
+            print(f"# reward functions: {names} (imported; signatures fit {columns})")
         print(recipe.to_yaml(), end="")
         return 0
     recipe = resolve_recipe(args.recipe, overrides)
-    from ..runtime.interruption import TrainingInterrupted
-    from ..runtime.nonfinite import NonFiniteError
-    from .pipeline import run
+    from .runtime.interruption import TrainingInterrupted
+    from .runtime.nonfinite import NonFiniteError
+    from .recipes.pipeline import run
 
     try:
         run(recipe)

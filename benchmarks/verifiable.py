@@ -1,0 +1,278 @@
+"""The verifiable task (issue 25 §4): RL from a reward function alone (no reward model) with each advantage estimator
+of trl_ext.PPOTrainer, measured by held-out exact-match accuracy.
+
+Task (recipes/verifiable/README.md): two-digit addition, ``"4 7 + 3 5 ="`` -> ``"8 2"``, on a word-level tokenizer
+and a random tiny Llama (hidden 64, 2 layers); 4000 training problems, 500 disjoint held-out ones. The pipeline, in
+this process: data and base model (recipes/verifiable/make_data.py), the SFT warm start (recipes/verifiable/sft.yaml,
+1000 steps: it stops with about a third of the held-out sums right), then RL from the SFT model with
+``reward_funcs=[exact_match_reward]`` (trl_ext/rewards/arithmetic_task.py) and each estimator, at the same number of
+generated completions (``--updates`` x 64) and the same KL coefficient, 3 training seeds:
+
+* GAE with a value model (initialised from the SFT model with a fresh scalar head), 64 prompts per update;
+* RLOO k=4 and GRPO k=4 (KL in the loss, k3, GRPO's own choice), 16 prompts x 4 samples per update;
+* REINFORCE++ (k=1, advantages whitened over the batch), 64 prompts per update.
+
+Accuracy is measured on the 500 held-out problems (recipes/verifiable/evaluate.py): ``greedy`` (one greedy answer,
+the table's number) and ``sampled`` (4 temperature-1 answers per problem: what RL samples). Before SFT, after SFT and
+after RL.
+
+    python benchmarks/verifiable.py            # 100 updates x 4 estimators x 3 seeds (about 10 minutes on 2 busy cores)
+    python benchmarks/verifiable.py --quick    # 30 updates, 1 seed
+
+Writes benchmarks/results/verifiable.json and benchmarks/figures/verifiable.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import shutil
+import sys
+import time
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _common import REPO, RESULTS, load_average, print_table, setup_env, write_result
+
+TASK = REPO / "recipes" / "verifiable"
+sys.path.insert(0, str(TASK))
+FIGURES = HERE / "figures"
+
+K = 4
+COMPLETIONS_PER_UPDATE = 64
+ESTIMATORS = {
+    "GAE (value model)": {"advantage_estimator": "gae"},
+    f"RLOO k={K}": {"advantage_estimator": "rloo", "num_samples_per_prompt": K},
+    f"GRPO k={K} (KL in loss)": {"advantage_estimator": "grpo", "num_samples_per_prompt": K},
+    "REINFORCE++": {"advantage_estimator": "reinforce_pp"},
+}
+#: The RL settings every estimator shares (recipes/verifiable/{gae,rloo,grpo,reinforce_pp}.yaml carry the same).
+RL_SETTINGS = dict(  # noqa: C408 - keyword form: these are PPOConfig's keywords
+    per_device_train_batch_size=COMPLETIONS_PER_UPDATE, gradient_accumulation_steps=1, num_mini_batches=1,
+    num_ppo_epochs=2, learning_rate=3e-4, lr_scheduler_type="constant", response_length=5, stop_token="eos",
+    temperature=1.0, kl_coef=0.01, local_rollout_forward_batch_size=COMPLETIONS_PER_UPDATE,
+)
+
+
+def sft(work: Path, max_steps: int | None = None) -> tuple[Path, float]:
+    """Data and base model (make_data), then SFT with recipes/verifiable/sft.yaml in this process; returns (SFT
+    model folder, seconds). The recipe's console output goes to ``<work>/sft.log``."""
+    from make_data import make_data
+
+    from trl_ext.recipes import resolve_recipe
+    from trl_ext.recipes.pipeline import run
+
+    make_data(work)
+    argv = ["--model_name_or_path", str(work / "base"), "--dataset_name", str(work / "data" / "train.jsonl"),
+            "--output_dir", str(work / "sft"), "--disable_tqdm", "true"]
+    if max_steps is not None:
+        argv += ["--max_steps", str(max_steps)]
+    recipe = resolve_recipe(TASK / "sft.yaml", argv)
+    start = time.perf_counter()
+    with open(work / "sft.log", "w") as log, redirect_stdout(log), redirect_stderr(log):
+        run(recipe)
+    return work / "sft", time.perf_counter() - start
+
+
+def rl_dataset(tokenizer, rows: list[dict]):
+    """The RL training set: tokenized ``input_ids`` beside the ``prompt`` and ``answer`` columns the reward function
+    reads (the trainer passes every column through)."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({"input_ids": [tokenizer(r["prompt"])["input_ids"] for r in rows],
+                              "prompt": [r["prompt"] for r in rows], "answer": [r["answer"] for r in rows]})
+
+
+def make_rl_trainer(sft_dir: Path, train_rows: list[dict], out: Path, *, updates: int, seed: int, estimator: dict,
+                    **overrides):
+    """A trl_ext.PPOTrainer from the SFT model with ``reward_funcs=[exact_match_reward]`` and no reward model."""
+    import torch
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+    )
+
+    import trl_ext
+    from trl_ext.rewards.arithmetic_task import exact_match_reward
+
+    tokenizer = AutoTokenizer.from_pretrained(sft_dir, padding_side="left")
+    torch.manual_seed(seed)
+    policy = AutoModelForCausalLM.from_pretrained(sft_dir)
+    value = None
+    if estimator.get("advantage_estimator", "gae") == "gae":
+        value = AutoModelForSequenceClassification.from_pretrained(sft_dir, num_labels=1)
+    settings = {**RL_SETTINGS, **estimator, **overrides}
+    args = trl_ext.PPOConfig(output_dir=str(out), total_episodes=updates * settings["per_device_train_batch_size"],
+                             seed=seed, use_cpu=True, report_to="none", logging_steps=1, save_strategy="no",
+                             num_sample_generations=0, disable_tqdm=True, **settings)
+    return trl_ext.PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=copy.deepcopy(policy),
+                              reward_model=None, train_dataset=rl_dataset(tokenizer, train_rows), value_model=value,
+                              reward_funcs=[exact_match_reward])
+
+
+class HeldOutCurve:
+    """A TrainerCallback: held-out accuracy (appended to ``curve``) every ``every`` updates and after the last."""
+
+    def __init__(self, trainer, tokenizer, rows, curve, every, last):
+        self.trainer, self.tokenizer, self.rows, self.curve, self.every, self.last = (trainer, tokenizer, rows, curve,
+                                                                                      every, last)
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.every == 0 or state.global_step == self.last:
+            from evaluate import accuracy
+
+            self.curve.append({"update": state.global_step,
+                               **accuracy(self.trainer.model.policy, self.tokenizer, self.rows)})
+
+
+def logged(trainer, key: str) -> list[float]:
+    return [h[key] for h in trainer.state.log_history if key in h]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="30 updates, one seed")
+    p.add_argument("--updates", type=int, default=None, help="RL updates per run (default 100, quick 30)")
+    p.add_argument("--seeds", type=int, default=None, help="training seeds per estimator (default 3, quick 1)")
+    p.add_argument("--only", nargs="*", default=None, help="run only these estimators (names as in the table)")
+    p.add_argument("--lr", type=float, default=None, help="RL learning rate (default: RL_SETTINGS)")
+    p.add_argument("--kl-coef", type=float, default=None, help="KL coefficient (default: RL_SETTINGS)")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="other PPOConfig overrides (YAML values)")
+    p.add_argument("--sft-dir", default=None, help="reuse this SFT model (and its data folder beside it)")
+    p.add_argument("--workdir", default=str(RESULTS / "verifiable_runs"), help="where data and models are written")
+    p.add_argument("--figures", default=str(FIGURES), help="where the PNG figure goes ('' for none)")
+    p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/verifiable.json)")
+    a = p.parse_args(argv)
+    updates = a.updates or (30 if a.quick else 100)
+    seeds = list(range(a.seeds or (1 if a.quick else 3)))
+    evals = 4  # accuracy measured every updates/evals updates
+
+    setup_env(threads=1)
+    from evaluate import accuracy, read_jsonl
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    work = Path(a.workdir)
+    started = time.perf_counter()
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    if a.sft_dir:  # a finished SFT model; its data folder beside it
+        sft_dir, sft_seconds, data = Path(a.sft_dir), 0.0, Path(a.sft_dir).parent / "data"
+    else:
+        (sft_dir, sft_seconds), data = sft(work), work / "data"
+    overrides = {k: v for k, v in (("learning_rate", a.lr), ("kl_coef", a.kl_coef)) if v is not None}
+    import yaml
+
+    overrides.update({kv.split("=", 1)[0]: yaml.safe_load(kv.split("=", 1)[1]) for kv in a.set})
+    tokenizer = AutoTokenizer.from_pretrained(sft_dir)
+    heldout = read_jsonl(data / "heldout.jsonl")
+    train_rows = read_jsonl(data / "train.jsonl")
+    base = accuracy(AutoModelForCausalLM.from_pretrained(data.parent / "base"), tokenizer, heldout)
+    start = accuracy(AutoModelForCausalLM.from_pretrained(sft_dir), tokenizer, heldout)
+    print(f"before SFT {base}; after SFT ({sft_seconds:.0f} s) {start}", flush=True)
+
+    runs = {}
+    for seed in seeds:  # seeds outermost: a cut-short study still has every estimator
+        for name, estimator in ESTIMATORS.items():
+            if a.only is not None and name not in a.only:
+                continue
+            run = runs.setdefault(name, {"settings": {**RL_SETTINGS, **estimator, **overrides}, "seeds": []})
+            out = work / f"rl-{estimator['advantage_estimator']}-seed{seed}"
+            trainer = make_rl_trainer(sft_dir, train_rows, out, updates=updates, seed=seed, estimator=estimator,
+                                      **overrides)
+            curve = [{"update": 0, **start}]
+
+            trainer.add_callback(HeldOutCurve(trainer, tokenizer, heldout, curve, max(1, updates // evals), updates))
+            gc.collect()
+            gc.freeze()
+            t = time.perf_counter()
+            with open(f"{out}.log", "w") as log, redirect_stdout(log), redirect_stderr(log):
+                trainer.train()
+            seconds = time.perf_counter() - t
+            gc.unfreeze()
+            if curve[-1]["update"] != trainer.state.global_step:
+                curve.append({"update": trainer.state.global_step, **accuracy(trainer.model.policy, tokenizer,
+                                                                              heldout)})
+            run["seeds"].append({"seed": seed, "seconds": seconds, "curve": curve,
+                                 "reward": logged(trainer, "reward"), "kl": logged(trainer, "objective/kl"),
+                                 "frac_reward_zero_std": logged(trainer, "frac_reward_zero_std")})
+            print(f"{name} seed {seed}: {seconds:.0f} s, held-out greedy {start['greedy']:.3f} -> "
+                  f"{curve[-1]['greedy']:.3f}, sampled {start['sampled']:.3f} -> {curve[-1]['sampled']:.3f}",
+                  flush=True)
+            del trainer
+            shutil.rmtree(out, ignore_errors=True)
+            write_result("verifiable", {"updates": updates, "seeds": seeds}, {"base": base, "sft": start,
+                                                                              "runs": runs}, out=a.out)
+
+    total = time.perf_counter() - started
+    report(base, start, runs)
+    settings = {"quick": a.quick, "updates": updates, "seeds": seeds, "k": K,
+                "completions_per_update": COMPLETIONS_PER_UPDATE, "rl": RL_SETTINGS,
+                "seconds": {"total": total, "sft": sft_seconds}}
+    write_result("verifiable", settings, {"base": base, "sft": start, "runs": runs}, out=a.out)
+    if a.figures:
+        draw_figure(Path(a.figures), start, runs, updates)
+    print(f"total {total:.0f} s; load average now {load_average()}")
+    return 0
+
+
+def _mean(xs) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs)
+
+
+def report(base, start, runs) -> None:
+    headers = ["model", "seeds", "held-out greedy acc. (per seed)", "held-out sampled acc.", "train reward, last 10",
+               "KL to SFT at the end", "s per run"]
+    table = [["random base (before SFT)", "-", f"{base['greedy']:.3f}", base["sampled"], "-", "-", "-"],
+             ["SFT warm start", "-", f"{start['greedy']:.3f}", start["sampled"], "-", "-", "-"]]
+    for name, run in runs.items():
+        ends = [r["curve"][-1] for r in run["seeds"]]
+        per_seed = " / ".join(f"{e['greedy']:.3f}" for e in ends)
+        table.append([f"RL: {name}", len(ends), f"{_mean(e['greedy'] for e in ends):.3f} ({per_seed})",
+                      _mean(e["sampled"] for e in ends), _mean(_mean(r["reward"][-10:]) for r in run["seeds"]),
+                      _mean(r["kl"][-1] for r in run["seeds"]), _mean(r["seconds"] for r in run["seeds"])])
+    print_table(headers, table)
+
+
+def draw_figure(folder: Path, start, runs, updates) -> None:
+    """Held-out greedy and sampled accuracy over RL updates, every seed, one colour per estimator."""
+    try:
+        import matplotlib
+    except ImportError:
+        print('matplotlib is not installed (pip install "trl-ext[plot]"): no figure')
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    colors = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for i, (name, run) in enumerate(runs.items()):
+        for j, r in enumerate(run["seeds"]):
+            xs = [q["update"] * COMPLETIONS_PER_UPDATE for q in r["curve"]]
+            for ax, key in zip(axes, ("greedy", "sampled")):
+                ax.plot(xs, [q[key] for q in r["curve"]], color=colors(i), marker="o", markersize=3, linewidth=1,
+                        alpha=0.8, label=name if j == 0 else None)
+    for ax, key in zip(axes, ("greedy", "sampled")):
+        ax.axhline(start[key], color="grey", linewidth=0.8, linestyle=":", label="SFT start")
+        ax.set_xlabel(f"generated completions ({COMPLETIONS_PER_UPDATE} per update)")
+        ax.set_title(f"Held-out exact match, {key} answers (500 problems)", fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("accuracy")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(folder / "verifiable.png", dpi=80)
+    plt.close(fig)
+    print(f"figure: {folder / 'verifiable.png'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

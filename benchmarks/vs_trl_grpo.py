@@ -1,0 +1,207 @@
+"""TRL's GRPOTrainer against trl_ext.PPOTrainer(advantage_estimator="grpo") on the verifiable addition task (issue 25
+§5): the same SFT model, reward function, k, completions per update, optimizer steps per update and KL-in-loss
+setting, in one process; seconds per update and held-out exact-match accuracy after the same number of updates.
+
+Settings, mapped one by one (ours -> TRL 1.16 GRPOConfig):
+
+* samples per prompt k: ours `num_samples_per_prompt` 4 -> TRL `num_generations` 4;
+* completions per update: ours `per_device_train_batch_size` 64 (16 prompts x 4) -> TRL
+  `per_device_train_batch_size` 64, `steps_per_generation` 1, `gradient_accumulation_steps` 1;
+* optimizer steps per update: ours `num_ppo_epochs` 2 x `num_mini_batches` 1 -> TRL `num_iterations` 2 (the same
+  batch twice); TRL counts optimizer steps, so its `max_steps` is 2 x updates;
+* advantages: ours `grpo`, (r - mean) / (unbiased std + 1e-4) per group -> TRL `scale_rewards` "group" (the same);
+* KL: ours `kl_in` "loss", `kl_coef` 0.01, k3 -> TRL `beta` 0.01 (k3 in the loss);
+* policy-loss aggregation: ours a token mean over the mini-batch -> TRL `loss_type` "bnpo" (token mean over the
+  local batch). TRL's default "dapo" divides by the tokens of the whole generation batch: the same number here (one
+  process, one step per generation), but "bnpo" is the one equal to ours by definition. Not "grpo" (a mean per
+  sequence first) nor "dr_grpo" (a constant);
+* clipping: ours `cliprange` 0.2 -> TRL `epsilon` 0.2;
+* sampling: temperature 1, no top-k, top-p 1 in both (TRL `top_k` 0, `top_p` 1.0);
+* lengths: ours `response_length` 5, stop at eos -> TRL `max_completion_length` 5 (stops at eos);
+* optimizer: AdamW, lr 3e-4 constant, no warmup in both; ours clips no gradient -> TRL `max_grad_norm` 0;
+* reward: `reward_funcs=[exact_match_reward]` in both, no reward model.
+
+Timing: the wall time between the ends of consecutive updates (a callback), the first update left out; the two
+trainers run alternately (ours, TRL, TRL, ours, ...) so a drift of the machine's load hits both. On a shared
+2-core machine the numbers are noisy: read the ratio, measured pairwise in one process.
+
+    python benchmarks/vs_trl_grpo.py             # 60 updates, 2 repeats of each trainer (seeds 0, 1)
+    python benchmarks/vs_trl_grpo.py --quick     # 10 updates, 1 repeat
+
+Needs TRL >= 1.13 (GRPOTrainer with the reward-function contract used here). Writes benchmarks/results/vs_trl_grpo.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import shutil
+import statistics
+import sys
+import time
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _common import (
+    RESULTS,
+    alternate,
+    load_average,
+    print_table,
+    setup_env,
+    write_result,
+)
+from verifiable import RL_SETTINGS, make_rl_trainer, sft
+
+K = 4
+GRPO = {"advantage_estimator": "grpo", "num_samples_per_prompt": K, "kl_in": "loss"}
+
+
+def trl_version_ok() -> tuple[bool, str]:
+    import trl
+    from packaging.version import Version
+
+    return Version(trl.__version__) >= Version("1.13"), trl.__version__
+
+
+def trl_grpo_config(out: Path, updates: int, seed: int):
+    """TRL's GRPOConfig with every setting mapped from RL_SETTINGS + GRPO (the module docstring's table)."""
+    from trl import GRPOConfig
+
+    s = RL_SETTINGS
+    return GRPOConfig(
+        output_dir=str(out), seed=seed, use_cpu=True, report_to="none", logging_steps=1, save_strategy="no",
+        disable_tqdm=True,
+        num_generations=K,
+        per_device_train_batch_size=s["per_device_train_batch_size"], gradient_accumulation_steps=1,
+        steps_per_generation=1, num_iterations=s["num_ppo_epochs"],
+        max_steps=updates * s["num_ppo_epochs"],  # TRL counts optimizer steps
+        scale_rewards="group", beta=s["kl_coef"], loss_type="bnpo", epsilon=0.2,
+        temperature=s["temperature"], top_k=0, top_p=1.0, max_completion_length=s["response_length"],
+        learning_rate=s["learning_rate"], lr_scheduler_type=s["lr_scheduler_type"], warmup_steps=0,
+        max_grad_norm=0.0, mask_truncated_completions=False, log_completions=False,
+    )
+
+
+class UpdateClock:
+    """A TrainerCallback: the time at the end of every `every`-th optimizer step (one update)."""
+
+    def __init__(self, every: int):
+        self.every, self.stamps = every, []
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.every == 0:
+            self.stamps.append(time.perf_counter())
+
+    def seconds_per_update(self) -> float:
+        gaps = [b - a for a, b in zip(self.stamps, self.stamps[1:])]  # from the end of update 1 on
+        return statistics.median(gaps)
+
+
+def run_ours(sft_dir, train_rows, out, updates, seed):
+    trainer = make_rl_trainer(sft_dir, train_rows, out, updates=updates, seed=seed, estimator=GRPO)
+    clock = UpdateClock(1)
+    trainer.add_callback(clock)
+    return trainer, trainer.model.policy, clock
+
+
+def run_trl(sft_dir, train_rows, out, updates, seed):
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
+
+    from trl_ext.rewards.arithmetic_task import exact_match_reward
+
+    tokenizer = AutoTokenizer.from_pretrained(sft_dir, padding_side="left")
+    torch.manual_seed(seed)
+    data = Dataset.from_dict({"prompt": [r["prompt"] for r in train_rows], "answer": [r["answer"] for r in train_rows]})
+    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(sft_dir), reward_funcs=[exact_match_reward],
+                          args=trl_grpo_config(out, updates, seed), train_dataset=data, processing_class=tokenizer)
+    clock = UpdateClock(RL_SETTINGS["num_ppo_epochs"])
+    trainer.add_callback(clock)
+    return trainer, trainer.model, clock
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="10 updates, one repeat")
+    p.add_argument("--updates", type=int, default=None, help="updates per run (default 60, quick 10)")
+    p.add_argument("--repeats", type=int, default=None, help="runs of each trainer, seeds 0.. (default 2, quick 1)")
+    p.add_argument("--sft-dir", default=None, help="reuse this SFT model (its data folder beside it)")
+    p.add_argument("--workdir", default=str(RESULTS / "vs_trl_grpo_runs"))
+    p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/vs_trl_grpo.json)")
+    a = p.parse_args(argv)
+    setup_env(threads=1)
+    ok, version = trl_version_ok()
+    if not ok:
+        print(f"vs_trl_grpo needs TRL >= 1.13 (GRPOTrainer with reward functions); TRL {version} is installed. "
+              "pip install -U 'trl>=1.13'", file=sys.stderr)
+        return 2
+    updates = a.updates or (10 if a.quick else 60)
+    repeats = a.repeats or (1 if a.quick else 2)
+    sys.path.insert(0, str(HERE.parent / "recipes" / "verifiable"))
+    from evaluate import accuracy, read_jsonl
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    work = Path(a.workdir)
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    if a.sft_dir:
+        sft_dir, data = Path(a.sft_dir), Path(a.sft_dir).parent / "data"
+    else:
+        (sft_dir, _), data = sft(work), work / "data"
+    tokenizer = AutoTokenizer.from_pretrained(sft_dir)
+    heldout, train_rows = read_jsonl(data / "heldout.jsonl"), read_jsonl(data / "train.jsonl")
+    start = accuracy(AutoModelForCausalLM.from_pretrained(sft_dir), tokenizer, heldout)
+
+    seeds = {"trl_ext": iter(range(repeats)), "trl": iter(range(repeats))}
+
+    def measured(name, build):
+        def once():
+            seed = next(seeds[name])
+            out = work / f"{name}-seed{seed}"
+            trainer, policy, clock = build(sft_dir, train_rows, out, updates, seed)
+            gc.collect()
+            gc.freeze()
+            t = time.perf_counter()
+            with open(f"{out}.log", "w") as log, redirect_stdout(log), redirect_stderr(log):
+                trainer.train()
+            wall = time.perf_counter() - t
+            gc.unfreeze()
+            acc = accuracy(policy, tokenizer, heldout)
+            result = {"seed": seed, "seconds_per_update": clock.seconds_per_update(), "wall_s": wall,
+                      "updates": len(clock.stamps), **acc}
+            print(f"{name} seed {seed}: {result}", flush=True)
+            del trainer
+            shutil.rmtree(out, ignore_errors=True)
+            return result
+        return once
+
+    results = alternate({"trl_ext": measured("trl_ext", run_ours), "trl": measured("trl", run_trl)}, repeats)
+    ratio = [o["seconds_per_update"] / t["seconds_per_update"] for o, t in zip(results["trl_ext"], results["trl"])]
+    rows = []
+    for name, label in (("trl_ext", "trl_ext PPOTrainer, grpo"), ("trl", f"TRL {version} GRPOTrainer")):
+        rs = results[name]
+        rows.append([label, len(rs), statistics.median(r["seconds_per_update"] for r in rs),
+                     " / ".join(f"{r['greedy']:.3f}" for r in rs), " / ".join(f"{r['sampled']:.3f}" for r in rs)])
+    print(f"SFT start: held-out greedy {start['greedy']:.3f}, sampled {start['sampled']:.3f}; {updates} updates of "
+          f"{RL_SETTINGS['per_device_train_batch_size']} completions")
+    print_table(["trainer", "runs", "s per update (median)", "held-out greedy acc. per seed",
+                 "held-out sampled acc. per seed"], rows)
+    print(f"time ratio trl_ext / TRL per repeat: {[round(r, 3) for r in ratio]} "
+          f"(median {statistics.median(ratio):.3f})")
+    write_result("vs_trl_grpo", {"updates": updates, "repeats": repeats, "rl": RL_SETTINGS, "grpo": GRPO,
+                                 "trl_config": trl_grpo_config(work, updates, 0).to_dict()},
+                 {"sft": start, "runs": results, "time_ratio": ratio}, out=a.out)
+    print(f"load average now {load_average()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

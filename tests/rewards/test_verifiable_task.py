@@ -1,0 +1,160 @@
+"""The verifiable addition task end to end, short: data generation, a few SFT steps with the shipped recipe, then
+2 RL updates of trl_ext.PPOTrainer with ``reward_funcs=[exact_match_reward]`` and no reward model (GRPO, k=4).
+
+What must hold: the data is what the generator promises; the reward the trainer logs is the checker applied to the
+completions it logged (per completion and as the mean); the held-out accuracy the benchmark reports is the checker's
+mean over the evaluator's answers; the GRPO advantages are the group formula of those rewards."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from trl_ext.rewards.arithmetic_task import exact_match_reward
+
+ROOT = Path(__file__).resolve().parents[2]
+TASK = ROOT / "recipes" / "verifiable"
+K = 4
+
+
+def read(path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def task_modules():
+    sys.path.insert(0, str(TASK))
+    try:
+        import addition_task
+        import evaluate
+        import make_data
+    finally:
+        sys.path.remove(str(TASK))
+    return addition_task, make_data, evaluate
+
+
+@pytest.fixture(scope="module")
+def sft_run(task_modules, tmp_path_factory):
+    """make_data (16 training problems, 32 held out) and 60 SFT steps of recipes/verifiable/sft.yaml: the model
+    learns most of its 16 training sums by heart, so RL on them sees mixed rewards (groups that differ)."""
+    from trl_ext.recipes import resolve_recipe
+    from trl_ext.recipes.pipeline import run
+
+    _, make_data, _ = task_modules
+    work = tmp_path_factory.mktemp("verifiable")
+    make_data.make_data(work, train=16, heldout=32)
+    recipe = resolve_recipe(TASK / "sft.yaml", [
+        "--model_name_or_path", str(work / "base"), "--dataset_name", str(work / "data" / "train.jsonl"),
+        "--output_dir", str(work / "sft"), "--max_steps", "60", "--per_device_train_batch_size", "16",
+        "--disable_tqdm", "true", "--logging_steps", "10"])
+    trainer = run(recipe)
+    return work, trainer
+
+
+def test_data_and_sft(sft_run, task_modules):
+    work, trainer = sft_run
+    rows = {name: read(work / "data" / f"{name}.jsonl") for name in ("train", "heldout")}
+    assert (len(rows["train"]), len(rows["heldout"])) == (16, 32)
+    assert not {r["prompt"] for r in rows["train"]} & {r["prompt"] for r in rows["heldout"]}
+    assert rows["heldout"] == task_modules[0].split(seed=0, heldout=32, train=16)[1]  # deterministic
+    assert exact_match_reward([r["completion"] for r in rows["train"]], [r["answer"] for r in rows["train"]]) == \
+        [1.0] * 16
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert trainer.state.global_step == 60 and len(losses) == 6 and losses[-1] < losses[0] / 2
+
+
+def test_accuracy_is_the_checkers_mean_over_the_evaluators_answers(sft_run, task_modules):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    work, _ = sft_run
+    _, _, evaluate = task_modules
+    rows = evaluate.read_jsonl(work / "data" / "heldout.jsonl")
+    model, tok = AutoModelForCausalLM.from_pretrained(work / "sft"), AutoTokenizer.from_pretrained(work / "sft")
+    acc = evaluate.accuracy(model, tok, rows, samples=2, seed=3)
+    greedy = evaluate.answers(model, tok, [r["prompt"] for r in rows], greedy=True)
+    sampled = [t for s in (3, 4) for t in evaluate.answers(model, tok, [r["prompt"] for r in rows], greedy=False,
+                                                           seed=s)]
+    refs = [r["answer"] for r in rows]
+    assert acc["greedy"] == sum(exact_match_reward(greedy, refs)) / 32
+    assert acc["sampled"] == sum(exact_match_reward(sampled, refs + refs)) / 64
+    assert len(set(sampled)) > 1  # temperature 1 really samples
+    # an oracle "model" scores 1.0 and a wrong one 0.0 through the same checker
+    assert exact_match_reward([" " + " ".join(r) for r in refs], refs) == [1.0] * 32
+
+
+def test_two_grpo_updates_with_the_reward_function_only(sft_run, tmp_path):
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import trl_ext
+
+    work, _ = sft_run
+    rows = read(work / "data" / "train.jsonl")
+    tok = AutoTokenizer.from_pretrained(work / "sft", padding_side="left")
+    data = Dataset.from_dict({"input_ids": [tok(r["prompt"])["input_ids"] for r in rows],
+                              "prompt": [r["prompt"] for r in rows], "answer": [r["answer"] for r in rows]})
+    torch.manual_seed(0)
+    policy = AutoModelForCausalLM.from_pretrained(work / "sft")
+    args = trl_ext.PPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, report_to="none", logging_steps=1, save_strategy="no",
+        num_sample_generations=0, disable_tqdm=True, seed=0, per_device_train_batch_size=16,
+        gradient_accumulation_steps=1, num_mini_batches=1, num_ppo_epochs=2, total_episodes=32, learning_rate=3e-4,
+        response_length=5, stop_token="eos", temperature=1.0, kl_coef=0.01, advantage_estimator="grpo",
+        num_samples_per_prompt=K, kl_in="loss", log_completions=True, local_rollout_forward_batch_size=16)
+    trainer = trl_ext.PPOTrainer(args=args, processing_class=tok, model=policy, ref_model=None, reward_model=None,
+                                 train_dataset=data, value_model=None, reward_funcs=[exact_match_reward])
+    trainer.train()
+
+    logs = [h for h in trainer.state.log_history if "rewards/exact_match_reward/mean" in h]
+    logged = read(tmp_path / "completions.jsonl")
+    assert len(logs) == 2 and len(logged) == 32
+    assert 0 < sum(r["exact_match_reward"] for r in logged) < 32  # mixed rewards: the checks below mean something
+    answer_of = {r["prompt"]: r["answer"] for r in rows}
+    for update, log in enumerate(logs, start=1):
+        batch = [r for r in logged if r["step"] == update]
+        assert len(batch) == 16
+        checked = exact_match_reward([r["completion"] for r in batch], [answer_of[r["prompt"]] for r in batch])
+        assert [r["exact_match_reward"] for r in batch] == checked  # the trainer called the checker on these
+        assert [r["score"] for r in batch] == checked  # one function, weight 1: the score is its reward
+        assert log["rewards/exact_match_reward/mean"] == pytest.approx(sum(checked) / 16)
+        assert log["reward"] == pytest.approx(sum(checked) / 16)
+        # GRPO: k=4 samples per prompt, consecutive; advantage = (r - mean) / (unbiased std + 1e-4) per group
+        for g in range(0, 16, K):
+            group = batch[g:g + K]
+            assert len({r["prompt"] for r in group}) == 1
+            r = torch.tensor([row["score"] for row in group])
+            expected = (r - r.mean()) / (r.std() + 1e-4)
+            for row, adv in zip(group, expected.tolist()):  # None: a response with no token (pad sampled first)
+                assert row["advantage"] == pytest.approx(adv, abs=1e-5) or (row["advantage"] is None
+                                                                              and row["completion"] == "")
+        zero_std = sum(len({row["score"] for row in batch[g:g + K]}) == 1 for g in range(0, 16, K)) / (16 // K)
+        assert log["frac_reward_zero_std"] == pytest.approx(zero_std)
+    assert trainer.state.global_step == 2
+
+
+def test_the_shipped_grpo_recipe_trains_from_the_reward_function(sft_run, tmp_path):
+    """recipes/verifiable/grpo.yaml as shipped (reward_funcs: the checker, no reward model), 2 updates of 16."""
+    from trl_ext.recipes import resolve_recipe
+    from trl_ext.recipes.pipeline import run
+
+    work, _ = sft_run
+    recipe = resolve_recipe(TASK / "grpo.yaml", [
+        "--model_name_or_path", str(work / "sft"), "--dataset_name", str(work / "data" / "train.jsonl"),
+        "--output_dir", str(tmp_path / "grpo"), "--total_episodes", "32", "--per_device_train_batch_size", "16",
+        "--local_rollout_forward_batch_size", "16", "--log_completions", "true", "--disable_tqdm", "true"])
+    trainer = run(recipe)
+    logs = [h for h in trainer.state.log_history if "rewards/exact_match_reward/mean" in h]
+    logged = read(tmp_path / "grpo" / "completions.jsonl")
+    answer_of = {r["prompt"]: r["answer"] for r in read(work / "data" / "train.jsonl")}
+    assert len(logs) == 2 and len(logged) == 32
+    assert 0 < sum(r["exact_match_reward"] for r in logged) < 32
+    assert trainer.args.advantage_estimator == "grpo" and trainer.args.num_samples_per_prompt == 4
+    for update, log in enumerate(logs, start=1):
+        batch = [r for r in logged if r["step"] == update]
+        checked = exact_match_reward([r["completion"] for r in batch], [answer_of[r["prompt"]] for r in batch])
+        assert [r["exact_match_reward"] for r in batch] == checked
+        assert log["reward"] == pytest.approx(sum(checked) / 16)
