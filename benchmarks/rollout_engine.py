@@ -116,7 +116,7 @@ def kept_tokens(query_responses, context_length, stop=True):
 
 
 def rollout_fn(model, queries, engine, chunk, config):
-    """A zero-argument rollout of `queries` with `engine` ('generate' or 'cb'), returning (query_responses, logprobs)."""
+    """A zero-argument rollout of `queries` with `engine` ('generate' or 'cb'): (query_responses, logprobs)."""
     from trl_ext.ppo.rollout_engine import ContinuousBatchingRollout, engine_cache_plan
     from trl_ext.ppo.rollout_logprobs import generate_with_logprobs, sampling_plan
 
@@ -167,8 +167,8 @@ def memory_runs(workloads=WORKLOADS) -> dict:
                 extra = ["--lora"] if lora else []
                 out[(workload, lora, variant)] = run_child(
                     script, ["--child", "--variant", variant, "--workload", workload, *extra])
-                print(f"  memory {workload} lora={lora} {variant}: {out[(workload, lora, variant)]['peak_growth_mb']:.1f}"
-                      " MiB", flush=True)
+                growth = out[(workload, lora, variant)]["peak_growth_mb"]
+                print(f"  memory {workload} lora={lora} {variant}: {growth:.1f} MiB", flush=True)
     return out
 
 
@@ -215,7 +215,8 @@ def speed(args, workloads=WORKLOADS) -> dict:
             torch.manual_seed(0)
             for fn in fns.values():
                 fn()  # warm-up; builds the engines' caches
-            runs = {name: (lambda fn=fn: timed(fn, queries.shape[1], spec["stop"])) for name, fn in fns.items()}
+            runs = {name: (lambda fn=fn, context=queries.shape[1], stop=spec["stop"]: timed(fn, context, stop))
+                    for name, fn in fns.items()}
             out[f"{workload}, {'LoRA' if lora else 'no LoRA'}"] = alternate(runs, args.repeats)
             print(f"  timed {workload} lora={lora} (load {load_average()})", flush=True)
     return out

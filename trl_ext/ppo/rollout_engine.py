@@ -4,9 +4,10 @@
 ``local_rollout_forward_batch_size`` prompts until its longest response stops: with responses of uneven length (a
 short wrong answer beside a long derivation) most rows of the chunk wait, padded, for the longest one.
 ``continuous_batching`` hands every prompt of the update to transformers' continuous-batching engine
-(``ContinuousBatchingManager``, what ``model.generate_batch`` and TRL 1.16's GRPO ``use_transformers_continuous_batching``
-use): a paged KV cache, a scheduler that admits a waiting prompt as soon as a running one finishes, one forward per step
-over every active sequence. ``auto`` picks one by :func:`choose_rollout_engine`'s rule.
+(``ContinuousBatchingManager``, what ``model.generate_batch`` and TRL 1.16's GRPO
+``use_transformers_continuous_batching`` use): a paged KV cache, a scheduler that admits a waiting prompt as soon as
+a running one finishes, one forward per step over every active sequence. ``auto`` picks one by
+:func:`choose_rollout_engine`'s rule.
 
 What this module adds to transformers' engine, and why:
 
@@ -185,7 +186,7 @@ def check_rollout_engine(args) -> None:
         )
 
 
-def build_rollout_engine(trainer) -> "ContinuousBatchingRollout | None":
+def build_rollout_engine(trainer) -> ContinuousBatchingRollout | None:
     """Called once by :class:`trl_ext.PPOTrainer` when it is built (after ``local_rollout_forward_batch_size:
     auto`` is resolved): resolves ``auto``, prints the choice once, keeps it in ``trainer.rollout_engine_choice`` and
     returns the engine (None for ``generate``: the trainer's own path, unchanged)."""
@@ -315,7 +316,8 @@ class ContinuousBatchingRollout:
             cb_config = ContinuousBatchingConfig(return_logprobs=True, **self.plan.config_kwargs())
             manager = model.init_continuous_batching(generation_config=generation_config,
                                                      continuous_batching_config=cb_config)
-            dropped = len(model._get_logits_processor(generation_config)) - len(manager.logit_processor.logits_processor)
+            kept = manager.logit_processor.logits_processor
+            dropped = len(model._get_logits_processor(generation_config)) - len(kept)
             if dropped:
                 raise UserInputError(
                     f"rollout_engine: continuous batching would drop {dropped} of this generation config's logits "
