@@ -11,7 +11,9 @@ on it (the format a reward recipe with ``use_peft`` writes). Then runs each vari
 * ``shared``: trl-ext with ``shared_base`` (one 4-bit base for policy, reference, reward and value);
 * ``fast``: ``shared`` plus this issue's fast settings: ``local_rollout_forward_batch_size: auto`` (the largest chunk
   that fits the memory target), ``lora_dropout: 0``, and ``upcast_non_quantized: false`` where the installed
-  trl-ext has that loader option (the JSON says whether it was applied).
+  trl-ext has that loader option (the JSON says whether it was applied);
+* ``engine``: ``fast`` plus ``rollout_engine: continuous_batching`` (transformers' continuous batching, its cache sized
+  like the auto chunk's; ``docs/rollout-engine.md``).
 
 Models load through trl-ext's loaders and the recipe pipeline's model code (``load_policy``,
 ``load_scalar_checkpoint``, ``shared_base_scalar_models``), as ``trl-ext train`` does. For each variant: the
@@ -46,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS, child_result, machine_info, run_child, setup_env  # noqa: E402
 
-VARIANTS = ("trl112", "separate", "shared", "fast")
+VARIANTS = ("trl112", "separate", "shared", "fast", "engine")
 GIB, MIB = 2**30, 2**20
 SHAPES = {
     # published config.json sizes; settings as measured in ../shared/notes/gpu.md
@@ -138,16 +140,18 @@ def recipe_keys(a, variant: str) -> dict:
         keys.update(dtype="float32", use_cpu=True, bf16=False)
     else:
         keys.update(dtype="bfloat16", bf16=True)
-    if variant in ("shared", "fast"):
+    if variant in ("shared", "fast", "engine"):
         for k in [k for k in keys if k.startswith(("reward_", "value_")) and k != "reward_model_path"]:
             keys.pop(k)
         keys["shared_base"] = True
-    if variant == "fast":
+    if variant in ("fast", "engine"):
         keys.update(local_rollout_forward_batch_size="auto", lora_dropout=0.0)
         if a.max_memory_gib:
             keys["max_memory_gib"] = a.max_memory_gib
         if has_upcast_option():
             keys["upcast_non_quantized"] = False
+    if variant == "engine":
+        keys["rollout_engine"] = "continuous_batching"
     return keys
 
 

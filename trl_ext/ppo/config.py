@@ -13,6 +13,7 @@ from .kl_controllers import KL_CONTROLLERS
 from .losses import VALUE_CLIP_MODES
 from .objectives import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, RATIO_LEVELS
 from .rollout_chunk import AUTO, rollout_chunk_value
+from .rollout_engine import check_rollout_engine
 
 PTX_MODES = ("joint", "separate")
 KL_IN = ("reward", "loss")
@@ -75,6 +76,14 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, NonFinitePolicyArgs, P
             Defaults, on CUDA, to the device's free memory when the trainer is built plus what this process's
             allocator already holds (`torch.cuda.mem_get_info`); required on other devices (the budget models a
             GPU's allocator, not a CPU process). With it set, the choice depends on the models and settings only.
+        rollout_engine (`str`, *optional*, defaults to `"generate"`):
+            How the rollout samples: `"generate"` (TRL's `model.generate`, per chunk of
+            `local_rollout_forward_batch_size`), `"continuous_batching"` (transformers' continuous-batching engine: a
+            paged KV cache sized like one chunk's, a new prompt admitted as soon as a response stops; faster when
+            response lengths are uneven; the engine's log-probs are the old log-probs when only the temperature
+            shapes sampling, else one teacher-forced forward recomputes them) or `"auto"` (continuous batching when a
+            stop token is set and `response_length >= 64`, else generate; the choice is printed once and kept in
+            `trainer.rollout_engine_choice`). Refused under DeepSpeed ZeRO-3. Guide: `docs/rollout-engine.md`.
         advantage_estimator (`str`, *optional*, defaults to `"gae"`):
             `"gae"` (TRL: a value model, GAE, advantages whitened per process) or a critic-free estimator (no value
             model: pass `value_model=None`): `"rloo"` (leave-one-out baseline), `"grpo"` (group mean and std),
@@ -181,6 +190,11 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, NonFinitePolicyArgs, P
     max_memory_gib: float | None = field(
         default=None,
         metadata={"help": "Memory target (GiB) of local_rollout_forward_batch_size: auto; default (CUDA): free memory."},
+    )
+    rollout_engine: Literal["generate", "continuous_batching", "auto"] = field(
+        default="generate",
+        metadata={"help": "Rollout sampling: 'generate' (TRL), 'continuous_batching' (transformers' engine, for uneven "
+                  "response lengths) or 'auto' (continuous batching with a stop token and response_length >= 64)."},
     )
 
     value_clip: Literal["max", "mean", "none"] = field(
@@ -289,6 +303,7 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, NonFinitePolicyArgs, P
 
     def __post_init__(self):
         # engine limits first: before accelerate's state is set up for that engine
+        check_rollout_engine(self)
         if launched_engine() == FSDP:
             raise UserInputError(
                 "PPO does not run under FSDP: TRL's PPO generates with the policy inside the sharded model without "

@@ -83,6 +83,7 @@ from .reward_funcs import (
 )
 from .rollout import MicroBatchOutput, Rollout, UpdateStats
 from .rollout_chunk import AUTO, resolve_auto_rollout_chunk
+from .rollout_engine import build_rollout_engine
 from .rollout_logprobs import generate_with_full_scores, generate_with_logprobs, sampling_plan, sequence_logits
 from .sequences import INVALID_LOGPROB, first_true_indices, forward, truncate_response
 
@@ -190,6 +191,7 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
         group_prompts(self)  # num_samples_per_prompt > 1: local_batch_size / k prompts per update (same RNG after)
         if args.local_rollout_forward_batch_size == AUTO:  # the largest chunk that fits args.max_memory_gib
             self.rollout_chunk_choice = resolve_auto_rollout_chunk(self)
+        self.rollout_engine = build_rollout_engine(self)  # None: generate; else continuous batching (auto: a rule)
         if not args.sync_with_dataloader:
             self._decouple_accumulation_from_dataloaders()
         # HF Trainer.__init__ (which TRL's PPO never calls) sets these; its checkpoint save/load code reads them
@@ -487,17 +489,15 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
         ) as unwrapped_model:
             plan = sampling_plan(unwrapped_model.policy, self.generation_config)
             pad_token_id, chunk = self.processing_class.pad_token_id, args.local_rollout_forward_batch_size
-            if plan is not None:
+            if self.rollout_engine is not None:  # continuous batching (trl_ext.ppo.rollout_engine)
+                query_responses, logprobs = self.rollout_engine.generate(self, unwrapped_model.policy, queries)
+            elif plan is not None:
                 query_responses, logprobs = generate_with_logprobs(
                     unwrapped_model.policy, queries, chunk, pad_token_id, plan,
                     on_chunk=lambda start, responses: submit_rollout_chunk(self, start, responses),
                 )
             else:
-                warnings.warn(
-                    "generate_rollouts: trl_ext.ppo.rollout_logprobs does not rebuild this generation config's "
-                    "sampling; keeping TRL's (batch, response_length, vocab) scores tensor",
-                    stacklevel=2,
-                )
+                warnings.warn("generate_rollouts: sampling config not rebuilt; keeping TRL's path", stacklevel=2)
                 query_responses, logprobs = generate_with_full_scores(unwrapped_model.policy, queries, chunk,
                                                                       pad_token_id, self.generation_config)
         return Rollout(

@@ -1,0 +1,340 @@
+"""Rollout engines: `generate` (whole batch, chunks) vs continuous batching, tokens/s and peak memory; and the
+tolerance between the engine's log-probs and the trainer's teacher-forced ones (`--tolerance`).
+
+Model: a random Llama (hidden 256, 4 layers, vocabulary 2048, built in memory) whose EOS probability is set by hand
+(:func:`build_model`): an embedding dimension held at a constant carries through the residual stream, and only the EOS
+row of the LM head reads it, so every step stops a response with probability ~1/50 (mean length ~50 tokens,
+geometric spread) while the other tokens stay near-uniform. Two workloads, 32 prompts of 8-64 random tokens, sampling
+at temperature 1: **uneven** (EOS stops responses, up to 192 new tokens) and **fixed** (no stop token: every response
+runs to 96 tokens, what TRL's PPO does without `stop_token`). Variants: `generate` on the whole batch (chunk 32),
+`generate` in chunks of 8, continuous batching with the cache of one chunk of 32 and of 8
+(:func:`trl_ext.ppo.rollout_engine.engine_cache_plan`), each with and without a LoRA adapter (r 16 on q/k/v/o).
+
+- **tokens/s**: response tokens up to and including the stop token (what the trainer keeps) per second of rollout,
+  in one process, variants alternating (A B C D, B C D A, ...; `_common.alternate`) after one warm-up call each;
+  the ratio to `generate` (whole batch) is the median of the per-repeat ratios.
+- **peak memory**: one fresh child process per variant (`_common.run_child`); the peak RSS growth over two
+  rollouts from the RSS before the first (which builds the engine's cache; kept for the run, so it counts).
+
+`--threshold`: the auto rule's response-length threshold (continuous batching vs `generate` as `response_length`
+grows, uneven lengths). `--memory-only`: only the children.
+
+`--tolerance`: max |engine log-prob - teacher-forced log-prob| over the positions the trainer keeps, CPU float32,
+temperatures 0.7/1.0/1.3 with a stop token, tiny and this model, with and without LoRA; the same for `generate`'s
+streamed log-probs; and top-k/top-p, where the engine's log-probs are those of the truncated distribution (the
+trainer recomputes them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (  # noqa: E402
+    alternate,
+    child_result,
+    load_average,
+    median,
+    peak_rss_mb,
+    print_table,
+    ratios,
+    reset_peak_rss,
+    rss_mb,
+    run_child,
+    setup_env,
+    trim_heap,
+    write_result,
+)
+
+PAD, EOS = 0, 1
+WORKLOADS = {"uneven": dict(response_length=192, stop=True), "fixed": dict(response_length=96, stop=False)}
+VARIANTS = {"generate (whole batch)": ("generate", 32), "generate (chunks of 8)": ("generate", 8),
+            "continuous batching (cache of 32)": ("cb", 32), "continuous batching (cache of 8)": ("cb", 8)}
+EOS_LOGIT = 3.73  # exp(3.73) / (exp(3.73) + 2047) ~ 1/50
+
+
+def build_model(hidden=256, layers=4, vocab=2048, lora=False, seed=0):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=int(hidden * 2.6875),
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
+                         max_position_embeddings=1024, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=2,
+                         tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        k = hidden - 1  # the constant dimension: ~sqrt(hidden) after the final RMSNorm
+        model.model.embed_tokens.weight[:, k] = 1.0
+        model.lm_head.weight[:, k] = 0.0
+        model.lm_head.weight[EOS] = 0.0
+        probe = torch.randint(3, vocab, (4, 32), generator=torch.Generator().manual_seed(seed))
+        normed = model.model.norm(model.model(input_ids=probe).last_hidden_state)[..., k]
+        model.lm_head.weight[EOS, k] = EOS_LOGIT / float(normed.mean())  # EOS logit ~EOS_LOGIT at every step
+    model.generation_config.eos_token_id = None  # as TRL's PPO sets it without a stop token; the workloads pass EOS
+    model.generation_config.pad_token_id = PAD
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj",
+                                                                                        "o_proj"]))
+    return model
+
+
+def prompts(n=32, low=8, high=64, vocab=2048, seed=1):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(low, high + 1, (n,), generator=g)
+    width = int(lengths.max())
+    out = torch.full((n, width), PAD, dtype=torch.long)
+    for i, n_tokens in enumerate(lengths.tolist()):
+        out[i, width - n_tokens:] = torch.randint(3, vocab, (n_tokens,), generator=g)
+    return out
+
+
+def generation_config(response_length, stop, temperature=1.0, **extra):
+    from transformers import GenerationConfig
+
+    return GenerationConfig(**{"max_new_tokens": response_length, "do_sample": True, "temperature": temperature + 1e-7,
+                               "top_k": 0, "top_p": 1.0, "eos_token_id": EOS if stop else None, "pad_token_id": PAD,
+                               **extra})
+
+
+def kept_tokens(query_responses, context_length, stop=True):
+    """Response tokens the trainer keeps: before the first pad, after truncating at the first EOS if `stop` (with no
+    stop token TRL's PPO keeps every token)."""
+    from trl_ext.ppo.sequences import first_true_indices, truncate_response
+
+    responses = query_responses[:, context_length:]
+    if stop:
+        responses = truncate_response(EOS, PAD, responses)
+    return int((first_true_indices(responses == PAD)).sum())
+
+
+def rollout_fn(model, queries, engine, chunk, config):
+    """A zero-argument rollout of `queries` with `engine` ('generate' or 'cb'): (query_responses, logprobs)."""
+    from trl_ext.ppo.rollout_engine import ContinuousBatchingRollout, engine_cache_plan
+    from trl_ext.ppo.rollout_logprobs import generate_with_logprobs, sampling_plan
+
+    if engine == "generate":
+        plan = sampling_plan(model, config)
+        return lambda: generate_with_logprobs(model, queries, chunk, PAD, plan)
+    cb = ContinuousBatchingRollout(engine_cache_plan(chunk, queries.shape[1], config.max_new_tokens))
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return lambda: cb.sample(base, queries, PAD, config)[:2]
+
+
+def timed(fn, context_length, stop=True):
+    start = time.perf_counter()
+    query_responses, _ = fn()
+    seconds = time.perf_counter() - start
+    tokens = kept_tokens(query_responses, context_length, stop)
+    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
+            "mean_length": tokens / query_responses.shape[0]}
+
+
+def child(args) -> None:
+    """One variant, fresh process: peak RSS growth over two rollouts, from the RSS before the first (which builds
+    the engine's cache, kept for the second: a continuous-batching run holds it all run, so it counts)."""
+    import torch
+
+    engine, chunk = VARIANTS[args.variant]
+    model = build_model(lora=args.lora)
+    queries = prompts()
+    fn = rollout_fn(model, queries, engine, chunk, generation_config(**WORKLOADS[args.workload]))
+    trim_heap()
+    before = rss_mb()
+    reset_peak_rss()
+    torch.manual_seed(0)
+    fn()
+    result = timed(fn, queries.shape[1], WORKLOADS[args.workload]["stop"])
+    result["peak_growth_mb"] = peak_rss_mb() - before
+    result["rss_before_mb"] = before
+    child_result(result)
+
+
+def memory_runs(workloads=WORKLOADS) -> dict:
+    """Every variant in a fresh child process (see :func:`child`)."""
+    script = Path(__file__).resolve()
+    out = {}
+    for workload in workloads:
+        for lora in (False, True):
+            for variant in VARIANTS:
+                extra = ["--lora"] if lora else []
+                out[(workload, lora, variant)] = run_child(
+                    script, ["--child", "--variant", variant, "--workload", workload, *extra])
+                growth = out[(workload, lora, variant)]["peak_growth_mb"]
+                print(f"  memory {workload} lora={lora} {variant}: {growth:.1f} MiB", flush=True)
+    return out
+
+
+def threshold(args) -> list[dict]:
+    """The auto rule's response-length threshold: uneven lengths (EOS ~1/50 per step, so short limits cut most
+    responses: lengths bunch at the limit), continuous batching (cache of 32) vs generate (whole batch), by
+    response_length, alternating in this process."""
+    import torch
+
+    model = build_model()
+    queries = prompts()
+    rows = []
+    for response_length in (16, 32, 64, 128):
+        config = generation_config(response_length, True)
+        fns = {name: rollout_fn(model, queries, *VARIANTS[name], config)
+               for name in ("generate (whole batch)", "continuous batching (cache of 32)")}
+        torch.manual_seed(0)
+        for fn in fns.values():
+            fn()
+        runs = alternate({name: (lambda fn=fn: timed(fn, queries.shape[1])) for name, fn in fns.items()},
+                         args.repeats)
+        gen = [r["tokens_per_s"] for r in runs["generate (whole batch)"]]
+        cb = [r["tokens_per_s"] for r in runs["continuous batching (cache of 32)"]]
+        rows.append({"response_length": response_length, "generate_tokens_per_s": median(gen),
+                     "cb_tokens_per_s": median(cb), "ratio": median(ratios(cb, gen)),
+                     "ratios": ratios(cb, gen),
+                     "mean_length": median([r["mean_length"] for r in runs["generate (whole batch)"]])})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def speed(args, workloads=WORKLOADS) -> dict:
+    """Tokens/s of every variant, alternating in this process, per workload and LoRA setting."""
+    import torch
+
+    out = {}
+    for lora in (False, True):
+        model = build_model(lora=lora)
+        queries = prompts()
+        for workload, spec in workloads.items():
+            config = generation_config(**spec)
+            fns = {name: rollout_fn(model, queries, engine, chunk, config) for name, (engine, chunk) in
+                   VARIANTS.items()}
+            torch.manual_seed(0)
+            for fn in fns.values():
+                fn()  # warm-up; builds the engines' caches
+            runs = {name: (lambda fn=fn, context=queries.shape[1], stop=spec["stop"]: timed(fn, context, stop))
+                    for name, fn in fns.items()}
+            out[f"{workload}, {'LoRA' if lora else 'no LoRA'}"] = alternate(runs, args.repeats)
+            print(f"  timed {workload} lora={lora} (load {load_average()})", flush=True)
+    return out
+
+
+def tolerance(args) -> dict:
+    """Max |log-prob - teacher-forced log-prob| (kept positions), engine and generate, per setting."""
+    import torch
+
+    from trl_ext.ppo.rollout_engine import ContinuousBatchingRollout, engine_cache_plan, teacher_forced_logprobs
+    from trl_ext.ppo.rollout_logprobs import generate_with_logprobs, sampling_plan
+    from trl_ext.ppo.sequences import first_true_indices, truncate_response
+
+    def kept(query_responses, context_length):
+        responses = truncate_response(EOS, PAD, query_responses[:, context_length:])
+        lengths = first_true_indices(responses == PAD) - 1
+        return torch.arange(responses.shape[1]) <= lengths.unsqueeze(1)
+
+    rows = []
+    models = {"tiny (hidden 64, 2 layers, vocab 384)": dict(hidden=64, layers=2, vocab=384),
+              "bench (hidden 256, 4 layers, vocab 2048)": dict(hidden=256, layers=4, vocab=2048)}
+    for model_name, shape in models.items():
+        for lora in (False, True):
+            model = build_model(lora=lora, **shape)
+            if lora:  # a non-zero adapter
+                with torch.no_grad():
+                    for name, p in model.named_parameters():
+                        if "lora_B" in name:
+                            p.normal_(std=0.02)
+            queries = prompts(n=16, vocab=shape["vocab"], seed=2)
+            base = model.get_base_model() if lora else model
+            for extra, label in [({}, "temperature only"), ({"top_k": 50}, "top-k 50"), ({"top_p": 0.9}, "top-p 0.9")]:
+                for temperature in (0.7, 1.0, 1.3) if not extra else (1.0,):
+                    config = generation_config(96, True, temperature=temperature, **extra)
+                    cb = ContinuousBatchingRollout(engine_cache_plan(8, queries.shape[1], 96))
+                    torch.manual_seed(0)
+                    qr, lp, _ = cb.sample(base, queries, PAD, config)
+                    cb.close()
+                    tf = teacher_forced_logprobs(model, qr, queries.shape[1], PAD, temperature, 8)
+                    mask = kept(qr, queries.shape[1])
+                    engine_diff = float((lp - tf)[mask].abs().max())
+                    torch.manual_seed(0)
+                    qr2, lp2 = generate_with_logprobs(model, queries, 8, PAD, sampling_plan(model, config))
+                    tf2 = teacher_forced_logprobs(model, qr2, queries.shape[1], PAD, temperature, 8)
+                    generate_diff = float((lp2 - tf2)[kept(qr2, queries.shape[1])].abs().max())
+                    rows.append({"model": model_name, "lora": lora, "sampling": label, "temperature": temperature,
+                                 "tokens": int(mask.sum()), "engine_max_abs_diff": engine_diff,
+                                 "generate_max_abs_diff": generate_diff})
+                    print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of uneven,fixed")
+    parser.add_argument("--tolerance", action="store_true", help="only the log-prob tolerance study")
+    parser.add_argument("--no-memory", action="store_true", help="skip the fresh-process memory runs")
+    parser.add_argument("--memory-only", action="store_true", help="only the fresh-process memory runs")
+    parser.add_argument("--threshold", action="store_true", help="only the auto rule's response-length study")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--variant", help=argparse.SUPPRESS)
+    parser.add_argument("--workload", help=argparse.SUPPRESS)
+    parser.add_argument("--lora", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    setup_env()
+    if args.child:
+        return child(args)
+    if args.threshold:
+        rows = threshold(args)
+        print_table(["response_length", "mean length", "generate tokens/s", "continuous batching tokens/s",
+                     "ratio (median)", "per-repeat"],
+                    [[r["response_length"], f"{r['mean_length']:.0f}", f"{r['generate_tokens_per_s']:.0f}",
+                      f"{r['cb_tokens_per_s']:.0f}", f"{r['ratio']:.2f}",
+                      "-".join(f"{x:.2f}" for x in (min(r["ratios"]), max(r["ratios"])))] for r in rows])
+        write_result("rollout_engine_threshold", {"repeats": args.repeats}, rows, out=args.out)
+        return
+    if args.memory_only:
+        memory = memory_runs()
+        print_table(["workload", "LoRA", "engine", "peak RSS growth (MiB)", "tokens/s (this child)"],
+                    [[w, "LoRA" if lora else "no LoRA", v, f"{r['peak_growth_mb']:.1f}", f"{r['tokens_per_s']:.0f}"]
+                     for (w, lora, v), r in memory.items()])
+        write_result("rollout_engine_memory", {}, {" / ".join(map(str, k)): v for k, v in memory.items()},
+                     out=args.out)
+        return
+    if args.tolerance:
+        rows = tolerance(args)
+        temp_only = [r for r in rows if r["sampling"] == "temperature only"]
+        print_table(["model", "LoRA", "sampling", "T", "tokens", "engine max |diff|", "generate max |diff|"],
+                    [[r["model"], r["lora"], r["sampling"], r["temperature"], r["tokens"],
+                      f"{r['engine_max_abs_diff']:.2e}", f"{r['generate_max_abs_diff']:.2e}"] for r in rows])
+        print(f"largest engine difference, temperature only: {max(r['engine_max_abs_diff'] for r in temp_only):.2e}")
+        write_result("rollout_engine_tolerance", {}, rows, out=args.out)
+        return
+    t0 = time.time()
+    workloads = {name: WORKLOADS[name] for name in args.workloads.split(",")}
+    timings = speed(args, workloads)
+    memory = {} if args.no_memory else memory_runs(workloads)
+    rows = []
+    for key, runs in timings.items():
+        workload, lora = key.split(", ")
+        ref = [r["tokens_per_s"] for r in runs["generate (whole batch)"]]
+        chunks = [r["tokens_per_s"] for r in runs["generate (chunks of 8)"]]
+        for name, measurements in runs.items():
+            tps = [r["tokens_per_s"] for r in measurements]
+            mem = memory.get((workload, lora == "LoRA", name), {})
+            rows.append([workload, lora, name, f"{median([r['mean_length'] for r in measurements]):.0f}",
+                         f"{median(tps):.0f}", f"{median(ratios(tps, ref)):.2f}", f"{median(ratios(tps, chunks)):.2f}",
+                         f"{min(ratios(tps, ref)):.2f}-{max(ratios(tps, ref)):.2f}",
+                         f"{mem['peak_growth_mb']:.1f}" if mem else "-"])
+    print_table(["workload", "LoRA", "engine", "mean length", "tokens/s", "vs generate (batch)",
+                 "vs generate (chunks)", "per-repeat (batch)", "peak RSS growth (MiB)"], rows)
+    print(f"total {time.time() - t0:.0f} s")
+    write_result("rollout_engine", {"repeats": args.repeats, "workloads": WORKLOADS, "variants": VARIANTS},
+                 {"timings": timings, "memory": {" / ".join(map(str, k)): v for k, v in memory.items()}},
+                 out=args.out, table=rows)
+
+
+if __name__ == "__main__":
+    main()
