@@ -9,12 +9,10 @@ both TRL versions: benchmarks README, gold-reward study):
 
 import gc
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLD = ROOT / "recipes" / "gold"
-sys.path.insert(0, str(GOLD))
 
 PPO_UPDATES = 32
 KL_TARGET = 0.5
@@ -38,10 +36,12 @@ def logged(trainer, key):
 
 
 def test_gold_pipeline(tmp_path):
-    import gold_eval
-    from make_data import make_data
-    from make_pairs import make_pairs
+    from recipe_modules import recipe_module
     from transformers import AutoTokenizer
+
+    gold_eval = recipe_module("gold", "gold_eval")
+    make_data = recipe_module("gold", "make_data").make_data
+    make_pairs = recipe_module("gold", "make_pairs").make_pairs
 
     work = make_data(tmp_path, sft_examples=2000, test_examples=100, seed=0)
     data = work / "data"

@@ -16,14 +16,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLD = ROOT / "recipes" / "gold"
-sys.path.insert(0, str(GOLD))
 
 
 @pytest.fixture(scope="module")
 def gold_data(tmp_path_factory):
-    from make_data import make_data
+    from recipe_modules import recipe_module
 
-    return make_data(tmp_path_factory.mktemp("gold"), sft_examples=256, test_examples=32)
+    return recipe_module("gold", "make_data").make_data(tmp_path_factory.mktemp("gold"), sft_examples=256,
+                                                        test_examples=32)
 
 
 def paths(gold_data, out):

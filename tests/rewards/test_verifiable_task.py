@@ -8,7 +8,6 @@ mean over the evaluator's answers; the GRPO advantages are the group formula of 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,14 +25,9 @@ def read(path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def task_modules():
-    sys.path.insert(0, str(TASK))
-    try:
-        import addition_task
-        import evaluate
-        import make_data
-    finally:
-        sys.path.remove(str(TASK))
-    return addition_task, make_data, evaluate
+    from recipe_modules import recipe_module
+
+    return tuple(recipe_module("verifiable", name) for name in ("addition_task", "make_data", "evaluate"))
 
 
 @pytest.fixture(scope="module")
