@@ -70,7 +70,13 @@ def test_a_reward_model_given_as_a_reward_function_gives_the_reward_model_run_ex
         assert p.equal(q)
 
 
-def test_what_reward_functions_receive_weights_none_and_the_metrics(tiny_models, tok, dataset, tmp_path):
+def test_what_reward_functions_receive_weights_none_and_the_metrics(tiny_models, tok, dataset, tmp_path,
+                                                                    monkeypatch):
+    import wandb
+
+    wandb.teardown()  # wandb reads WANDB_DIR once per process
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     calls = []
 
     def recorder(prompts, completions, completion_ids, answer, trainer_state, log_extra, log_metric, **kwargs):
@@ -85,8 +91,14 @@ def test_what_reward_functions_receive_weights_none_and_the_metrics(tiny_models,
 
     trainer = make(tiny_models, tok, dataset, tmp_path, reward_funcs=[recorder, odd_is_none],
                    advantage_estimator="grpo", num_samples_per_prompt=2, reward_weights=[0.5, 2.0],
-                   missing_eos_penalty=None, log_completions=True, num_completions_to_print=0)
+                   missing_eos_penalty=None, log_completions=True, num_completions_to_print=0, report_to="wandb")
     trainer.train()
+    wandb.teardown()
+    tables = sorted(tmp_path.glob("wandb/offline-run-*/files/media/table/completions_*.table.json"))
+    assert len(tables) == 2  # one wandb.Table per update
+    table = json.loads(tables[0].read_text())
+    assert {"prompt", "completion", "recorder", "odd_is_none", "score", "advantage"} <= set(table["columns"])
+    assert len(table["data"]) == 4
     logs = update_logs(trainer)
     assert [c["step"] for c in calls] == [0, 1]  # once per update, before the update counts
     prompt_of = dict(zip(dataset["answer"], dataset["prompt"]))
