@@ -371,7 +371,7 @@ def main() -> None:
     parser.add_argument("--threshold", action="store_true", help="only the auto rule's response-length study")
     parser.add_argument("--verifiable", action="store_true",
                         help="only whole updates of the verifiable task with each engine")
-    parser.add_argument("--updates", type=int, default=5, help="--verifiable: updates per run (the first a warm-up)")
+    parser.add_argument("--updates", type=int, default=11, help="--verifiable: updates per run (the first a warm-up)")
     parser.add_argument("--response-lengths", type=int, nargs="+", default=[5, 64], help="--verifiable")
     parser.add_argument("--sft-steps", type=int, default=None,
                         help="--verifiable: SFT steps of the warm start (default: the recipe's 1000)")
