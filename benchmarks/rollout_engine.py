@@ -23,6 +23,13 @@ grows, uneven lengths). `--memory-only`: only the children.
 temperatures 0.7/1.0/1.3 with a stop token, tiny and this model, with and without LoRA; the same for `generate`'s
 streamed log-probs; and top-k/top-p, where the engine's log-probs are those of the truncated distribution (the
 trainer recomputes them).
+
+`--verifiable`: whole PPO updates of the verifiable task (``benchmarks/verifiable.py``'s setup: its SFT warm start,
+``make_rl_trainer`` with the exact-match reward function, GRPO k=4 with the recipe's settings) with ``rollout_engine:
+generate`` against ``continuous_batching``: seconds per update and per phase (``time/rollout``, ``time/scoring``,
+``time/optimization``), runs of each engine alternating in this process; at the recipe's ``response_length`` (5) and at
+64 (the same stop token; lengths are what the SFT model samples: `--sft-steps` trains a weaker warm start, which has
+not yet learnt to stop after the answer, so that its lengths are uneven).
 """
 
 from __future__ import annotations
@@ -269,6 +276,91 @@ def tolerance(args) -> dict:
     return rows
 
 
+class UpdateClock:
+    """A TrainerCallback: wall time of each update (``on_step_end`` to ``on_step_end``, the first from
+    ``on_train_begin``)."""
+
+    def __init__(self):
+        self.marks = []
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+    def on_train_begin(self, *args, **kwargs):
+        self.marks = [time.perf_counter()]
+
+    def on_step_end(self, *args, **kwargs):
+        self.marks.append(time.perf_counter())
+
+
+PHASES = ("time/rollout", "time/scoring", "time/optimization")
+LENGTHS = ("completions/mean_length", "completions/max_length")
+
+
+def verifiable(args) -> list[dict]:
+    """Whole updates of the verifiable task, ``generate`` vs ``continuous_batching``, per ``response_length``.
+
+    Each repeat trains one fresh trainer per engine (same SFT model, same seed) for ``--updates`` updates, the
+    engines' runs alternating (A B, B A, ...); the first update of each run is a warm-up (the engine builds its cache)
+    and is left out. Returns one row per (response_length, engine) with the per-update medians."""
+    import gc
+    import os
+    from contextlib import redirect_stderr, redirect_stdout
+
+    import verifiable as task  # benchmarks/verifiable.py: the task's SFT, trainer and data, not copied here
+    from evaluate import read_jsonl
+
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    if args.sft_dir:
+        sft_dir, data = Path(args.sft_dir), Path(args.sft_dir).parent / "data"
+    else:
+        (sft_dir, sft_seconds), data = task.sft(work, max_steps=args.sft_steps), work / "data"
+        print(f"SFT warm start ({args.sft_steps or 'the recipe'} steps): {sft_seconds:.0f} s ({sft_dir})", flush=True)
+    train_rows = read_jsonl(data / "train.jsonl")
+    estimator = task.ESTIMATORS[f"GRPO k={task.K} (KL in loss)"]
+
+    def one_run(engine, response_length, updates=args.updates):
+        trainer = task.make_rl_trainer(sft_dir, train_rows, work / "rl", updates=updates, seed=0,
+                                       estimator=estimator, rollout_engine=engine, response_length=response_length)
+        clock = UpdateClock()
+        trainer.add_callback(clock)
+        gc.collect()
+        with open(os.devnull, "w") as sink, redirect_stdout(sink), redirect_stderr(sink):
+            trainer.train()
+        logs = [h for h in trainer.state.log_history if "time/rollout" in h]
+        walls = [b - a for a, b in zip(clock.marks, clock.marks[1:])]
+        chosen = trainer.rollout_engine_choice.engine
+        del trainer
+        gc.collect()
+        keep = slice(1, None)  # the first update is the warm-up
+        return {"engine": chosen, "update_s": walls[keep], **{k: [h[k] for h in logs][keep] for k in PHASES + LENGTHS}}
+
+    for engine in ("generate", "continuous_batching"):  # the process's first runs are slower (lazy imports, allocator)
+        one_run(engine, args.response_lengths[0], updates=2)
+    rows = []
+    for response_length in args.response_lengths:
+        runs = alternate({engine: (lambda engine=engine, n=response_length: one_run(engine, n))
+                          for engine in ("generate", "continuous_batching")}, args.repeats)
+        for engine, measurements in runs.items():
+            assert all(m["engine"] == engine for m in measurements)
+            flat = {k: [x for m in measurements for x in m[k]] for k in ("update_s",) + PHASES + LENGTHS}
+            rows.append({"response_length": response_length, "engine": engine, "runs": measurements,
+                         **{k: median(v) for k, v in flat.items()}, "max_length_max": max(flat[LENGTHS[1]])})
+        gen, cb = (rows[-2], rows[-1])
+        # per-repeat ratio of the runs' median update time (the two runs of a repeat ran back to back)
+        per_repeat = ratios([median(m["update_s"]) for m in runs["generate"]],
+                            [median(m["update_s"]) for m in runs["continuous_batching"]])
+        rollout_ratio = ratios([median(m["time/rollout"]) for m in runs["generate"]],
+                               [median(m["time/rollout"]) for m in runs["continuous_batching"]])
+        cb["speedup_update"], cb["speedup_update_range"] = median(per_repeat), [min(per_repeat), max(per_repeat)]
+        cb["speedup_rollout"], cb["speedup_rollout_range"] = median(rollout_ratio), [min(rollout_ratio),
+                                                                                     max(rollout_ratio)]
+        print({k: v for k, v in gen.items() if k != "runs"}, {k: v for k, v in cb.items() if k != "runs"},
+              f"load {load_average()}", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=2)
@@ -277,6 +369,15 @@ def main() -> None:
     parser.add_argument("--no-memory", action="store_true", help="skip the fresh-process memory runs")
     parser.add_argument("--memory-only", action="store_true", help="only the fresh-process memory runs")
     parser.add_argument("--threshold", action="store_true", help="only the auto rule's response-length study")
+    parser.add_argument("--verifiable", action="store_true",
+                        help="only whole updates of the verifiable task with each engine")
+    parser.add_argument("--updates", type=int, default=11, help="--verifiable: updates per run (the first a warm-up)")
+    parser.add_argument("--response-lengths", type=int, nargs="+", default=[5, 64], help="--verifiable")
+    parser.add_argument("--sft-steps", type=int, default=None,
+                        help="--verifiable: SFT steps of the warm start (default: the recipe's 1000)")
+    parser.add_argument("--sft-dir", default=None, help="--verifiable: reuse this SFT model (data folder beside it)")
+    parser.add_argument("--workdir", default=str(Path(__file__).resolve().parent / "results" / "engine_verifiable"),
+                        help="--verifiable: where the task's data and models are written")
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--variant", help=argparse.SUPPRESS)
@@ -294,6 +395,25 @@ def main() -> None:
                       f"{r['cb_tokens_per_s']:.0f}", f"{r['ratio']:.2f}",
                       "-".join(f"{x:.2f}" for x in (min(r["ratios"]), max(r["ratios"])))] for r in rows])
         write_result("rollout_engine_threshold", {"repeats": args.repeats}, rows, out=args.out)
+        return
+    if args.verifiable:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes" / "verifiable"))
+        t0 = time.time()
+        rows = verifiable(args)
+        table = []
+        for r in rows:
+            speed, roll = (f"{r[k]:.2f} ({r[k + '_range'][0]:.2f}-{r[k + '_range'][1]:.2f})" if k in r else "1.00"
+                           for k in ("speedup_update", "speedup_rollout"))
+            table.append([r["response_length"], r["engine"],
+                          f"{r['completions/mean_length']:.1f} / {r['completions/max_length']:.0f}",
+                          f"{r['update_s']:.2f}", f"{r['time/rollout']:.2f}", f"{r['time/scoring']:.2f}",
+                          f"{r['time/optimization']:.2f}", speed, roll])
+        print_table(["response_length", "engine", "length mean / max (median update)", "s per update",
+                     "time/rollout", "time/scoring", "time/optimization", "update speed-up", "rollout speed-up"],
+                    table)
+        print(f"total {time.time() - t0:.0f} s; load average now {load_average()}")
+        write_result("rollout_engine_verifiable", {"repeats": args.repeats, "updates": args.updates,
+                                                   "response_lengths": args.response_lengths}, rows, out=args.out)
         return
     if args.memory_only:
         memory = memory_runs()

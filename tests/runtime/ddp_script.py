@@ -1,8 +1,9 @@
 """Run by test_ddp.py under `torchrun --nproc_per_node 2`: the three trainers with LoRA and the extensions on.
 
 Usage: ddp_script.py TINY_MODELS_DIR OUT_DIR. In order: a reward model (ranked data + label smoothing), DPO (cDPO),
-PPO (adaptive KL + joint ptx) for 3 updates with a checkpoint at update 2, PPO resumed from that checkpoint, and
-GRPO with a reward function (no reward model) that records the columns each rank sees.
+PPO (adaptive KL + joint ptx) for 3 updates with a checkpoint at update 2, PPO resumed from that checkpoint,
+GRPO with a reward function (no reward model) that records the columns each rank sees, and RLOO with
+`rollout_engine: continuous_batching` (responses of uneven length) that records the responses each rank generates.
 Each rank writes OUT_DIR/rank{N}.json: per run, a checksum of its trainable weights and what the test compares.
 """
 
@@ -11,6 +12,7 @@ import json
 import os
 import random
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -149,6 +151,55 @@ def run_ppo_reward_funcs(tiny, tok, out, use_cpu=True, facts=None):
                                                                             for e in logs]}
 
 
+GENERATED = []
+
+
+def response_length_reward(prompts, completion_ids, **kwargs):
+    """Records the prompts and responses (ids up to the stop token) of this rank; rewards the responses' length."""
+    GENERATED.append({"prompts": list(prompts), "ids": [list(ids) for ids in completion_ids]})
+    return [len(ids) / 16 for ids in completion_ids]
+
+
+def stop_often(policy, tok, data):
+    """Pins the EOS logit of the random policy's LM head near 4 on the prompts' hidden states (~1/9 of the sampling
+    mass), so that responses stop at uneven lengths (the random model alone stops ~1 step in 365)."""
+    with torch.no_grad():
+        batch = tok.pad({"input_ids": data["input_ids"]}, return_tensors="pt")
+        hidden = policy.model.norm(policy.model(**batch).last_hidden_state)[batch["attention_mask"].bool()]
+        mean = hidden.mean(0)
+        policy.lm_head.weight[tok.eos_token_id] = 4.0 * mean / mean.norm() ** 2
+
+
+def run_ppo_engine(tiny, tok, out):
+    """RLOO k = 2 with LoRA and `rollout_engine: continuous_batching`, 2 updates, up to 16 tokens cut at the stop
+    token: each rank's engine samples its own prompts; the update is DDP's (same weights, gathered metrics)."""
+    from transformers import AutoModelForCausalLM
+
+    from trl_ext import PPOConfig, PPOTrainer
+
+    start = time.perf_counter()
+    seed_all(0)
+    policy = AutoModelForCausalLM.from_pretrained(tiny.policy)
+    data = prompt_dataset(tok, n=16)
+    stop_often(policy, tok, data)
+    kwargs = config_kwargs(out / "ppo_cb", gradient_accumulation_steps=1, per_device_train_batch_size=4,
+                           total_episodes=16, num_sample_generations=0, advantage_estimator="rloo",
+                           num_samples_per_prompt=2, num_ppo_epochs=1, response_length=16,
+                           local_rollout_forward_batch_size=4, rollout_engine="continuous_batching")
+    trainer = PPOTrainer(args=PPOConfig(**kwargs), processing_class=tok, model=policy, ref_model=None,
+                         reward_model=None, train_dataset=data, value_model=None, peft_config=lora(None),
+                         reward_funcs=response_length_reward)
+    trainer.train()
+    keys = ("objective/kl", "reward", "completions/mean_length", "completions/min_length", "completions/max_length",
+            "policy/ratio_avg", "policy/approxkl_avg", "loss/policy_avg")
+    return {"checksum": checksum(trainer.accelerator.unwrap_model(trainer.model)),
+            "world_size": trainer.accelerator.num_processes, "engine": trainer.rollout_engine_choice.engine,
+            "logprobs_from_engine": trainer.rollout_engine.logprobs_from_engine, "eos": tok.eos_token_id,
+            "responses": GENERATED, "metrics": [{k: e[k] for k in keys} for e in trainer.state.log_history
+                                                if "objective/kl" in e],
+            "seconds": time.perf_counter() - start}
+
+
 def main():
     from trl_ext.testing import TinyModels
 
@@ -162,6 +213,7 @@ def main():
     result["ppo"] = run_ppo(tiny, tok, out)
     result["ppo_resumed"] = run_ppo(tiny, tok, out, resume=str(out / "ppo" / "checkpoint-2"))
     result["ppo_reward_funcs"] = run_ppo_reward_funcs(tiny, tok, out)
+    result["ppo_continuous_batching"] = run_ppo_engine(tiny, tok, out)
     result["rank"] = int(os.environ.get("RANK", "0"))
     (out / f"rank{result['rank']}.json").write_text(json.dumps(result))
 

@@ -1,4 +1,5 @@
-"""Two CPU processes (gloo), one launch: reward, DPO and PPO with LoRA and the extensions on; PPO checkpoint+resume."""
+"""Two CPU processes (gloo), one launch: reward, DPO and PPO with LoRA and the extensions on; PPO checkpoint+resume;
+PPO with reward functions and with the continuous-batching rollout engine."""
 
 import pytest
 
@@ -8,7 +9,8 @@ def ranks(ddp_reference):
     return ddp_reference  # one launch of ddp_script.py per session (tests/conftest.py), shared with tests/engines
 
 
-@pytest.mark.parametrize("run", ["reward", "dpo", "ppo", "ppo_resumed", "ppo_reward_funcs"])
+@pytest.mark.parametrize("run", ["reward", "dpo", "ppo", "ppo_resumed", "ppo_reward_funcs",
+                                 "ppo_continuous_batching"])
 def test_ranks_end_with_identical_weights(ranks, run):
     assert [r[run]["world_size"] for r in ranks] == [2, 2]
     assert ranks[0][run]["checksum"] == ranks[1][run]["checksum"]
@@ -57,3 +59,30 @@ def test_reward_functions_see_each_rank_s_own_rows_with_their_columns(ranks):
             seen.append(set(call["answer"]))
     assert not seen[0] & seen[2] and not seen[1] & seen[3]  # rank 0 and rank 1, same update: different rows
     assert ranks[0]["ppo_reward_funcs"]["reward_mean"] == ranks[1]["ppo_reward_funcs"]["reward_mean"]
+
+
+def test_continuous_batching_under_two_processes(ranks):
+    """rollout_engine continuous_batching under DDP: each rank's engine samples its own prompts (responses of uneven
+    length, cut at the stop token), the engine's log-probs are the rollout's (first update on-policy), both ranks log
+    the same gathered metrics and end with the same weights."""
+    runs = [rank["ppo_continuous_batching"] for rank in ranks]
+    assert [r["world_size"] for r in runs] == [2, 2] and runs[0]["checksum"] == runs[1]["checksum"]
+    for run in runs:
+        assert run["engine"] == "continuous_batching" and run["logprobs_from_engine"] is True
+        assert len(run["responses"]) == 2 and all(len(update["ids"]) == 4 for update in run["responses"])
+        for update in run["responses"]:
+            assert all(ids[-1] == run["eos"] or len(ids) == 16 for ids in update["ids"])  # cut at the stop token
+            assert all(run["eos"] not in ids[:-1] for ids in update["ids"])
+        assert run["metrics"][0]["policy/ratio_avg"] == pytest.approx(1, abs=1e-5)
+    for update in range(2):
+        mine, theirs = runs[0]["responses"][update]["ids"], runs[1]["responses"][update]["ids"]
+        assert not set(runs[0]["responses"][update]["prompts"]) & set(runs[1]["responses"][update]["prompts"])
+        assert mine != theirs  # each rank generated responses to its own prompts
+        lengths = [len(ids) for ids in mine + theirs]
+        assert min(lengths) < max(lengths)  # uneven lengths: what the engine is for
+        for run in runs:  # the logged length statistics are those of both ranks' responses (gathered)
+            logged = run["metrics"][update]
+            assert logged["completions/mean_length"] == pytest.approx(sum(lengths) / len(lengths))
+            assert logged["completions/min_length"] == min(lengths)
+            assert logged["completions/max_length"] == max(lengths)
+    assert runs[0]["metrics"] == runs[1]["metrics"]

@@ -85,14 +85,14 @@ ROLLOUT_ENGINES = (GENERATE, CONTINUOUS_BATCHING, AUTO)
 
 AUTO_MIN_RESPONSE_LENGTH = 64
 """``auto`` takes continuous batching from this ``response_length`` on (with a stop token). Measured on CPU
-(``benchmarks/rollout_engine.py --threshold``, ``benchmarks/README.md`` section 14; uneven lengths, continuous
+(``benchmarks/rollout_engine.py --threshold``, ``benchmarks/README.md`` section 15; uneven lengths, continuous
 batching / ``generate`` tokens/s): 1.09x at 16 tokens, 1.24x at 32, 1.38x at 64, 1.71x at 128. Below 64 the gain is
 small and within what another machine's per-step overheads can undo; from 64 on it is clear."""
 
 LOGPROB_TOLERANCE = 1e-5
 """Largest ``|engine log-prob - teacher-forced log-prob|`` accepted, per token, CPU float32. Measured with
 ``benchmarks/rollout_engine.py --tolerance`` (tiny and small Llama, with and without LoRA, temperatures 0.7/1.0/1.3,
-with a stop token; 3,100 tokens): largest difference 1.4e-6 (``benchmarks/README.md`` section 14); this is that
+with a stop token; 3,100 tokens): largest difference 1.4e-6 (``benchmarks/README.md`` section 15); this is that
 bound with a 7x margin. ``generate``'s streamed log-probs differ from the teacher-forced ones by the same 1.4e-6
 (KV-cache vs full-sequence forward). With top-k 50 the engine's differ by up to 2.8, with top-p 0.9 by 0.105
 (``-log 0.9``: the renormalised truncated distribution): those configs recompute."""
