@@ -17,16 +17,24 @@ SFT model's mean proxy score and 0 otherwise, without and with dynamic sampling,
 responses: a run with dynamic sampling stops once it has generated as many as the 48-update baseline (it then has
 fewer updates, each on informative groups only). Gold is still the evaluator.
 
-Writes benchmarks/results/objectives.json.
+``--task verifiable`` runs the same VARIANTS on the verifiable addition task instead (`verifiable_study`: the data,
+SFT model, RL settings, trainer and held-out exact-match evaluation of benchmarks/verifiable.py, imported; GRPO k=4
+with the KL in the loss, 64 completions per update, 100 updates = 6400 generated completions per run, dynamic
+sampling stopped at the same number of completions; VERIFIABLE_VARIANTS adds a second entropy bonus), 3 seeds:
+
+    python benchmarks/objectives.py --task verifiable           # 8 variants x 3 seeds, 100 updates each (SFT first)
+    python benchmarks/objectives.py --task verifiable --quick   # 30 updates, 1 seed
+
+Writes benchmarks/results/objectives.json (verifiable: objectives_verifiable.json).
 """
 
 from __future__ import annotations
 
 import argparse
 import shutil
-from contextlib import contextmanager
 import sys
 import time
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -46,6 +54,9 @@ VARIANTS = {
     "dynamic sampling": {"dynamic_sampling": True, "max_sampling_rounds": 3},
     "entropy bonus (0.01)": {"entropy_coef": 0.01},
 }
+#: The verifiable task's variants: the same, and a larger entropy bonus (0.01 leaves this task's entropy, about 0.5
+#: nats per token after SFT, where the baseline leaves it).
+VERIFIABLE_VARIANTS = {**VARIANTS, "entropy bonus (0.05)": {"entropy_coef": 0.05}}
 BINARY = {
     "binary reward: GRPO": {},
     "binary reward: dynamic sampling": {"dynamic_sampling": True, "max_sampling_rounds": 3},
@@ -64,7 +75,12 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", default=str(RESULTS / "objectives_runs"), help="where the runs are written")
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/objectives.json)")
     p.add_argument("--skip-continuous", action="store_true", help="run the binary-reward part only")
+    p.add_argument("--task", choices=("gold", "verifiable"), default="gold",
+                   help="gold: the gold task (default); verifiable: the addition task of benchmarks/verifiable.py")
+    p.add_argument("--sft-dir", default=None, help="verifiable: reuse this SFT model (its data folder beside it)")
     a = p.parse_args(argv)
+    if a.task == "verifiable":
+        return verifiable_study(a)
     updates = a.ppo_updates or (24 if a.quick else 48)
     seeds = list(range(a.seeds or (1 if a.quick else 3)))
 
@@ -112,17 +128,108 @@ def main(argv=None) -> int:
     return 0
 
 
+def verifiable_study(a) -> int:
+    """VERIFIABLE_VARIANTS on the verifiable task, built by benchmarks/verifiable.py (its data, SFT model, RL
+    settings, trainer and held-out evaluation, imported): GRPO k=4 with the KL in the loss, 16 prompts x 4 samples = 64
+    completions per update, ``--ppo-updates`` (default 100) x 64 completions per run. Dynamic sampling generates more
+    per update: its run stops once it has generated that many (`completion_budget`), so it makes fewer updates."""
+    import gc
+
+    import verifiable as vf
+    from evaluate import accuracy, read_jsonl
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    updates = a.ppo_updates or (30 if a.quick else 100)
+    seeds = list(range(a.seeds or (1 if a.quick else 3)))
+    budget = updates * vf.COMPLETIONS_PER_UPDATE
+    estimator = vf.ESTIMATORS[f"GRPO k={K} (KL in loss)"]
+    setup_env(threads=1)
+    work = Path(a.workdir if a.workdir != str(RESULTS / "objectives_runs") else RESULTS / "objectives_verifiable_runs")
+    started = time.perf_counter()
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    if a.sft_dir:
+        sft_dir, sft_seconds, data = Path(a.sft_dir), 0.0, Path(a.sft_dir).parent / "data"
+    else:
+        (sft_dir, sft_seconds), data = vf.sft(work), work / "data"
+    tokenizer = AutoTokenizer.from_pretrained(sft_dir)
+    heldout, train_rows = read_jsonl(data / "heldout.jsonl"), read_jsonl(data / "train.jsonl")
+    start = accuracy(AutoModelForCausalLM.from_pretrained(sft_dir), tokenizer, heldout)
+    print(f"after SFT ({sft_seconds:.0f} s) {start}", flush=True)
+    runs = {}
+    for seed in seeds:  # seeds outermost: a cut-short study still has every variant
+        for name, overrides in VERIFIABLE_VARIANTS.items():
+            if a.only is not None and name not in a.only:
+                continue
+            run = runs.setdefault(name, {"overrides": overrides, "seeds": []})
+            out = work / f"{_slug(name)}-seed{seed}".translate(str.maketrans("", "", "()=,/.:"))
+            trainer = vf.make_rl_trainer(sft_dir, train_rows, out, updates=updates, seed=seed, estimator=estimator,
+                                         **overrides)
+            curve = [{"update": 0, **start}]
+            trainer.add_callback(vf.HeldOutCurve(trainer, tokenizer, heldout, curve, max(1, updates // 4), updates))
+            trainer.add_callback(completion_budget(budget))
+            gc.collect()
+            gc.freeze()
+            t = time.perf_counter()
+            with open(f"{out}.log", "w") as log, redirect_stdout(log), redirect_stderr(log):
+                trainer.train()
+            seconds = time.perf_counter() - t
+            gc.unfreeze()
+            if curve[-1]["update"] != trainer.state.global_step:
+                curve.append({"update": trainer.state.global_step, **accuracy(trainer.model.policy, tokenizer,
+                                                                              heldout)})
+            kl = vf.logged(trainer, "objective/kl")
+            run["seeds"].append({
+                "seed": seed, "seconds": seconds, "curve": curve, "updates": len(kl),
+                "completions": sum(vf.logged(trainer, "sampling/completions")) or len(kl) * vf.COMPLETIONS_PER_UPDATE,
+                **{key: vf.logged(trainer, key) for key in ("reward", "objective/kl", "policy/entropy_avg",
+                                                            "frac_reward_zero_std", "policy/clipfrac_avg",
+                                                            "sampling/rounds", "sampling/groups_dropped")}})
+            print(f"{name} seed {seed}: {seconds:.0f} s, {len(kl)} updates, held-out greedy "
+                  f"{curve[-1]['greedy']:.3f}, sampled {curve[-1]['sampled']:.3f}, KL {kl[-1]:.2f}", flush=True)
+            del trainer
+            shutil.rmtree(out, ignore_errors=True)
+            write_result("objectives_verifiable", {"updates": updates, "seeds": seeds}, {"sft": start, "runs": runs},
+                         out=a.out)  # after every run: a partial study is kept
+    total = time.perf_counter() - started
+    report_verifiable(start, runs)
+    settings = {"task": "verifiable", "quick": a.quick, "updates": updates, "seeds": seeds, "k": K,
+                "completions_per_run": budget, "rl": {**vf.RL_SETTINGS, **estimator},
+                "seconds": {"total": total, "sft": sft_seconds}}
+    write_result("objectives_verifiable", settings, {"sft": start, "runs": runs}, out=a.out)
+    print(f"total {total:.0f} s; load average now {load_average()}")
+    return 0
+
+
+def report_verifiable(start, runs) -> None:
+    headers = ["variant", "seeds", "held-out greedy acc. (per seed)", "held-out sampled acc. (per seed)",
+               "best greedy on the way", "KL to SFT at the end", "entropy at the end", "completions", "updates",
+               "frac. groups all equal", "s per run"]
+    table = [["SFT model", "-", f"{start['greedy']:.3f}", f"{start['sampled']:.3f}", "-", 0.0, "-", "-", "-", "-",
+              "-"]]
+    for name, run in runs.items():
+        rs = run["seeds"]
+        ends = [r["curve"][-1] for r in rs]
+        table.append([
+            name, len(rs),
+            *(f"{_mean(e[key] for e in ends):.3f} ({' / '.join(f'{e[key]:.3f}' for e in ends)})"
+              for key in ("greedy", "sampled")),
+            _mean(max(q["greedy"] for q in r["curve"][1:]) for r in rs), _mean(r["objective/kl"][-1] for r in rs),
+            _mean(r["policy/entropy_avg"][-1] for r in rs), _mean(r["completions"] for r in rs),
+            _mean(r["updates"] for r in rs), _mean(_mean(r["frac_reward_zero_std"]) for r in rs),
+            _mean(r["seconds"] for r in rs)])
+    print_table(headers, table)
+
+
 @contextmanager
 def _nothing():
     yield
 
 
-@contextmanager
-def binary_reward(threshold: float, budget: int):
-    """While active, the recipe pipeline's `trl_ext.PPOTrainer` scores 1 where the proxy reward model's score exceeds
-    ``threshold`` and 0 elsewhere, and stops once ``budget`` responses were generated (dynamic sampling's
-    `sampling/completions`; without it every update generates 16)."""
-    import trl_ext
+def completion_budget(budget: int):
+    """A TrainerCallback that stops training once ``budget`` completions were generated (dynamic sampling's
+    `sampling/completions` per update; without it every update generates ``args.batch_size``)."""
     from transformers import TrainerCallback
 
     class Budget(TrainerCallback):
@@ -135,10 +242,20 @@ def binary_reward(threshold: float, budget: int):
                 if self.generated >= budget:
                     control.should_training_stop = True
 
+    return Budget()
+
+
+@contextmanager
+def binary_reward(threshold: float, budget: int):
+    """While active, the recipe pipeline's `trl_ext.PPOTrainer` scores 1 where the proxy reward model's score exceeds
+    ``threshold`` and 0 elsewhere, and stops once ``budget`` responses were generated (dynamic sampling's
+    `sampling/completions`; without it every update generates 16)."""
+    import trl_ext
+
     class BinaryProxy(trl_ext.PPOTrainer):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            self.add_callback(Budget())
+            self.add_callback(completion_budget(budget))
 
         def compute_scores(self, postprocessed_query_response, context_length):
             return (super().compute_scores(postprocessed_query_response, context_length) > threshold).float()
