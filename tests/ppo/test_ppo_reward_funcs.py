@@ -93,6 +93,7 @@ def test_what_reward_functions_receive_weights_none_and_the_metrics(tiny_models,
                    advantage_estimator="grpo", num_samples_per_prompt=2, reward_weights=[0.5, 2.0],
                    missing_eos_penalty=None, log_completions=True, num_completions_to_print=0, report_to="wandb")
     trainer.train()
+    wandb.finish()  # HF's callback leaves the run open: a stale wandb.run would break the next wandb test here
     wandb.teardown()
     tables = sorted(tmp_path.glob("wandb/offline-run-*/files/media/table/completions_*.table.json"))
     assert len(tables) == 2  # one wandb.Table per update

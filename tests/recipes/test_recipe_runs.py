@@ -255,6 +255,8 @@ def read_wandb_records(path):
 def wandb_run(wandb_dir):
     import wandb
 
+    if wandb.run is not None:  # HF's callback leaves its run open; teardown alone would leave wandb.run stale, and
+        wandb.finish()  # the next trainer in this process would log into that closed run (AlreadyJoinedError)
     wandb.teardown()  # make sure wandb's service has written everything
     (path,) = Path(wandb_dir).glob("wandb/offline-run-*/run-*.wandb")
     run, keys = None, set()
