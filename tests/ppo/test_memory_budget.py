@@ -182,3 +182,29 @@ def test_run_without_a_critic_by_hand():
     assert critic_free.design == "separate models, no critic"
     shared_free = ppo_memory_budget(TINY, run, shared=True, value_model=False)
     assert shared_free.parts["base weights"] == 72_704
+
+
+def test_run_with_reward_functions_only_by_hand():
+    """`reward_model=False` (reward functions only): no reward base (separate design), adapter or head; the value
+    model, its AdamW state and every phase stay as they are."""
+    run = PPOShape(batch=4, micro_batch=2, rollout_chunk=2, prompt_length=6, response_length=4, lora_r=4,
+                   quantization="nf4", dtype_bytes=4)
+    full = ppo_memory_budget(TINY, run, shared=False)
+    no_reward = ppo_memory_budget(TINY, run, shared=False, reward_model=False)
+    scalar_base = 20_736 + 6_592 * 4  # as above: one scalar-headed base of the tiny shape in 4-bit
+    assert no_reward.parts["base weights"] == 72_704 + scalar_base  # policy + value
+    # policy and value adapters (float32) and the value head; AdamW unchanged (the reward model is frozen)
+    assert no_reward.parts["LoRA adapters + score heads (policy, reward, value)"] == 2 * 4096 * 4 + 64 * 4
+    assert full.parts["LoRA adapters + score heads (policy, reward, value)"] == 3 * 4096 * 4 + 2 * 64 * 4
+    assert no_reward.parts["AdamW moments (policy and value adapters, value head)"] \
+        == full.parts["AdamW moments (policy and value adapters, value head)"]
+    assert no_reward.phases == full.phases
+    assert full.peak - no_reward.peak == scalar_base + 4096 * 4 + 64 * 4
+    assert no_reward.design == "separate models, no reward model"
+    # neither a reward nor a value model: the policy alone
+    alone = ppo_memory_budget(TINY, run, shared=False, value_model=False, reward_model=False)
+    assert alone.parts["base weights"] == 72_704
+    assert alone.parts["LoRA adapters + score heads (policy, reward, value)"] == 4096 * 4
+    shared = ppo_memory_budget(TINY, run, shared=True, reward_model=False)
+    assert shared.parts["base weights"] == 72_704
+    assert shared.parts["LoRA adapters + score heads (policy, reward, value)"] == 2 * 4096 * 4 + 64 * 4

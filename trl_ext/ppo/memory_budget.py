@@ -6,7 +6,9 @@ unquantized, with reference = adapters disabled, and reward/value models either 
 architecture (``shared=False``, one more base each; the reward adapter frozen, the value adapter trained) or as
 adapters on the policy's base (``shared=True``, :mod:`trl_ext.models.shared_base`). A run without a critic
 (``value_model=False``: RLOO/GRPO-style advantages) has no value model or adapter: one base (separate design), one
-adapter and head, their AdamW state and the value model's training activations less. Peak = what stays all run
+adapter and head, their AdamW state and the value model's training activations less. A run scored by reward
+functions only (``reward_model=False``) has no reward model or adapter: one base (separate design), one frozen
+adapter and head less. Peak = what stays all run
 (weights, adapters, optimizer) + the largest of the three phases of an update:
 
 * **rollout** (``generate``, chunks of ``local_rollout_forward_batch_size``): the KV cache of one chunk, plus the
@@ -307,23 +309,26 @@ class MemoryBudget:
         return self.peak <= limit_bytes
 
 
-def ppo_memory_budget(shape: ModelShape, run: PPOShape, *, shared: bool, value_model: bool = True) -> MemoryBudget:
+def ppo_memory_budget(shape: ModelShape, run: PPOShape, *, shared: bool, value_model: bool = True,
+                      reward_model: bool = True) -> MemoryBudget:
     """The memory budget of one device's PPO run (see the module docstring for what each part is).
 
     ``shared``: reward and value models as adapters on the policy's base (else separate models of the same shape).
     ``value_model=False``: a run without a critic (no value model, adapter, head or value forward/backward).
+    ``reward_model=False``: a run scored by reward functions only (no reward model, adapter or head).
     """
     act = run.activation_bytes
     lora = lora_parameters(shape, run.lora_r, run.lora_modules)
     head = shape.hidden_size * 4  # a 1-output float32 score head
     trained = 2 if value_model else 1  # models trained: policy (+ value)
+    scalars = int(value_model) + int(reward_model)  # scalar-headed models: value and/or reward
     trainable = trained * lora + (shape.hidden_size if value_model else 0)  # adapters (+ value head)
     kw = dict(dtype_bytes=run.dtype_bytes, upcast_non_quantized=run.upcast_non_quantized)
     policy_base = base_weight_bytes(shape, run.quantization, lm_head=True, **kw)
     scalar_base = base_weight_bytes(shape, run.quantization, lm_head=False, **kw)
     parts = {
-        "base weights": policy_base if shared else policy_base + trained * scalar_base,
-        "LoRA adapters + score heads (policy, reward, value)": (trained + 1) * lora * 4 + trained * head,
+        "base weights": policy_base if shared else policy_base + scalars * scalar_base,
+        "LoRA adapters + score heads (policy, reward, value)": (1 + scalars) * lora * 4 + scalars * head,
         "AdamW moments (policy and value adapters, value head)": trainable * 8,
     }
     persistent = sum(parts.values())
@@ -346,7 +351,8 @@ def ppo_memory_budget(shape: ModelShape, run: PPOShape, *, shared: bool, value_m
     phases = {"rollout": sum(rollout.values()), "scoring": sum(scoring.values()), "training": sum(training.values())}
     parts["device overhead (assumed)"] = DEVICE_OVERHEAD_BYTES
     peak = persistent + max(phases.values()) + DEVICE_OVERHEAD_BYTES
-    design = ("shared base" if shared else "separate models") + ("" if value_model else ", no critic")
+    design = (("shared base" if shared else "separate models") + ("" if value_model else ", no critic")
+              + ("" if reward_model else ", no reward model"))
     return MemoryBudget(model=shape.name, design=design, parts=parts,
                         persistent=persistent, phases=phases, peak=peak)
 

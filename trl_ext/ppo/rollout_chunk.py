@@ -89,7 +89,7 @@ class ChunkChoice:
 
 
 def largest_fitting_chunk(shape: ModelShape, run: PPOShape, target_bytes: int, *, shared: bool,
-                          value_model: bool = True, target_name: str = "max_memory_gib",
+                          value_model: bool = True, reward_model: bool = True, target_name: str = "max_memory_gib",
                           at_most: int | None = None) -> ChunkChoice:
     """The largest ``rollout_chunk`` in ``1..run.batch`` whose :func:`ppo_memory_budget` peak is ``<= target_bytes``
     (or ``at_most`` if that is smaller).
@@ -99,7 +99,8 @@ def largest_fitting_chunk(shape: ModelShape, run: PPOShape, target_bytes: int, *
     """
 
     def budget(chunk: int) -> MemoryBudget:
-        return ppo_memory_budget(shape, replace(run, rollout_chunk=chunk), shared=shared, value_model=value_model)
+        return ppo_memory_budget(shape, replace(run, rollout_chunk=chunk), shared=shared, value_model=value_model,
+                                 reward_model=reward_model)
 
     def choice(chunk: int) -> ChunkChoice:
         return ChunkChoice(chunk=chunk, target_bytes=target_bytes, budget=budget(chunk),
@@ -205,6 +206,7 @@ def resolve_auto_rollout_chunk(trainer) -> ChunkChoice:
     kwargs = dict(
         shared=bool(getattr(trainer, "shared_base", False)),
         value_model=not args.critic_free,  # critic-free runs hold a parameterless stand-in, no value model
+        reward_model=trainer.reward_model is not None,  # reward functions only: none (models among them: not counted)
         target_name="max_memory_gib" if args.max_memory_gib is not None else "the device's free memory",
     )
     target = memory_target_bytes(args.max_memory_gib, accelerator.device)

@@ -171,8 +171,7 @@ def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memor
     notes = []
     has_reward_model = bool(merged_reward_model_path(recipe_path, overrides))
     if not has_reward_model:
-        notes.append("no reward model (reward_funcs only): the budget still counts one (frozen, the policy's shape), "
-                     "an over-estimate")
+        notes.append("no reward model (reward_funcs only): none budgeted")
     if not shared:
         paths = [("reward_model_path", args.reward_model_path)] if has_reward_model else []
         if critic:
@@ -193,7 +192,7 @@ def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memor
     def fit_at(micro: int, base_run: PPOShape = run, is_shared: bool = shared):
         try:
             return largest_fitting_chunk(shape, replace(base_run, micro_batch=micro), target, shared=is_shared,
-                                         value_model=critic)
+                                         value_model=critic, reward_model=has_reward_model)
         except UserInputError:
             return None
 
@@ -206,7 +205,7 @@ def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memor
         written = replace(run, rollout_chunk=chunk)
     if getattr(args, "max_memory_gib", None) and args.max_memory_gib != gpu_memory:
         notes.append(f"the recipe's max_memory_gib is {args.max_memory_gib:g}, the plan's target {gpu_memory:g} GiB")
-    budget = ppo_memory_budget(shape, written, shared=shared, value_model=critic)
+    budget = ppo_memory_budget(shape, written, shared=shared, value_model=critic, reward_model=has_reward_model)
     plan = Plan(recipe=recipe_path, shape=shape, run=written, shared=shared, target_bytes=target, budget=budget,
                 fits=budget.fits(target), chunk_as_written=chunk, notes=notes,
                 written={"per_device_train_batch_size": args.per_device_train_batch_size,
@@ -238,7 +237,8 @@ def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memor
         for key, value, other_run, is_shared in candidates:
             choice = fit_at(1, other_run, is_shared)
             peak = choice.budget.peak if choice else ppo_memory_budget(
-                shape, replace(other_run, micro_batch=1, rollout_chunk=1), shared=is_shared, value_model=critic).peak
+                shape, replace(other_run, micro_batch=1, rollout_chunk=1), shared=is_shared, value_model=critic,
+                reward_model=has_reward_model).peak
             plan.remedies.append((key, value, peak))
     return plan
 
