@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ..errors import UserInputError
+from ..rewards.metrics import all_equal_groups
 from .advantages import (
     grpo_advantages,
     reinforce_pp_advantages,
@@ -168,7 +169,7 @@ def critic_free_metrics(metrics: dict, rollout, stats, args, accelerator) -> Non
     if k > 1:
         grouped = rollout.scores.view(-1, k)
         metrics["objective/group_scores_std"] = gather(grouped.std(1).mean()).mean().item()
-        all_equal = (grouped == grouped[:, :1]).all(1).float().mean()
+        all_equal = all_equal_groups(rollout.scores, k).float().mean()
         metrics["objective/frac_groups_equal_scores"] = gather(all_equal).mean().item()
     if "sequence_advantages" in rollout.estimator_stats:
         abs_advantages = rollout.estimator_stats["sequence_advantages"].abs().mean()

@@ -31,7 +31,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from .reward_funcs import begin_reward_scoring
+from ..rewards.metrics import all_equal_groups
 from .sequences import INVALID_LOGPROB
 
 __all__ = ["concat_rollouts", "informative_groups", "resample_groups", "select_rows"]
@@ -49,8 +49,7 @@ _PER_ROUND = {"names": lambda values: values[0],
 
 def informative_groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
     """``(batch / k,)`` bool: True for the groups (k consecutive rows) whose scores are not all equal."""
-    grouped = scores.view(-1, group_size)
-    return ~(grouped == grouped[:, :1]).all(1)
+    return ~all_equal_groups(scores, group_size)
 
 
 def select_rows(value, rows: torch.Tensor, batch: int):
@@ -128,8 +127,8 @@ def resample_groups(trainer, rollout):
     """The update's rollout under `dynamic_sampling` (see the module docstring); ``rollout`` unchanged when off.
 
     ``rollout`` is the first round, scored and clipped. Later rounds go through the trainer's own steps
-    (`next_prompt_batch`, `generate_rollouts`, `score_rollouts`, `check_finite`, `clip_scores`); a round whose scores
-    are not finite is dropped whole under `nonfinite_policy: skip`.
+    (`next_prompt_batch`, then `sample_and_score`: the same steps as the first round); a round whose scores are not
+    finite is dropped whole under `nonfinite_policy: skip`.
     """
     args = trainer.args
     if not args.dynamic_sampling:
@@ -154,14 +153,10 @@ def resample_groups(trainer, rollout):
         short = torch.tensor(float(wanted - min(count(kept), wanted)), device=accelerator.device)
         if accelerator.gather(short.reshape(1)).max().item() == 0:
             break
-        data = trainer.next_prompt_batch()
-        begin_reward_scoring(trainer, data)  # reward_funcs: this round's prompts and dataset columns
-        part = trainer.generate_rollouts(data["input_ids"].to(accelerator.device))
-        trainer.score_rollouts(part)
         rounds += 1
+        part, scored, _ = trainer.sample_and_score(trainer.next_prompt_batch(), where=f" (sampling round {rounds})")
         generated.append(part.responses.shape[0])
-        if trainer.check_finite("objective/scores", part.scores, "rollouts", where=f" (sampling round {rounds})"):
-            trainer.clip_scores(part)
+        if scored:
             split(part)
     refill = max(0, wanted - count(kept))
     joined = concat_rollouts(kept + dropped, trainer.processing_class.pad_token_id)

@@ -10,7 +10,8 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
    as the tokens are sampled (:mod:`trl_ext.ppo.rollout_logprobs`).
 3. ``score_rollouts(rollout)``: reference log-probs (``compute_ref_logprobs``), values (``compute_values``),
    truncation at the stop token (``postprocess_responses``), scores (``compute_scores``), padding masks.
-   Then ``check_finite("objective/scores", ...)`` and ``clip_scores`` (``reward_clip``). Losses and gradients are
+   Then ``check_finite("objective/scores", ...)`` and ``clip_scores`` (``reward_clip``); ``sample_and_score(data)``
+   runs steps 2-3 so, for the update's batch and for each dynamic-sampling round. Losses and gradients are
    checked once per optimizer step, before it (``optimizer_step``, :mod:`trl_ext.runtime.nonfinite`).
 4. ``compute_rewards(rollout, kl_coef)``: per-token reward ``-kl_coef * KL`` plus the score at the last token.
 5. ``compute_advantages(rollout)``: GAE (:func:`trl_ext.ppo.advantages.gae_advantages`) and whitening; with a
@@ -391,14 +392,9 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
         if self._resumed_dataloader_stack is not None:
             self._restore_dataloader_stack()
         t0 = time.perf_counter()
-        begin_reward_scoring(self, data)  # reward_funcs: prompts and dataset columns of this batch
         with torch.no_grad():
-            rollout = self.generate_rollouts(data["input_ids"].to(self.accelerator.device))
-            t1 = time.perf_counter()
-            self.score_rollouts(rollout)
-            scored = self.check_finite("objective/scores", rollout.scores, "rollouts")
+            rollout, scored, t1 = self.sample_and_score(data)
             if scored:
-                self.clip_scores(rollout)
                 rollout = resample_groups(self, rollout)  # dynamic_sampling: more rounds, informative groups only
                 kl_coef = float(self.kl_ctl.value)
                 self.compute_rewards(rollout, kl_coef)
@@ -430,6 +426,19 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
         if self.control.should_save:
             self._save_checkpoint(self.model, trial=None)
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+
+    def sample_and_score(self, data: dict, where: str = "") -> tuple[Rollout, bool, float]:
+        """Steps 2 and 3 for one prompt batch (the update's, or a dynamic-sampling round's): `generate_rollouts`,
+        `score_rollouts`, the NaN/inf check of the scores and `clip_scores`. Returns the rollout, whether its scores
+        are finite (else the guard's `skip`) and `time.perf_counter()` when generation ended."""
+        begin_reward_scoring(self, data)  # reward_funcs: prompts and dataset columns of this batch
+        rollout = self.generate_rollouts(data["input_ids"].to(self.accelerator.device))
+        generated = time.perf_counter()
+        self.score_rollouts(rollout)
+        scored = self.check_finite("objective/scores", rollout.scores, "rollouts", where=where)
+        if scored:
+            self.clip_scores(rollout)
+        return rollout, scored, generated
 
     def check_finite(self, quantity: str, tensor: torch.Tensor, unit: str, where: str = "") -> bool:
         """True if `tensor` is finite on all processes, else False (`skip`) or `stop_on_nonfinite` (`stop`)."""

@@ -19,16 +19,16 @@ Of the completions: ``completions/mean_length``, ``/min_length``, ``/max_length`
 from __future__ import annotations
 
 import torch
+from trl.trainer.utils import nanstd  # unbiased, over the non-NaN entries; NaN with fewer than two (TRL 1.10+)
 
-__all__ = ["nanstd", "reward_metrics"]
+__all__ = ["all_equal_groups", "nanstd", "reward_metrics"]
 
 
-def nanstd(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Unbiased standard deviation over the non-NaN entries (TRL's ``nanstd``); NaN with fewer than two."""
-    mean = torch.nanmean(values, dim=dim, keepdim=dim is not None)
-    count = (~torch.isnan(values)).sum(dim=dim) if dim is not None else (~torch.isnan(values)).sum()
-    squares = torch.nansum((values - mean) ** 2, dim=dim) if dim is not None else torch.nansum((values - mean) ** 2)
-    return torch.where(count > 1, torch.sqrt(squares / (count - 1).clamp(min=1)), torch.nan)
+def all_equal_groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``(batch / k,)`` bool: True for the groups (``k`` consecutive rows) whose scores are all equal, which a group
+    baseline turns into zero advantages (``frac_reward_zero_std``; dynamic sampling drops them)."""
+    grouped = scores.view(-1, group_size)
+    return (grouped == grouped[:, :1]).all(1)
 
 
 def reward_metrics(scores, sequence_lengths: torch.Tensor, contain_stop: torch.Tensor, k: int, gather,
@@ -59,8 +59,7 @@ def reward_metrics(scores, sequence_lengths: torch.Tensor, contain_stop: torch.T
     metrics["reward_std"] = nanstd(scorable).item()
     metrics["rewards/unscorable"] = int(unscorable.sum())
     if k > 1:
-        grouped = score.view(-1, k)
-        metrics["frac_reward_zero_std"] = (grouped == grouped[:, :1]).all(1).float().mean().item()
+        metrics["frac_reward_zero_std"] = all_equal_groups(score, k).float().mean().item()
     lengths = gather(sequence_lengths + 1).float()
     metrics["completions/mean_length"] = lengths.mean().item()
     metrics["completions/min_length"] = lengths.min().item()
