@@ -229,16 +229,14 @@ def main(args) -> int:
     row_scores = None
     if model is not None:
         row_scores = score_rows(model, tokenizer, rows, kind=kind, name=args.data, batch_size=args.batch_size)
-    if row_scores is None:
-        pass
-    elif kind == "rows":
-        flat = [s[0] for s in row_scores]
-        print(f"{args.data}: {len(flat)} rows, mean score {sum(flat) / len(flat):.4f}, "
-              f"min {min(flat):.4f}, max {max(flat):.4f}")
-    else:
-        metrics = preference_metrics(row_scores)
-        print(f"{args.data}: {len(rows)} rows, {metrics['pairs']} pairs, accuracy {metrics['accuracy']:.4f}, "
-              f"mean margin {metrics['margin']:.4f}")
+        if kind == "rows":
+            flat = [s[0] for s in row_scores]
+            print(f"{args.data}: {len(flat)} rows, mean score {sum(flat) / len(flat):.4f}, "
+                  f"min {min(flat):.4f}, max {max(flat):.4f}")
+        else:
+            metrics = preference_metrics(row_scores)
+            print(f"{args.data}: {len(rows)} rows, {metrics['pairs']} pairs, accuracy {metrics['accuracy']:.4f}, "
+                  f"mean margin {metrics['margin']:.4f}")
     if args.out:
         import math
 
