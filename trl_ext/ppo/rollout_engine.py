@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import atexit
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +61,7 @@ from transformers import GenerationConfig
 from trl.trainer.utils import selective_log_softmax
 
 from ..errors import UserInputError
+from ..runtime.engines import launched_zero3
 from .rollout_logprobs import _effective_config, sequence_logits
 
 __all__ = [
@@ -131,25 +131,6 @@ def choose_rollout_engine(requested: str, response_length: int, stop_token_set: 
                         f"stop token set and response_length {response_length} >= {AUTO_MIN_RESPONSE_LENGTH}")
 
 
-def _zero3_launched() -> bool:
-    """accelerate launched DeepSpeed ZeRO-3 (read from the environment, before any accelerate state exists)."""
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").strip().lower() not in ("1", "true", "yes"):
-        return False
-    stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
-    if stage is not None:
-        return stage.strip() == "3"
-    config_file = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
-    if config_file and os.path.isfile(config_file):
-        import json
-
-        try:
-            with open(config_file) as f:
-                return int(json.load(f).get("zero_optimization", {}).get("stage", 0)) == 3
-        except (ValueError, OSError, TypeError, AttributeError):
-            return False
-    return False
-
-
 MIN_TRANSFORMERS = "5.24"
 """The transformers this module is written and tested against: it drives the engine's manager (start, stop without
 ``gc.collect``, its cache, its RNG reseed), whose internals change between minor releases."""
@@ -179,7 +160,7 @@ def check_rollout_engine(args) -> None:
     if not has_continuous_batching():
         raise UserInputError(f"rollout_engine: 'continuous_batching' needs transformers >= {MIN_TRANSFORMERS} (its "
                              "continuous-batching engine as trl-ext drives it); upgrade transformers or use 'generate'")
-    if _zero3_launched():
+    if launched_zero3():
         raise UserInputError(
             "rollout_engine: 'continuous_batching' is not supported under DeepSpeed ZeRO-3 (the engine runs the model "
             "in its own thread, outside ZeRO-3's parameter gathering); use 'generate' or ZeRO-2"

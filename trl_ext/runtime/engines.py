@@ -47,6 +47,26 @@ def launched_engine() -> str | None:
     return None
 
 
+def launched_zero3() -> bool:
+    """`accelerate launch` asked for DeepSpeed ZeRO-3 (read from the environment, before any accelerate state exists:
+    the plugin's zero stage, or the stage in its DeepSpeed config file)."""
+    if launched_engine() != DEEPSPEED:
+        return False
+    stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
+    if stage is not None:
+        return stage.strip() == "3"
+    config_file = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+    if config_file and os.path.isfile(config_file):
+        import json
+
+        try:
+            with open(config_file) as f:
+                return int(json.load(f).get("zero_optimization", {}).get("stage", 0)) == 3
+        except (ValueError, OSError, TypeError, AttributeError):
+            return False
+    return False
+
+
 def _has_gpu() -> bool:
     import torch
 
