@@ -44,6 +44,15 @@ def test_aggregations_with_unequal_lengths_and_masked_tokens():
         aggregate(losses, mask, "global_token_mean", 4)
 
 
+def test_dr_grpo_divides_by_response_length_not_by_the_padded_width():
+    """Responses are padded to the longest in the chunk, so a micro-batch is often narrower than `response_length`:
+    Dr. GRPO's constant is still `B * response_length` (10 / (2 * 8)), not `B * width` (10 / (2 * 4))."""
+    losses, mask = unequal()
+    assert aggregate(losses, mask, "seq_mean_token_sum_norm", 8).item() == pytest.approx(10 / 16)
+    wide = torch.cat([losses, torch.full((2, 4), MASKED)], 1), torch.cat([mask, torch.zeros(2, 4, dtype=bool)], 1)
+    assert aggregate(*wide, "seq_mean_token_sum_norm", 8).item() == pytest.approx(10 / 16)  # same loss padded to 8
+
+
 def test_global_token_mean_is_exact_over_gradient_accumulation():
     """Micro-batches of 3 and 1 tokens, accumulated over G = 2 (accelerate divides each loss by G): the step's loss is
     the token mean of the whole mini-batch, 10/4; `token_mean` gives the mean of the micro-batch means, 3."""
@@ -252,6 +261,43 @@ def test_objective_config_resolves_the_defaults(tmp_path):
                                                                                                          "k3")
     cfg = ObjectiveConfig.from_args(trl_ext.PPOConfig(**config_kwargs(tmp_path, kl_estimator="low_var_kl")))
     assert cfg.reward_kl_estimator == cfg.loss_kl_estimator == "low_var_kl" and cfg.response_length == 8
+
+
+@pytest.mark.parametrize("key, values", [
+    ("loss_aggregation", ("token_mean", "global_token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")),
+    ("policy_loss", ("clipped", "cispo")),
+    ("ratio_level", ("token", "sequence")),
+    ("dual_clip", (None, 2.5)),
+    ("delta", (None, 1.5)),
+    ("entropy_coef", (0.0, 0.05)),
+    ("use_bias_correction_kl", (False, True)),
+    ("mask_truncated_completions", (False, True)),
+    ("response_length", (8, 13)),
+])
+def test_objective_config_keeps_every_value_of_each_key(tmp_path, key, values):
+    """Each value of each objective key reaches the loss: `from_args` passes it through unchanged."""
+    from ppo_helpers import config_kwargs
+
+    import trl_ext
+
+    critic_free = dict(kl_in="loss", advantage_estimator="grpo", num_samples_per_prompt=2)  # the correction's KL
+    extra = critic_free if key == "use_bias_correction_kl" else {}
+    for value in values:
+        cfg = ObjectiveConfig.from_args(trl_ext.PPOConfig(**config_kwargs(tmp_path, **extra, **{key: value})))
+        assert getattr(cfg, key) == value, (key, value)
+
+
+def test_objective_config_defaults_are_those_of_ppo_config(tmp_path):
+    """`ObjectiveConfig()` (what the pure functions' tests build) is the objective of a default `PPOConfig`."""
+    import trl_ext
+
+    args = trl_ext.PPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False)
+    assert ObjectiveConfig.from_args(args) == ObjectiveConfig()
+    assert ObjectiveConfig().response_length == args.response_length == 53
+    kl_in_loss = ObjectiveConfig.from_args(trl_ext.PPOConfig(
+        output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False, kl_in="loss",
+        advantage_estimator="grpo", num_samples_per_prompt=2))
+    assert kl_in_loss.kl_in_loss and not ObjectiveConfig().kl_in_loss
 
 
 def test_rounds_of_different_prompt_and_response_lengths_join_as_the_trainer_pads():
