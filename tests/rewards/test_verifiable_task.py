@@ -2,8 +2,8 @@
 2 RL updates of trl_ext.PPOTrainer with ``reward_funcs=[exact_match_reward]`` and no reward model (GRPO, k=4).
 
 What must hold: the data is what the generator promises; the reward the trainer logs is the checker applied to the
-completions it logged (per completion and as the mean); the held-out accuracy the benchmark reports is the checker's
-mean over the evaluator's answers; the GRPO advantages are the group formula of those rewards."""
+completions it logged (per completion and as the mean); the held-out accuracy the benchmark reports is the share of
+answers, generated and parsed by hand, equal to the sum; the GRPO advantages are the group formula of those rewards."""
 
 from __future__ import annotations
 
@@ -60,23 +60,55 @@ def test_data_and_sft(sft_run, task_modules):
     assert trainer.state.global_step == 60 and len(losses) == 6 and losses[-1] < losses[0] / 2
 
 
-def test_accuracy_is_the_checkers_mean_over_the_evaluators_answers(sft_run, task_modules):
+def hand_answer(tok, response_ids: list[int]) -> int | None:
+    """The number a response answers, read off its tokens (word pieces "\u25818"): the digit tokens before the first
+    other token (special tokens left out, as decoding drops them), stopped at the end-of-sequence token."""
+    if tok.eos_token_id in response_ids:
+        response_ids = response_ids[:response_ids.index(tok.eos_token_id)]
+    words = [w.lstrip("\u2581") for w in tok.convert_ids_to_tokens(response_ids) if w not in tok.all_special_tokens]
+    digits = []
+    for word in words:
+        if not word.isdigit():
+            break
+        digits.append(word)
+    return int("".join(digits)) if digits else None
+
+
+def test_accuracy_is_the_share_of_generated_answers_equal_to_the_sum(sft_run, task_modules):
+    """The evaluator against `generate` by hand: each prompt alone greedily (the evaluator batches them), and the
+    sampled answers at temperature 1 with seeds `seed + s` as the evaluator's docstring says; the answers parsed
+    from the tokens, not by the checker. Training rows (learnt by heart) and held-out ones: the accuracy is neither
+    0 nor 1, so a wrong count shows."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     work, _ = sft_run
-    _, _, evaluate = task_modules
-    rows = evaluate.read_jsonl(work / "data" / "heldout.jsonl")
+    addition_task, _, evaluate = task_modules
+    rows = read(work / "data" / "train.jsonl") + read(work / "data" / "heldout.jsonl")
     model, tok = AutoModelForCausalLM.from_pretrained(work / "sft"), AutoTokenizer.from_pretrained(work / "sft")
     acc = evaluate.accuracy(model, tok, rows, samples=2, seed=3)
-    greedy = evaluate.answers(model, tok, [r["prompt"] for r in rows], greedy=True)
-    sampled = [t for s in (3, 4) for t in evaluate.answers(model, tok, [r["prompt"] for r in rows], greedy=False,
-                                                           seed=s)]
-    refs = [r["answer"] for r in rows]
-    assert acc["greedy"] == sum(exact_match_reward(greedy, refs)) / 32
-    assert acc["sampled"] == sum(exact_match_reward(sampled, refs + refs)) / 64
-    assert len(set(sampled)) > 1  # temperature 1 really samples
-    # an oracle "model" scores 1.0 and a wrong one 0.0 through the same checker
-    assert exact_match_reward([" " + " ".join(r) for r in refs], refs) == [1.0] * 32
+    model.eval()
+    new = addition_task.RESPONSE_LENGTH
+    greedy = []
+    for r in rows:
+        query = torch.tensor([tok(r["prompt"])["input_ids"]])
+        with torch.no_grad():
+            out = model.generate(query, attention_mask=torch.ones_like(query), do_sample=False, max_new_tokens=new,
+                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        greedy.append(hand_answer(tok, out[0, query.shape[1]:].tolist()) == int(r["answer"]))
+    assert 0 < sum(greedy) < len(rows)
+    assert acc["greedy"] == sum(greedy) / len(rows)
+    queries = torch.tensor([tok(r["prompt"])["input_ids"] for r in rows])
+    sampled = []
+    for seed in (3, 4):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            out = model.generate(queries, attention_mask=torch.ones_like(queries), do_sample=True, temperature=1.0,
+                                 top_k=0, top_p=1.0, max_new_tokens=new, eos_token_id=tok.eos_token_id,
+                                 pad_token_id=tok.pad_token_id)
+        sampled += [hand_answer(tok, o[queries.shape[1]:].tolist()) == int(r["answer"]) for o, r in zip(out, rows)]
+    assert 0 < sum(sampled) < len(sampled)
+    assert acc["sampled"] == sum(sampled) / len(sampled)
 
 
 def test_two_grpo_updates_with_the_reward_function_only(sft_run, tmp_path):
