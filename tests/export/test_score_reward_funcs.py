@@ -28,29 +28,55 @@ def data(tmp_path, monkeypatch):
     return path
 
 
+OVERLONG = json.dumps({"name": "trl.rewards.get_soft_overlong_punishment",
+                       "kwargs": {"max_completion_len": 2, "soft_punish_cache": 1}})
+
+
+def overlong_by_hand(tokenizer_dir) -> list[float]:
+    """DAPO's soft overlong punishment of ROWS' completions (max 2 tokens, cache 1): 0 up to 1 token, -1 beyond 2,
+    linear in between."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    lengths = [len(tok(r["completion"], add_special_tokens=False)["input_ids"]) for r in ROWS]
+    assert len(set(lengths)) > 1  # the rows differ in length: the values below differ
+    return [0.0 if n <= 1 else -1.0 if n > 2 else -(n - 1) / 1 for n in lengths]
+
+
 def test_reward_functions_score_a_sample_file(data, tmp_path, capsys, tiny_models):
-    overlong = json.dumps({"name": "trl.rewards.get_soft_overlong_punishment",
-                           "kwargs": {"max_completion_len": 2, "soft_punish_cache": 1}})
-    rc = main(["score", "--data", str(data), "--reward-funcs", "checks.py:exact", overlong,
+    rc = main(["score", "--data", str(data), "--reward-funcs", "checks.py:exact", OVERLONG,
                "--tokenizer", str(tiny_models.tokenizer), "--out", str(tmp_path / "scored.jsonl")])
     out = capsys.readouterr().out
     assert rc == 0
     assert f"{data}: exact: mean 0.6667 over 3 rows (1 None)" in out  # 2 of the 3 answered rows are right
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tiny_models.tokenizer)
-    lengths = [len(tok(r["completion"], add_special_tokens=False)["input_ids"]) for r in ROWS]
-    expected = [0.0 if n <= 1 else -1.0 if n > 2 else -(n - 1) / 1 for n in lengths]
+    expected = overlong_by_hand(tiny_models.tokenizer)
     scored = [json.loads(line) for line in (tmp_path / "scored.jsonl").read_text().splitlines()]
     assert [r["rewards"]["exact"] for r in scored] == [1.0, 0.0, 1.0, None]
     assert [r["rewards"]["soft_overlong_punishment_reward"] for r in scored] == expected
     assert f"soft_overlong_punishment_reward: mean {sum(expected) / 4:.4f} over 4 rows (0 None)" in out
 
 
-def test_with_a_reward_model_too(data, capsys, tiny_models):
-    rc = main(["score", str(tiny_models.reward), "--data", str(data), "--reward-funcs", "checks.py:exact"])
+def test_with_a_reward_model_too(data, capsys, tiny_models, tmp_path):
+    """Functions and a model at once: the model's scores are those of the model alone (within 1e-5) and each
+    function's values are its own, row by row; the printed mean score is the written scores' mean."""
+    rc = main(["score", str(tiny_models.reward), "--data", str(data), "--out", str(tmp_path / "model.jsonl")])
+    assert rc == 0
+    capsys.readouterr()
+    rc = main(["score", str(tiny_models.reward), "--data", str(data), "--reward-funcs", "checks.py:exact", OVERLONG,
+               "--out", str(tmp_path / "both.jsonl")])
     out = capsys.readouterr().out
-    assert rc == 0 and "exact: mean 0.6667" in out and "4 rows, mean score" in out
+    assert rc == 0
+    alone, both = ([json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
+                   for name in ("model.jsonl", "both.jsonl"))
+    assert [r["completion"] for r in both] == [r["completion"] for r in ROWS]
+    assert len({round(r["score"], 4) for r in alone}) > 1  # the rows score differently: a shuffle would show
+    for row_alone, row_both in zip(alone, both):
+        assert row_both["score"] == pytest.approx(row_alone["score"], abs=1e-5)
+    assert [r["rewards"]["exact"] for r in both] == [1.0, 0.0, 1.0, None]
+    expected = overlong_by_hand(tiny_models.reward)  # no --tokenizer: the reward model's
+    assert [r["rewards"]["soft_overlong_punishment_reward"] for r in both] == expected
+    mean = sum(r["score"] for r in both) / 4
+    assert f"4 rows, mean score {mean:.4f}" in out and "exact: mean 0.6667 over 3 rows (1 None)" in out
 
 
 @pytest.mark.parametrize("argv, expected", [
