@@ -1,5 +1,6 @@
 """recipes/qwen2.5-0.5b/grpo_gsm8k.yaml: `trl-ext check` with local stand-ins for its data (GSM8K rows converted by
-its make_gsm8k.py), offline; its format reward; and the one line `check` gives where accuracy_reward cannot run."""
+its make_gsm8k.py), offline, with math_verify (the `dev` extra) for its accuracy reward; its format reward; and the
+one line `check` gives where accuracy_reward cannot run (math_verify hidden)."""
 
 import importlib.util
 import json
@@ -12,7 +13,6 @@ from trl_ext.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "qwen2.5-0.5b" / "grpo_gsm8k.yaml"
-MATH_VERIFY = importlib.util.find_spec("math_verify") is not None
 GSM8K_ROWS = [  # GSM8K's own format: reasoning, then `#### answer`
     {"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
                  "How many clips did Natalia sell altogether in April and May?",
@@ -52,28 +52,37 @@ def check(capsys, tmp_path, data, *overrides):
     return rc, captured.out, err[-1] if err else ""
 
 
+def without_math_verify(monkeypatch):
+    """This process as on a machine without math_verify (the `dev` extra installs it)."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("math_verify", "latex2sympy2_extended") else real(name, *a))
+
+
 def test_recipe_passes_check_with_local_standins(standin_data, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     rc, out, err = check(capsys, tmp_path, standin_data)
-    if not MATH_VERIFY:  # this machine: accuracy_reward cannot run, and check says so in one line
-        assert rc == 2 and err == (
-            "trl-ext: error: recipe: key 'reward_funcs' entry 1 'trl.rewards:accuracy_reward': cannot run here: it "
-            "needs the math_verify and latex2sympy2_extended packages, not installed "
-            "(pip install \"math-verify[antlr4_13_2]\")")
-        # everything else of the recipe, with the requirement table emptied (the function imports; it would fail
-        # only when called)
-        monkeypatch.setattr("trl_ext.rewards.resolve.REQUIREMENTS", {})
-        rc, out, err = check(capsys, tmp_path, standin_data)
     assert rc == 0, err
     assert "# reward functions: accuracy_reward, boxed_format_reward" in out
-    if MATH_VERIFY:  # the converted solution is what accuracy_reward compares a boxed answer with
-        from trl.rewards import accuracy_reward
-
-        answers = ["so \\boxed{3600}.", "\\boxed{3,600}", "3600", "\\boxed{72}"]
-        assert accuracy_reward([[{"role": "assistant", "content": a}] for a in answers], ["3600"] * 4) == [
-            1.0, 1.0, 0.0, 0.0]
     assert "(ppo recipe, PPOConfig)" in out
     assert not (tmp_path / "out").exists()
+    # the converted solution is what accuracy_reward compares a boxed answer with
+    from trl.rewards import accuracy_reward
+
+    answers = ["so \\boxed{3600}.", "\\boxed{3,600}", "3600", "\\boxed{72}"]
+    assert accuracy_reward([[{"role": "assistant", "content": a}] for a in answers], ["3600"] * 4) == [
+        1.0, 1.0, 0.0, 0.0]
+
+
+def test_check_says_in_one_line_that_accuracy_reward_cannot_run_without_math_verify(standin_data, tmp_path, capsys,
+                                                                                     monkeypatch):
+    monkeypatch.chdir(ROOT)
+    without_math_verify(monkeypatch)
+    rc, out, err = check(capsys, tmp_path, standin_data)
+    assert rc == 2 and err == (
+        "trl-ext: error: recipe: key 'reward_funcs' entry 1 'trl.rewards:accuracy_reward': cannot run here: it "
+        "needs the math_verify and latex2sympy2_extended packages, not installed "
+        "(pip install \"math-verify[antlr4_13_2]\")")
 
 
 def test_a_dataset_without_solution_is_one_line(tmp_path, capsys, monkeypatch):

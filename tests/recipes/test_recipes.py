@@ -383,9 +383,7 @@ def test_real_model_recipes_exist_for_each_trainer():
 @pytest.mark.parametrize("path", REAL_RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_real_model_recipes_pass_check(path, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(ROOT)
-    # reward functions this machine cannot run (accuracy_reward without math_verify) are checked as if it could:
-    # tests/recipes/test_grpo_gsm8k_recipe.py tests the line `check` gives
-    monkeypatch.setattr("trl_ext.rewards.resolve.REQUIREMENTS", {})
+    # accuracy_reward runs: math_verify is in the `dev` extra (without it: tests/recipes/test_grpo_gsm8k_recipe.py)
     # PPO recipes point at the reward model their reward recipe writes: `check` needs that path to exist.
     assert main(["check", str(path), "--output_dir", "/tmp/trl-ext-check-never-written",
                  *_reward_output_override(path, tmp_path)]) == 0

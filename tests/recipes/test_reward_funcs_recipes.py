@@ -128,10 +128,6 @@ def test_each_problem_is_one_line_exit_2_before_any_model_loads(recipe_dir, caps
 
 
 def test_reward_weights_need_one_weight_per_reward(recipe_dir, capsys):
-    from trl_ext import PPOConfig
-
-    if not hasattr(PPOConfig(output_dir="x", use_cpu=True), "reward_weights"):
-        pytest.skip("PPOConfig has no reward_weights yet")
     rc, _, err = check(capsys, write(recipe_dir, reward_weights=[1.0, 0.5, 2.0], reward_model_path="tiny://reward"))
     assert rc == 0, err  # the reward model first, then the two functions
     rc, _, err = check(capsys, write(recipe_dir, reward_weights=[1.0, 0.5, 2.0]))
@@ -152,23 +148,31 @@ def test_tokenized_prompts_keep_the_other_columns_for_reward_functions(tokenizer
     assert tokenize_prompts(ds, tokenizer).column_names == ["input_ids"]  # as before without reward functions
 
 
-def test_two_reward_functions_train_two_updates_without_a_reward_model(recipe_dir, tiny_models):
+def test_two_reward_functions_train_two_updates_without_a_reward_model(recipe_dir, tiny_models, tokenizer):
     """A function from a file next to the recipe that reads a dataset column, and trl.rewards' soft overlong
-    punishment factory, weighted 1.0 and 0.5; GAE's value model starts from the policy (no reward model)."""
+    punishment factory (5 tokens, a cache of 2: 0 up to 3 tokens, -1/2 per token beyond), weighted 1.0 and 0.5; GAE's
+    value model starts from the policy (no reward model). Each completion's overlong value is that of its length."""
     from trl_ext.recipes.pipeline import run
 
-    recipe = resolve_recipe(write(recipe_dir, reward_funcs=["my_rewards.py:topic_length",
-                                                            keys(recipe_dir)["reward_funcs"][1]],
-                                  reward_weights=[1.0, 0.5]))
+    overlong = {"name": "trl.rewards.get_soft_overlong_punishment",
+                "kwargs": {"max_completion_len": 5, "soft_punish_cache": 2}}
+    recipe = resolve_recipe(write(recipe_dir, reward_funcs=["my_rewards.py:topic_length", overlong],
+                                  reward_weights=[1.0, 0.5], log_completions=True))
     trainer = run(recipe)
     logs = [h for h in trainer.state.log_history if "rewards/topic_length/mean" in h]
-    assert len(logs) == 2
-    for log in logs:
+    rows = [json.loads(line) for line in (recipe_dir / "out" / "completions.jsonl").read_text().splitlines()]
+    assert len(logs) == 2 and len(rows) == 8
+    for step, log in enumerate(logs, start=1):
+        batch = [r for r in rows if r["step"] == step]
+        # no stop token: every completion is response_length (4) tokens long, 1 beyond the 3 free ones
+        lengths = [len(tokenizer(r["completion"], add_special_tokens=False)["input_ids"]) for r in batch]
+        assert lengths == [4] * 4
+        assert [r["soft_overlong_punishment_reward"] for r in batch] == [(5 - 2 - n) / 2 for n in lengths]
         # every prompt once per update: the topics' lengths 3, 3, 4, 4 -> 3.5
         assert log["rewards/topic_length/mean"] == pytest.approx(3.5)
-        overlong = log["rewards/soft_overlong_punishment_reward/mean"]
-        assert -1.0 <= overlong <= 0.0
-        assert log["reward"] == pytest.approx(3.5 + 0.5 * overlong, abs=1e-5)
+        assert log["rewards/soft_overlong_punishment_reward/mean"] == pytest.approx(-0.5)
+        assert [r["score"] for r in batch] == [r["topic_length"] + 0.5 * -0.5 for r in batch]
+        assert log["reward"] == pytest.approx(3.5 + 0.5 * -0.5, abs=1e-5)
     assert (recipe_dir / "out" / "trl_ext_recipe.yaml").exists()
     # the value model: the tiny policy's checkpoint with a fresh one-output head
     value = trainer.value_model

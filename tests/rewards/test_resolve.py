@@ -10,7 +10,6 @@ from trl_ext.rewards.resolve import (
     check_requirements, check_reward_func, parse_reward_spec, resolve_reward_funcs, reward_func_name,
 )
 
-MATH_VERIFY = importlib.util.find_spec("math_verify") is not None
 
 
 def one_line_error(excinfo):
@@ -84,7 +83,6 @@ def test_remote_entry_parses_with_defaults_and_settings():
 
 
 def test_remote_entry_builds_a_remote_reward():
-    pytest.importorskip("trl_ext.rewards.remote")
     func = resolve_reward_funcs([{"url": "http://127.0.0.1:8123/score", "retries": 0, "name": "judge",
                                   "label_column": "solution", "timeout_s": 5}])[0]
     assert type(func).__name__ == "RemoteReward" and reward_func_name(func) == "judge"
@@ -152,13 +150,17 @@ def test_unknown_columns_check_only_the_trainer_keywords():
         check_reward_func(lambda completions, prompts, completion_ids: [], "entry", None)
 
 
-def test_accuracy_reward_says_in_one_line_when_it_cannot_run_here():
+def test_accuracy_reward_runs_with_math_verify():
     from trl.rewards import accuracy_reward
 
-    if MATH_VERIFY:
-        check_requirements(accuracy_reward, "entry")
-        assert accuracy_reward([[{"content": r"\boxed{4}"}]], ["4"]) == [1.0]
-        return
+    check_requirements(accuracy_reward, "entry")  # math_verify: the `dev` extra
+    assert accuracy_reward([[{"content": r"\boxed{4}"}], [{"content": r"\boxed{5}"}]], ["4", "4"]) == [1.0, 0.0]
+
+
+def test_accuracy_reward_says_in_one_line_when_it_cannot_run_here(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("math_verify", "latex2sympy2_extended") else real(name, *a))
     with pytest.raises(UserInputError) as excinfo:
         resolve_reward_funcs(["trl.rewards:accuracy_reward"])
     assert one_line_error(excinfo) == (
