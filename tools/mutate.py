@@ -268,7 +268,7 @@ def mutate_module(module: str, copy_root: Path, args, out_dir: Path) -> dict:
         mutants = [m for m in mutants if m.index in set(args.only)]
     elif args.max_mutants and total > args.max_mutants:
         mutants = sorted(random.Random(args.seed).sample(mutants, args.max_mutants), key=lambda m: m.index)
-    tests = MODULES[module]
+    tests = args.tests or MODULES[module]
     name = module.replace("/", "_").removesuffix(".py")
     print(f"[{module}] {total} mutants, running {len(mutants)} against {' '.join(tests)}", flush=True)
     baseline = run_tests(copy_root, tests, args.timeout * 3, out_dir / f"{name}.baseline.log", args.spawn)
@@ -331,6 +331,7 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=90, help="seconds per mutant before it counts as timeout")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "mutation", help="report folder")
     parser.add_argument("--only", type=int, action="append", help="run only these mutant indices (one module)")
+    parser.add_argument("--tests", nargs="+", help="run these test files or node ids instead of the module's")
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
     parser.add_argument("--spawn", action="store_true", help="a fresh interpreter per mutant instead of a fork")
     args = parser.parse_args(argv)

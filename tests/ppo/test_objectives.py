@@ -6,6 +6,7 @@ sampling's group filter, and the config's refusals."""
 from __future__ import annotations
 
 import math
+import types
 
 import pytest
 import torch
@@ -17,6 +18,9 @@ from trl_ext.ppo.objectives import (
     global_token_normalizer,
     kl_loss_per_token,
     kl_penalty,
+    loss_mask,
+    mini_batch_token_normalizer,
+    objective_metrics,
     objective_terms,
     token_entropy,
 )
@@ -298,6 +302,103 @@ def test_objective_config_defaults_are_those_of_ppo_config(tmp_path):
         output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False, kl_in="loss",
         advantage_estimator="grpo", num_samples_per_prompt=2))
     assert kl_in_loss.kl_in_loss and not ObjectiveConfig().kl_in_loss
+
+
+def tokens(ratios, advantages, new_logprobs=None):
+    """One row of tokens with these ratios (log pi_old = log pi - log r) and advantages, float64."""
+    new = torch.tensor([new_logprobs or [-1.0] * len(ratios)], dtype=torch.float64)
+    old = new - torch.tensor([ratios], dtype=torch.float64).log()
+    return new, old, torch.tensor([advantages], dtype=torch.float64), torch.ones((1, len(ratios)), dtype=torch.bool)
+
+
+def test_cispo_scales_with_the_advantage_and_counts_the_clipped_weights():
+    """Advantages other than +-1: -min(r, 1.28) * A * log pi per token; the weight is clipped where r > 1.28 (the
+    clip fraction), the CISPO share counts those with A > 0."""
+    new, old, adv, mask = tokens([0.5, 1.5, 2.0, 1.1], [2.0, 3.0, -0.5, 0.0], [-1.0, -2.0, -0.5, -3.0])
+    out = clipped_policy_loss(new, old, adv, mask, ObjectiveConfig(cliprange_high=0.28, policy_loss="cispo"))
+    per_token = [-0.5 * 2.0 * -1.0, -1.28 * 3.0 * -2.0, -1.28 * -0.5 * -0.5, 0.0]
+    assert out.loss.item() == pytest.approx(sum(per_token) / 4)
+    assert out.clipfrac.item() == pytest.approx(2 / 4)
+    assert out.stats["policy/cispo_clipfrac"].item() == pytest.approx(1 / 4)
+
+
+def test_dual_clip_bounds_only_negative_advantages():
+    """c = 3: A = 0.5 (0 < A < 1) and A = 0 keep PPO's loss; A = -0.5 at r = 4 is bounded to 1.5."""
+    new, old, adv, mask = tokens([1.0, 1.0, 4.0], [0.5, 0.0, -0.5])
+    out = clipped_policy_loss(new, old, adv, mask, ObjectiveConfig(dual_clip=3.0))
+    assert out.loss.item() == pytest.approx((-0.5 + 0.0 + 1.5) / 3)
+    assert out.stats["policy/dual_clipfrac"].item() == pytest.approx(1 / 3)
+
+
+def test_clip_shares_leave_out_zero_and_small_advantages_of_the_wrong_sign():
+    """clipfrac_low: r < 0.8 and A < 0; clipfrac_high: r > 1.28 and A > 0. A = 0 (a group of equal scores) and a
+    small advantage of the other sign count in neither."""
+    cfg = ObjectiveConfig(cliprange_low=0.2, cliprange_high=0.28)
+    new, old, adv, mask = tokens([0.5, 0.5, 0.5, 2.0, 2.0, 2.0], [-1.0, 0.0, 0.5, 1.0, 0.0, -0.5])
+    stats = clipped_policy_loss(new, old, adv, mask, cfg).stats
+    assert stats["policy/clipfrac_low"].item() == pytest.approx(1 / 6)
+    assert stats["policy/clipfrac_high"].item() == pytest.approx(1 / 6)
+    stats = clipped_policy_loss(new, old, adv, mask, ObjectiveConfig(cliprange_high=0.28, policy_loss="cispo")).stats
+    assert stats["policy/cispo_clipfrac"].item() == pytest.approx(1 / 6)
+
+
+def test_approxkl_is_half_the_mean_squared_log_ratio():
+    new, old, adv, mask = tokens([math.e, 1.0, math.exp(-2.0)], [1.0, 1.0, 1.0])
+    assert clipped_policy_loss(new, old, adv, mask, ObjectiveConfig()).approxkl.item() == pytest.approx(
+        0.5 * (1 + 0 + 4) / 3)
+
+
+def test_gspo_ratio_of_a_one_token_sequence_is_its_token_ratio():
+    new, old, adv, mask = tokens([1.1, 7.0], [1.0, 1.0])
+    mask[0, 1] = False  # one counted token
+    out = clipped_policy_loss(new, old, adv, mask, ObjectiveConfig(ratio_level="sequence"))
+    assert out.ratio[0].tolist() == pytest.approx([1.1, 1.1])
+    assert out.loss.item() == pytest.approx(-1.1)
+
+
+def test_global_token_normalizer_counts_every_process_and_one_token():
+    one = torch.tensor([[True, False, False]])
+    assert global_token_normalizer(one, gradient_accumulation_steps=2).item() == 0.5
+    assert global_token_normalizer(torch.zeros_like(one), 2).item() == 0.5  # no token: clamped to 1 / G
+    # two processes, the other with 3 tokens: N = 4 over G * P = 2 * 2 (accelerate's reduce of the count)
+    two = types.SimpleNamespace(num_processes=2, reduce=lambda count, reduction: count + 3 if reduction == "sum" else 0)
+    assert global_token_normalizer(one, 2, two).item() == 4 / 4
+
+
+def test_loss_mask_and_mini_batch_normalizer_leave_out_truncated_completions():
+    rollout = types.SimpleNamespace(padding_mask=torch.tensor([[False, False, True], [False, False, False],
+                                                               [False, True, True]]),
+                                    contain_eos_token=torch.tensor([True, False, True]))
+    inds = [0, 1, 2]
+    masked = ObjectiveConfig(mask_truncated_completions=True, loss_aggregation="global_token_mean")
+    assert loss_mask(rollout.padding_mask, rollout.contain_eos_token, masked).tolist() == [
+        [True, True, False], [False, False, False], [True, False, False]]
+    assert loss_mask(rollout.padding_mask, rollout.contain_eos_token, ObjectiveConfig()).tolist() == [
+        [True, True, False], [True, True, True], [True, False, False]]
+    assert mini_batch_token_normalizer(masked, rollout, inds, 3).item() == pytest.approx(3 / 3)
+    unmasked = ObjectiveConfig(loss_aggregation="global_token_mean")
+    assert mini_batch_token_normalizer(unmasked, rollout, [1, 2], 1).item() == 4
+    assert mini_batch_token_normalizer(ObjectiveConfig(), rollout, inds, 3) is None
+
+
+def test_kl_term_is_off_without_a_kl_coef():
+    new, old, adv, mask = tokens([1.0, 2.0], [1.0, -1.0])
+    terms = objective_terms(ObjectiveConfig(kl_in_loss=True), new, old, adv, mask, old - 1.0)
+    assert terms.kl_loss.item() > 0 and terms.penalty.item() == 0.0
+
+
+def test_objective_metrics_average_the_statistics_and_add_sampling_and_truncation():
+    from accelerate import Accelerator
+
+    rollout = types.SimpleNamespace(sampling={"sampling/rounds": 2.0},
+                                    contain_eos_token=torch.tensor([True, False, False, False]))
+    stats = types.SimpleNamespace(objective={"policy/dual_clipfrac": [torch.tensor(0.25), torch.tensor(0.75)]})
+    metrics = objective_metrics(rollout, stats, ObjectiveConfig(mask_truncated_completions=True),
+                                Accelerator(cpu=True))
+    assert metrics == {"policy/dual_clipfrac": 0.5, "sampling/rounds": 2.0, "objective/frac_truncated": 0.75}
+    rollout.sampling = None
+    assert objective_metrics(rollout, stats, ObjectiveConfig(), Accelerator(cpu=True)) == {
+        "policy/dual_clipfrac": 0.5}
 
 
 def test_rounds_of_different_prompt_and_response_lengths_join_as_the_trainer_pads():
