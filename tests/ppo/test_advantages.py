@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from trl_ext.ppo.advantages import (
+    gae_advantages,
+    group_mean_baseline,
     grpo_advantages,
     reinforce_pp_advantages,
     rloo_advantages,
@@ -33,6 +35,35 @@ def test_grpo_group_mean_and_std():
     assert grpo_advantages(REWARDS, 4).tolist() == pytest.approx(expected, abs=1e-6)
     # Dr. GRPO: no std division
     assert grpo_advantages(REWARDS, 4, scale_by_std=False).tolist() == pytest.approx([-2, -1, 0, 3, 0, 0, 0, 0])
+
+
+def test_grpo_with_two_samples_per_prompt():
+    """k = 2, the smallest group: (r - mean) / (unbiased std + eps), std of [0, 2] = sqrt(2)."""
+    expected = [-1 / (math.sqrt(2) + 1e-4), 1 / (math.sqrt(2) + 1e-4), 0.0, 0.0]
+    assert grpo_advantages(torch.tensor([0.0, 2.0, 3.0, 3.0]), 2).tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_group_mean_baseline_subtracts_each_groups_own_mean():
+    """Three groups of 2 with means 2, 10 and 0 (more groups than samples per group)."""
+    baseline = group_mean_baseline(torch.tensor([1.0, 3.0, 10.0, 10.0, -1.0, 1.0]), 2)
+    assert baseline.tolist() == [-1.0, 1.0, 0.0, 0.0, -1.0, 1.0]
+
+
+def test_gae_with_values_that_change_along_the_response():
+    """V = (1, 2, 4), r = (0, 0, 1), gamma 0.5, lam 1: deltas r_t + 0.5 V_{t+1} - V_t = (0, 0, -3);
+    A_2 = -3, A_1 = 0 + 0.5 * -3 = -1.5, A_0 = 0 + 0.5 * -1.5 = -0.75; returns A + V."""
+    adv, ret = gae_advantages(torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[1.0, 2.0, 4.0]]), 0.5, 1.0)
+    assert adv.tolist() == [[-0.75, -1.5, -3.0]]
+    assert ret.tolist() == [[0.25, 0.5, 1.0]]
+
+
+def test_reinforce_pp_puts_a_one_token_completions_score_on_that_token():
+    """Row 1 counts one token: its score lands on token 0; rewards (no KL): [0, 0, 1] and [2, masked, masked]."""
+    adv = reinforce_pp_advantages(torch.tensor([1.0, 2.0]), torch.zeros(2, 3), 0.0,
+                                  torch.tensor([[True, True, True], [True, False, False]]))
+    w = _whitened([1.0, 1.0, 1.0, 2.0])
+    assert adv[0].tolist() == pytest.approx(w[:3], abs=1e-5)
+    assert adv[1].tolist() == pytest.approx([w[3], 0.0, 0.0], abs=1e-5)
 
 
 def test_group_estimators_refuse_ragged_groups():
