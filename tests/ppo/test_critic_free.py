@@ -74,6 +74,32 @@ def test_value_model_must_match_the_estimator(tiny_models, tok, data, tmp_path):
         make(tiny_models, tok, data, tmp_path, advantage_estimator="gae", num_samples_per_prompt=1)
 
 
+def test_gae_keeps_its_value_model_and_one_sample_per_prompt_keeps_the_batch():
+    from trl_ext.ppo.critic_free import check_value_model, repeat_prompts
+
+    value = object()
+    assert check_value_model(SimpleNamespace(critic_free=False), value) is value
+    batch = {"input_ids": torch.tensor([[1, 2], [3, 4]]), "answer": ["a", "b"], "split": "train"}
+    assert repeat_prompts(batch, 1) is batch
+    assert repeat_prompts(batch, 2)["answer"] == ["a", "a", "b", "b"] and repeat_prompts(batch, 2)["split"] == "train"
+
+
+def test_grouped_prompts_come_in_the_parents_order_without_a_partial_batch(tiny_models, tok, tmp_path):
+    """k = 2 rebuilds the prompt loader (2 prompts per update instead of 4): over 9 prompts it must give the
+    shuffled order of the parent's loader (k = 1, same seed) and drop the odd one out, as the parent does."""
+    data = prompt_dataset(tok, n=9), prompt_dataset(tok, n=4, seed=5)
+    orders = {}
+    for k, estimator in ((1, "reinforce_pp"), (2, "grpo")):
+        trainer = make(tiny_models, tok, data, tmp_path / str(k), advantage_estimator=estimator,
+                       num_samples_per_prompt=k)
+        orders[k] = [tuple(t for t in row.tolist() if t != tok.pad_token_id)  # the collator's left padding out
+                     for batch in trainer.dataloader for row in batch["input_ids"]]
+    dataset_order = [tuple(row) for row in data[0]["input_ids"]]
+    assert len(orders[2]) == 8 and len(set(orders[2])) == 8 and set(orders[2]) <= set(dataset_order)
+    assert orders[2] == orders[1]
+    assert orders[1] != dataset_order[:8]  # shuffled
+
+
 def recording_trainer():
     import trl_ext
 

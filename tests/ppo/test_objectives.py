@@ -314,11 +314,11 @@ def tokens(ratios, advantages, new_logprobs=None):
 def test_cispo_scales_with_the_advantage_and_counts_the_clipped_weights():
     """Advantages other than +-1: -min(r, 1.28) * A * log pi per token; the weight is clipped where r > 1.28 (the
     clip fraction), the CISPO share counts those with A > 0."""
-    new, old, adv, mask = tokens([0.5, 1.5, 2.0, 1.1], [2.0, 3.0, -0.5, 0.0], [-1.0, -2.0, -0.5, -3.0])
+    new, old, adv, mask = tokens([0.5, 1.5, 2.0, 1.4], [2.0, 3.0, -0.5, 0.0], [-1.0, -2.0, -0.5, -3.0])
     out = clipped_policy_loss(new, old, adv, mask, ObjectiveConfig(cliprange_high=0.28, policy_loss="cispo"))
     per_token = [-0.5 * 2.0 * -1.0, -1.28 * 3.0 * -2.0, -1.28 * -0.5 * -0.5, 0.0]
     assert out.loss.item() == pytest.approx(sum(per_token) / 4)
-    assert out.clipfrac.item() == pytest.approx(2 / 4)
+    assert out.clipfrac.item() == pytest.approx(3 / 4)
     assert out.stats["policy/cispo_clipfrac"].item() == pytest.approx(1 / 4)
 
 
