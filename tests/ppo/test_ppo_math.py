@@ -134,3 +134,11 @@ def test_controller_state_roundtrip_and_factory():
     assert isinstance(build_kl_controller("fixed", 0.1), KLController)
     with pytest.raises(ValueError, match="kl_controller"):
         build_kl_controller("pid", 0.1)
+
+
+def test_controller_defaults_and_repr():
+    """TRL's PPO defaults (target 6, horizon 10000) when a controller is built without them; repr shows the state."""
+    ctl = build_kl_controller("adaptive", 0.1)
+    assert (ctl.target, ctl.horizon) == (6.0, 10000)
+    assert build_kl_controller("doubling", 0.1).target == 6.0
+    assert repr(ctl) == "AdaptiveKLController(value=0.1, target=6.0, horizon=10000)"

@@ -23,6 +23,23 @@ MAX_STEPS = 4
 # ------------------------------------------------------------------ StepGuard
 
 
+def test_counts_and_the_error_message_of_each_case():
+    from trl_ext.runtime.nonfinite import NonFiniteCounts, count_nonfinite
+
+    counts = count_nonfinite(torch.tensor([1.0, float("nan"), float("inf"), -float("inf")]))
+    assert (counts.nan, counts.inf, counts.total, counts.ok) == (1, 2, 4, False)
+    assert [NonFiniteCounts(*c).ok for c in ((0, 0, 4), (1, 0, 4), (0, 1, 4))] == [True, False, False]
+    nan = NonFiniteCounts(2, 0, 4)
+    assert str(NonFiniteError(3, "objective/scores", nan, "rollouts", None)) == (
+        "update 3: objective/scores contains NaN (2 of 4 rollouts); weights had already changed in this update and "
+        "there is no complete checkpoint")
+    assert str(NonFiniteError(3, "loss/total", NonFiniteCounts(0, 1, 8), "tokens", "out/checkpoint-2")).endswith(
+        "contains inf (1 of 8 tokens); weights had already changed in this update; latest complete checkpoint: "
+        "out/checkpoint-2")
+    saved = NonFiniteError(3, "loss/total", nan, "tokens", "out/checkpoint-3", saved=True, step_kind="step")
+    assert str(saved).endswith("; the state before this step is saved in out/checkpoint-3") and saved.saved
+
+
 def test_guard_finds_the_first_bad_micro_batch_with_its_counts():
     guard = StepGuard("stop")
     guard.observe(torch.tensor(1.0), where=" (micro-batch 1)")
