@@ -134,6 +134,35 @@ def test_scorer_weights_none_and_decoding(tokenizer):
     assert seen["completions"][0] == [{"role": "assistant", "content": "happy dog"}]
 
 
+def worker_pid(completions, **kw):  # module level: the pool's workers are forked and call it by reference
+    import os
+
+    return [float(os.getpid())] * len(completions)
+
+
+def test_scorer_with_one_worker_scores_in_another_process_and_closes_it(tokenizer):
+    """`reward_num_workers: 1` runs the functions in a worker process (not in the trainer's); close() stops it. The
+    reward models are listed apart; prompts without a `prompt` column are the decoded queries without padding."""
+    import os
+
+    pad = tokenizer.pad_token_id
+    model = torch.nn.Linear(1, 1)
+    scorer = RewardScorer([model, worker_pid], [1.0, 1.0], ["reward_model", "worker_pid"], tokenizer, pad,
+                          num_workers=1, timeout_s=30)
+    try:
+        assert scorer.reward_models == [model] and scorer.pool is not None
+        hello = tokenizer("hello there", add_special_tokens=False)["input_ids"]
+        scorer.begin(torch.tensor([[pad, pad] + hello]), {})
+        assert scorer._prompts == ["hello there"]
+        scores = scorer.score(torch.tensor([hello]), {0: torch.tensor([0.0])})
+        assert scores.per_reward[0, 1].item() not in (0.0, float(os.getpid()))
+    finally:
+        pool = scorer.pool
+        scorer.close()
+    assert scorer.pool is None and pool.closed
+    scorer.close()  # twice, and without a pool: nothing to do
+
+
 def test_trl_reward_functions_work_as_they_are(tokenizer):
     from trl.rewards import get_soft_overlong_punishment, think_format_reward
 
