@@ -96,7 +96,9 @@ __all__ = ["PPOConfig", "PPOTrainer", "VALUE_MODEL_DIR", "ppo_state_file"]
 class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
     """TRL's PPO trainer (see :mod:`trl_ext.ppo.base`) with value-clip modes, KL controllers, PPO-ptx and steps.
 
-    Takes every argument of TRL's trainer (same order), plus:
+    Takes every argument of TRL's trainer (same order), and GRPOTrainer's inputs: `args` may be a TRL `GRPOConfig`
+    (:meth:`PPOConfig.from_grpo_config`), the models model ids or paths (:mod:`trl_ext.ppo.model_ids`;
+    `processing_class` then optional), the datasets a `prompt` column (:mod:`trl_ext.ppo.prompt_dataset`). Plus:
 
     Args:
         ptx_dataset ([`~datasets.Dataset`], *optional*):
