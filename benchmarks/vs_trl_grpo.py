@@ -2,24 +2,28 @@
 §5): the same SFT model, reward function, k, completions per update, optimizer steps per update and KL-in-loss
 setting, in one process; seconds per update and held-out exact-match accuracy after the same number of updates.
 
-Settings, mapped one by one (ours -> TRL 1.16 GRPOConfig):
+Both sides are built from ONE TRL 1.16 `GRPOConfig` (`trl_grpo_config`): TRL's GRPOTrainer takes it, ours is
+`PPOConfig.from_grpo_config(that config)` (issue 34; the key table in docs/coming-from-grpo.md), with only our rollout
+chunk (`local_rollout_forward_batch_size` 64, the whole batch at once as TRL generates it) added. What the mapping
+gives here (GRPOConfig -> ours):
 
-* samples per prompt k: ours `num_samples_per_prompt` 4 -> TRL `num_generations` 4;
-* completions per update: ours `per_device_train_batch_size` 64 (16 prompts x 4) -> TRL
-  `per_device_train_batch_size` 64, `steps_per_generation` 1, `gradient_accumulation_steps` 1;
-* optimizer steps per update: ours `num_ppo_epochs` 2 x `num_mini_batches` 1 -> TRL `num_iterations` 2 (the same
-  batch twice); TRL counts optimizer steps, so its `max_steps` is 2 x updates;
-* advantages: ours `grpo`, (r - mean) / (unbiased std + 1e-4) per group -> TRL `scale_rewards` "group" (the same);
-* KL: ours `kl_in` "loss", `kl_coef` 0.01, k3 -> TRL `beta` 0.01 (k3 in the loss);
-* policy-loss aggregation: ours a token mean over the mini-batch -> TRL `loss_type` "bnpo" (token mean over the
-  local batch). TRL's default "dapo" divides by the tokens of the whole generation batch: the same number here (one
-  process, one step per generation), but "bnpo" is the one equal to ours by definition. Not "grpo" (a mean per
-  sequence first) nor "dr_grpo" (a constant);
-* clipping: ours `cliprange` 0.2 -> TRL `epsilon` 0.2;
+* samples per prompt k: `num_generations` 4 -> `num_samples_per_prompt` 4, `advantage_estimator` "grpo";
+* completions per update: `per_device_train_batch_size` 64, `steps_per_generation` 1, `gradient_accumulation_steps`
+  1 -> the same (16 prompts x 4);
+* optimizer steps per update: `num_iterations` 2 (the same batch twice) -> `num_ppo_epochs` 2; TRL counts optimizer
+  steps, so its `max_steps` is 2 x updates -> our `total_episodes` = updates x 64;
+* advantages: `scale_rewards` "group" -> (r - mean) / (unbiased std + 1e-4) per group (`grpo_scale_by_std`);
+* KL: `beta` 0.01 (k3 in the loss) -> `kl_in` "loss", `kl_coef` 0.01, k3; `use_bias_correction_kl` TRL 1.16's True in
+  both;
+* policy-loss aggregation: `loss_type` "bnpo" (token mean over the local batch) -> `loss_aggregation` "token_mean".
+  TRL's default "dapo" gives the same number here (one process, one step per generation), but "bnpo" is the one
+  equal to ours by definition;
+* clipping: `epsilon` 0.2 -> `cliprange` 0.2;
 * sampling: temperature 1, no top-k, top-p 1 in both (TRL `top_k` 0, `top_p` 1.0);
-* lengths: ours `response_length` 5, stop at eos -> TRL `max_completion_length` 5 (stops at eos);
-* optimizer: AdamW, lr 3e-4 constant, no warmup in both; ours clips no gradient -> TRL `max_grad_norm` 0;
-* reward: `reward_funcs=[exact_match_reward]` in both, no reward model.
+* lengths: `max_completion_length` 5 -> `response_length` 5, stop at eos;
+* optimizer: AdamW, lr 3e-4 constant, no warmup (passed through); `max_grad_norm` 0 (ours clips no gradient);
+* reward: `reward_funcs=[exact_match_reward]` in both, no reward model; the same `prompt`/`answer` dataset, which
+  each trainer tokenizes itself.
 
 Timing: the wall time between the ends of consecutive updates (a callback), the first update left out; the two
 trainers run alternately (ours, TRL, TRL, ours, ...) so a drift of the machine's load hits both. On a shared
@@ -52,10 +56,11 @@ from _common import (
     setup_env,
     write_result,
 )
-from verifiable import RL_SETTINGS, make_rl_trainer, sft
+from verifiable import RL_SETTINGS, sft
 
 K = 4
-GRPO = {"advantage_estimator": "grpo", "num_samples_per_prompt": K, "kl_in": "loss"}
+OURS_ONLY = {"local_rollout_forward_batch_size": RL_SETTINGS["local_rollout_forward_batch_size"]}
+"""Our keys GRPOConfig has no word for, given to from_grpo_config beside the GRPOConfig."""
 
 
 def trl_version_ok() -> tuple[bool, str]:
@@ -66,7 +71,7 @@ def trl_version_ok() -> tuple[bool, str]:
 
 
 def trl_grpo_config(out: Path, updates: int, seed: int):
-    """TRL's GRPOConfig with every setting mapped from RL_SETTINGS + GRPO (the module docstring's table)."""
+    """The one GRPOConfig of both sides: the verifiable task's RL_SETTINGS in GRPO's words (module docstring)."""
     from trl import GRPOConfig
 
     s = RL_SETTINGS
@@ -102,8 +107,35 @@ class UpdateClock:
         return statistics.median(gaps)
 
 
+def prompt_data(train_rows):
+    """The training set as GRPOTrainer takes it (and, since issue 34, ours too): `prompt` text and `answer`."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": [r["prompt"] for r in train_rows], "answer": [r["answer"] for r in train_rows]})
+
+
+def our_config(out: Path, updates: int, seed: int):
+    """Ours: `PPOConfig.from_grpo_config` of the GRPOConfig TRL gets."""
+    import trl_ext
+
+    return trl_ext.PPOConfig.from_grpo_config(trl_grpo_config(out, updates, seed), **OURS_ONLY)
+
+
 def run_ours(sft_dir, train_rows, out, updates, seed):
-    trainer = make_rl_trainer(sft_dir, train_rows, out, updates=updates, seed=seed, estimator=GRPO)
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import trl_ext
+    from trl_ext.rewards.arithmetic_task import exact_match_reward
+
+    tokenizer = AutoTokenizer.from_pretrained(sft_dir, padding_side="left")
+    torch.manual_seed(seed)
+    policy = AutoModelForCausalLM.from_pretrained(sft_dir)
+    trainer = trl_ext.PPOTrainer(args=our_config(out, updates, seed), processing_class=tokenizer, model=policy,
+                                 ref_model=copy.deepcopy(policy), reward_funcs=[exact_match_reward],
+                                 train_dataset=prompt_data(train_rows))
     clock = UpdateClock(1)
     trainer.add_callback(clock)
     return trainer, trainer.model.policy, clock
@@ -111,7 +143,6 @@ def run_ours(sft_dir, train_rows, out, updates, seed):
 
 def run_trl(sft_dir, train_rows, out, updates, seed):
     import torch
-    from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
@@ -119,9 +150,9 @@ def run_trl(sft_dir, train_rows, out, updates, seed):
 
     tokenizer = AutoTokenizer.from_pretrained(sft_dir, padding_side="left")
     torch.manual_seed(seed)
-    data = Dataset.from_dict({"prompt": [r["prompt"] for r in train_rows], "answer": [r["answer"] for r in train_rows]})
     trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(sft_dir), reward_funcs=[exact_match_reward],
-                          args=trl_grpo_config(out, updates, seed), train_dataset=data, processing_class=tokenizer)
+                          args=trl_grpo_config(out, updates, seed), train_dataset=prompt_data(train_rows),
+                          processing_class=tokenizer)
     clock = UpdateClock(RL_SETTINGS["num_ppo_epochs"])
     trainer.add_callback(clock)
     return trainer, trainer.model, clock
@@ -196,7 +227,10 @@ def main(argv=None) -> int:
                  "held-out sampled acc. per seed"], rows)
     print(f"time ratio trl_ext / TRL per repeat: {[round(r, 3) for r in ratio]} "
           f"(median {statistics.median(ratio):.3f})")
-    write_result("vs_trl_grpo", {"updates": updates, "repeats": repeats, "rl": RL_SETTINGS, "grpo": GRPO,
+    ours = our_config(work, updates, 0)
+    ours_keys = {k: getattr(ours, k) for k in (*RL_SETTINGS, "advantage_estimator", "num_samples_per_prompt", "kl_in",
+                                               "loss_aggregation", "use_bias_correction_kl", "total_episodes")}
+    write_result("vs_trl_grpo", {"updates": updates, "repeats": repeats, "ours": ours_keys,
                                  "trl_config": trl_grpo_config(work, updates, 0).to_dict()},
                  {"sft": start, "runs": results, "time_ratio": ratio}, out=a.out)
     print(f"load average now {load_average()}")

@@ -8,6 +8,9 @@ case then sets the attributes TRL's `__init__` copies from `GRPOConfig` (`loss_t
 values holds them. Our side takes
 the per-token log-probs from TRL's own `_get_per_token_logps_and_entropies` (the same forward) and
 :func:`trl_ext.ppo.objectives.objective_terms`. The map of names is in docs/ppo.md.
+
+`test_from_grpo_config_gives_grpotrainers_loss` gives whole GRPOConfigs (TRL's defaults, DAPO-style, ...) to both:
+to GRPOTrainer as its `__init__` reads them, to ours through `PPOConfig.from_grpo_config`.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def grpo(tiny_models, tmp_path_factory):
+def grpo(tiny_models, tmp_path_factory, converted):  # the configs first: building one resets accelerate's state
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -118,12 +121,13 @@ def configure(trainer, trl_keys):
     trainer.current_gradient_accumulation_steps = trainer.args.steps_per_generation = trl_keys.get("accumulation", 1)
 
 
-def ours(trainer, inputs, keys, beta, accumulation=1):
+def ours(trainer, inputs, keys, beta, accumulation=1, cfg=None):
     input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
     attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
     logps = trainer._get_per_token_logps_and_entropies(trainer.model, input_ids, attention_mask, T)[0]
     mask = inputs["completion_mask"].bool()
-    cfg = ObjectiveConfig(**{"cliprange_low": 0.2, "cliprange_high": 0.2, "response_length": T, **keys})
+    if cfg is None:
+        cfg = ObjectiveConfig(**{"cliprange_low": 0.2, "cliprange_high": 0.2, "response_length": T, **keys})
     # global_token_normalizer's N / (G * P), one process
     normalizer = inputs["num_items_in_batch"].float() / accumulation
     advantages = inputs["advantages"].unsqueeze(1).expand(B, T)
@@ -149,3 +153,61 @@ def test_same_loss_and_gradients_as_trl_grpo(grpo, case):
     worst = max((trl_grads[n] - our_grads[n]).abs().max().item() for n in trl_grads)
     assert worst < 1e-6, worst
     assert max(g.abs().max().item() for g in trl_grads.values()) > 1e-3  # the gradients are not all ~0
+
+
+# GRPOConfigs given whole: TRL 1.16's defaults, DAPO's recipe, GRPO's paper (KL in the loss), GSPO, Dr. GRPO, CISPO
+GRPO_CONFIGS = {
+    "trl_defaults": {},
+    "dapo_style": {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.0,
+                   "mask_truncated_completions": True},
+    "grpo_paper": {"loss_type": "grpo", "beta": 0.04},
+    "gspo": {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4},
+    "dr_grpo": {"loss_type": "dr_grpo", "scale_rewards": "none", "beta": 0.02, "use_bias_correction_kl": False},
+    "cispo": {"loss_type": "cispo", "epsilon_high": 5.0},
+}
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """{name: (GRPOConfig, the ObjectiveConfig of PPOConfig.from_grpo_config(it), its kl_coef)}."""
+    import warnings
+
+    from trl import GRPOConfig
+
+    from trl_ext import PPOConfig
+
+    out = {}
+    for name, keys in GRPO_CONFIGS.items():
+        config = GRPOConfig(output_dir=str(tmp_path_factory.mktemp(name)), use_cpu=True, bf16=False,
+                            report_to="none", per_device_train_batch_size=B, num_generations=2,
+                            max_completion_length=T, **keys)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "GRPOConfig. not honoured")  # max_grad_norm: no loss term
+            ppo = PPOConfig.from_grpo_config(config)
+        out[name] = config, ObjectiveConfig.from_args(ppo), ppo.kl_coef
+    return out
+
+
+@pytest.mark.parametrize("name", list(GRPO_CONFIGS))
+def test_from_grpo_config_gives_grpotrainers_loss(grpo, converted, name):
+    """A GRPOConfig through PPOConfig.from_grpo_config: the loss and gradients of GRPOTrainer built with it."""
+    config, objective, kl_coef = converted[name]
+    # what GRPOTrainer.__init__ copies from its config
+    grpo.loss_type, grpo.beta = config.loss_type, config.beta
+    grpo.epsilon_low = config.epsilon
+    grpo.epsilon_high = config.epsilon if config.epsilon_high is None else config.epsilon_high
+    grpo.importance_sampling_level, grpo.max_completion_length = config.importance_sampling_level, T
+    grpo.args.delta, grpo.args.use_bias_correction_kl = config.delta, config.use_bias_correction_kl
+    # one of 2 accumulated micro-batches, the other holding 9 more tokens: tells dapo's global token mean from bnpo's
+    grpo.current_gradient_accumulation_steps = grpo.args.steps_per_generation = 2
+    inputs = batch(grpo, other_tokens=9)
+    trl_loss = grpo._compute_loss(grpo.model, inputs)
+    trl_loss.backward()
+    trl_grads = gradients(grpo.model)
+    our_loss = ours(grpo, inputs, None, kl_coef, accumulation=2, cfg=objective)
+    our_loss.backward()
+    our_grads = gradients(grpo.model)
+    assert abs(trl_loss.item() - our_loss.item()) < 1e-6, (trl_loss.item(), our_loss.item())
+    assert trl_grads.keys() == our_grads.keys() and len(trl_grads) > 5
+    assert max((trl_grads[n] - our_grads[n]).abs().max().item() for n in trl_grads) < 1e-6
+    assert max(g.abs().max().item() for g in trl_grads.values()) > 1e-3

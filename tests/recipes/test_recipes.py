@@ -503,3 +503,18 @@ def test_critic_free_shared_base_recipe_builds_no_value_adapter(shared, tiny_mod
                             LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
     reward, value = shared_base_scalar_models(recipe, policy)
     assert value is None and sorted(policy.peft_config) == ["default", "reward"]
+
+
+def test_grpo_config_keys_in_a_recipe(tmp_path):
+    """chat_template_kwargs is a recipe key (a mapping, also as JSON on the command line); model_init_kwargs, for
+    model ids given to PPOTrainer in Python, is refused by `train` before any model loads."""
+    from trl_ext.recipes.pipeline import train_ppo
+
+    path = write_recipe(tmp_path, **ppo_keys(tmp_path, chat_template_kwargs={"enable_thinking": False}))
+    assert resolve_recipe(path).training_args.chat_template_kwargs == {"enable_thinking": False}
+    again = resolve_recipe(path, ["--chat_template_kwargs", '{"enable_thinking": true}'])
+    assert again.training_args.chat_template_kwargs == {"enable_thinking": True}
+    recipe = resolve_recipe(write_recipe(tmp_path, "ids.yaml", **ppo_keys(tmp_path,
+                                                                           model_init_kwargs={"dtype": "bfloat16"})))
+    with pytest.raises(UserInputError, match="^recipe: key 'model_init_kwargs' is for model ids given to PPOTrainer"):
+        train_ppo(recipe)

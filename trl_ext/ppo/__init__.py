@@ -20,6 +20,9 @@
 * ``memory_budget.py``: the bytes each part of a PPO run holds (weights, adapters, optimizer, rollout, scoring,
   training), from the model's shape and the run's settings; ``rollout_chunk.py``: ``local_rollout_forward_batch_size:
   auto``, the largest rollout/scoring chunk whose budget fits ``max_memory_gib``, chosen once from the loaded models.
+* ``from_grpo.py`` (``PPOConfig.from_grpo_config``: TRL's ``GRPOConfig`` key by key), ``model_ids.py`` (models given
+  as ids or paths, loaded as GRPOTrainer loads them) and ``prompt_dataset.py`` (``prompt`` datasets, text or chat,
+  tokenized as GRPOTrainer tokenizes them): what lets a GRPOTrainer script run on ``PPOTrainer``.
 * ``prompt_stream.py`` and ``ptx_data.py``: endless, resumable prompt and pretraining-mix streams (built on
   :mod:`trl_ext.runtime.epoch_stream`); ``accumulation_state.py``: accelerate's DataLoader state that decides when
   TRL's PPO accumulates gradients, saved with each checkpoint.

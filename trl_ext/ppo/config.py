@@ -11,7 +11,9 @@ from .advantages import ADVANTAGE_ESTIMATORS, GROUP_ESTIMATORS
 from .base import ParentPPOConfig
 from .kl_controllers import KL_CONTROLLERS
 from .losses import VALUE_CLIP_MODES
+from .model_ids import ModelInitArgs
 from .objectives import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, RATIO_LEVELS
+from .prompt_dataset import PromptArgs
 from .rollout_chunk import AUTO, rollout_chunk_value
 from .rollout_engine import check_rollout_engine
 
@@ -20,7 +22,8 @@ KL_IN = ("reward", "loss")
 
 
 @dataclass
-class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, NonFinitePolicyArgs, ParentPPOConfig):
+class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, ModelInitArgs, PromptArgs, NonFinitePolicyArgs,
+                ParentPPOConfig):
     r"""Configuration for [`trl_ext.PPOTrainer`]: every field of TRL 1.12's `experimental.ppo.PPOConfig` (TRL's class
     on TRL 1.10-1.12, trl-ext's copy from 1.13 on, see :mod:`trl_ext.ppo.base`), plus the extensions below (all of
     them default to TRL's behaviour).
@@ -172,6 +175,14 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, NonFinitePolicyArgs, P
         num_completions_to_print (`int`, *optional*):
             With `log_completions`: rows printed per update (None: all).
 
+        > Parameters of models given by id and of chat prompts (TRL `GRPOConfig`'s keys; full description:
+        > :mod:`trl_ext.ppo.model_ids`, :mod:`trl_ext.ppo.prompt_dataset`)
+
+        model_init_kwargs (`dict`, *optional*):
+            `from_pretrained` keyword arguments of the models given to the trainer as an id or path.
+        chat_template_kwargs (`dict`, *optional*):
+            `apply_chat_template` keyword arguments for a `prompt` column of chat messages.
+
         > Parameters that control NaN/inf losses and gradients (full description:
         > :class:`trl_ext.runtime.nonfinite.NonFinitePolicyArgs`)
 
@@ -295,6 +306,15 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, NonFinitePolicyArgs, P
     max_sampling_rounds: int = field(
         default=3, metadata={"help": "dynamic_sampling: generation rounds per update at most."}
     )
+
+    @classmethod
+    def from_grpo_config(cls, grpo_config, **overrides) -> "PPOConfig":
+        """The `PPOConfig` of TRL `GRPOConfig` `grpo_config` (`advantage_estimator` "grpo"), `overrides` on top; keys
+        it cannot honour are named in one warning or refused. Table: `docs/coming-from-grpo.md`; code:
+        :func:`trl_ext.ppo.from_grpo.ppo_kwargs_from_grpo`."""
+        from .from_grpo import ppo_kwargs_from_grpo
+
+        return cls(**ppo_kwargs_from_grpo(grpo_config, overrides))
 
     @property
     def critic_free(self) -> bool:

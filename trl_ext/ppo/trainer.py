@@ -66,10 +66,13 @@ from .config import PPOConfig
 from .critic_free import check_value_model, critic_free_advantages, critic_free_metrics, group_prompts, no_value_loss
 from .critic_free import repeat_prompts
 from .dynamic_sampling import resample_groups
+from .from_grpo import ppo_config_from
 from .kl_controllers import KLController, build_kl_controller
 from .losses import ptx_lm_loss, value_loss
 from .masked_stats import masked_whiten
+from .model_ids import load_model_ids
 from .objectives import ObjectiveConfig, kl_penalty, mini_batch_token_normalizer, objective_metrics, rollout_objective
+from .prompt_dataset import prepare_prompt_datasets
 from .prompt_stream import PromptStream
 from .ptx_data import PtxStream, separate_ptx_step, tokenize_ptx_dataset
 from .reward_funcs import (
@@ -93,7 +96,9 @@ __all__ = ["PPOConfig", "PPOTrainer", "VALUE_MODEL_DIR", "ppo_state_file"]
 class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
     """TRL's PPO trainer (see :mod:`trl_ext.ppo.base`) with value-clip modes, KL controllers, PPO-ptx and steps.
 
-    Takes every argument of TRL's trainer (same order), plus:
+    Takes every argument of TRL's trainer (same order), and GRPOTrainer's inputs: `args` may be a TRL `GRPOConfig`
+    (:meth:`PPOConfig.from_grpo_config`), the models model ids or paths (:mod:`trl_ext.ppo.model_ids`;
+    `processing_class` then optional), the datasets a `prompt` column (:mod:`trl_ext.ppo.prompt_dataset`). Plus:
 
     Args:
         ptx_dataset ([`~datasets.Dataset`], *optional*):
@@ -135,12 +140,12 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
     def __init__(
         self,
         args: PPOConfig,
-        processing_class,
-        model,
-        ref_model,
-        reward_model,
-        train_dataset,
-        value_model,
+        processing_class=None,
+        model=None,
+        ref_model=None,
+        reward_model=None,
+        train_dataset=None,
+        value_model=None,
         data_collator=None,
         eval_dataset=None,
         optimizers=(None, None),
@@ -150,6 +155,12 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
         kl_controller: KLController | None = None,
         reward_funcs=None,
     ) -> None:
+        # GRPOTrainer's inputs: a GRPOConfig, model ids, `prompt` datasets (ppo/from_grpo, model_ids, prompt_dataset)
+        args = ppo_config_from(args)
+        processing_class, model, ref_model, reward_model, value_model, reward_funcs = load_model_ids(
+            args, processing_class, model, ref_model, reward_model, value_model, reward_funcs)
+        train_dataset, eval_dataset = prepare_prompt_datasets(args, processing_class, train_dataset, eval_dataset,
+                                                              keep_columns=reward_funcs is not None)
         if not isinstance(args, PPOConfig):
             raise UserInputError(f"args: expected a trl_ext.PPOConfig, got {type(args).__name__}")
         if args.ptx_coef > 0 and ptx_dataset is None:

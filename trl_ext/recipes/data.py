@@ -126,26 +126,18 @@ def check_columns(dataset, trainer: str, *, name: str, split: str, text_column: 
         raise ValueError(f"unknown trainer {trainer!r}")
 
 
-def tokenize_prompts(dataset, tokenizer, *, num_proc: int | None = None, keep_columns: bool = False):
-    """PPO prompts -> ``input_ids`` as TRL's PPO example does (chat messages go through the chat template).
+def tokenize_prompts(dataset, tokenizer, *, num_proc: int | None = None, keep_columns: bool = False,
+                     chat_template_kwargs: dict | None = None):
+    """PPO prompts -> ``input_ids`` as TRL's GRPOTrainer tokenizes them (chat messages through the chat template with
+    the generation prompt): :func:`trl_ext.ppo.prompt_dataset.tokenize_prompts`, which the trainer also uses.
 
     ``keep_columns``: keep every other column next to ``input_ids`` (``prompt``, ``solution``, ...), for reward
     functions, which receive them; otherwise only ``input_ids`` is left, as TRL's PPO expects.
     """
-    if "input_ids" in dataset.column_names:
-        return dataset if keep_columns else dataset.select_columns(["input_ids"])
+    from ..ppo.prompt_dataset import tokenize_prompts as tokenize
 
-    def tokenize(example):
-        prompt = example["prompt"]
-        if isinstance(prompt, list):
-            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict) or hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-        else:
-            ids = tokenizer(prompt, padding=False)["input_ids"]
-        return {"input_ids": list(ids)}
-
-    return dataset.map(tokenize, remove_columns=[] if keep_columns else dataset.column_names, num_proc=num_proc)
+    return tokenize(dataset, tokenizer, num_proc=num_proc, keep_columns=keep_columns,
+                    chat_template_kwargs=chat_template_kwargs)
 
 
 def ptx_texts(dataset, text_column: str):

@@ -279,6 +279,9 @@ def train_ppo(recipe: Recipe):
     from .reward_keys import check_reward_columns
 
     args = recipe.training_args
+    if args.model_init_kwargs:
+        raise UserInputError("recipe: key 'model_init_kwargs' is for model ids given to PPOTrainer in Python; a recipe "
+                             "loads its models from its model keys (dtype, attn_implementation, load_in_4bit, ...)")
     train_ds, eval_ds = open_datasets(recipe)
     check_reward_columns(recipe, train_ds.column_names)
     ptx = open_ptx_dataset(recipe)
@@ -287,9 +290,12 @@ def train_ppo(recipe: Recipe):
     tokenizer = load_tokenizer(model_args)
     tokenizer.padding_side = "left"  # generation needs left padding (as TRL's PPO example)
     keep = bool(recipe.reward_funcs)  # reward functions receive the dataset's other columns
-    train_ds = tokenize_prompts(train_ds, tokenizer, num_proc=args.dataset_num_proc, keep_columns=keep)
+    template_kwargs = args.chat_template_kwargs
+    train_ds = tokenize_prompts(train_ds, tokenizer, num_proc=args.dataset_num_proc, keep_columns=keep,
+                                chat_template_kwargs=template_kwargs)
     if eval_ds is not None:
-        eval_ds = tokenize_prompts(eval_ds, tokenizer, num_proc=args.dataset_num_proc, keep_columns=keep)
+        eval_ds = tokenize_prompts(eval_ds, tokenizer, num_proc=args.dataset_num_proc, keep_columns=keep,
+                                   chat_template_kwargs=template_kwargs)
     check_lengths(recipe, tokenizer, train_ds, eval_ds, model_config=_model_config(model_args))
 
     upcast = recipe.pipeline.upcast_non_quantized

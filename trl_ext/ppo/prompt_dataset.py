@@ -1,0 +1,106 @@
+"""The trainer's prompt datasets as TRL's `GRPOTrainer` takes them: a `prompt` column, text or chat messages.
+
+:class:`trl_ext.PPOTrainer` trains on tokenized prompts (`input_ids`, TRL's PPO). A dataset with a `prompt` column
+instead is tokenized when the trainer is built (:func:`prepare_prompt_datasets`), the way TRL 1.16's
+`GRPOTrainer._tokenize_prompts` does it:
+
+* text: ``tokenizer(text)["input_ids"]`` (with the tokenizer's special tokens, e.g. BOS);
+* chat messages (a list of ``{"role", "content"}`` dicts): ``tokenizer.apply_chat_template(messages,
+  add_generation_prompt=True, tokenize=True, **chat_template_kwargs)``.
+
+The other columns stay beside `input_ids` when the trainer has `reward_funcs` (they receive them, as in GRPO);
+without reward functions only `input_ids` is kept (the padding collator takes tensors only). A dataset that already
+has `input_ids` is used as it is. The prompts are padded on the left, as GRPOTrainer pads them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import UserInputError
+
+__all__ = ["PromptArgs", "prepare_prompt_datasets", "tokenize_prompts"]
+
+
+@dataclass
+class PromptArgs:
+    """Config field of the prompt rendering, mixed into :class:`trl_ext.PPOConfig` (TRL `GRPOConfig`'s key).
+
+    Parameters:
+        chat_template_kwargs (`dict[str, Any]`, *optional*):
+            Keyword arguments of `apply_chat_template` when the trainer renders chat-message prompts (a `prompt`
+            column of message lists), e.g. `{"enable_thinking": false}`. As TRL's `GRPOConfig` key of that name.
+    """
+
+    chat_template_kwargs: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={"help": "Keyword arguments of apply_chat_template for chat-message prompts (GRPOConfig's key)."},
+    )
+
+    def __post_init__(self):
+        self.chat_template_kwargs = mapping_value("chat_template_kwargs", self.chat_template_kwargs)
+        super().__post_init__()
+
+
+def mapping_value(name: str, value):
+    """A dict-valued config key: a dict, None, or its JSON text (the command line's form) -> dict or None."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise UserInputError(f"{name}: not a JSON object: {value!r} ({err.msg})") from None
+    if value is not None and not isinstance(value, dict):
+        raise UserInputError(f"{name}: expected a mapping of keyword arguments, got {value!r}")
+    return value
+
+
+def tokenize_prompts(dataset, tokenizer, *, num_proc: int | None = None, keep_columns: bool = False,
+                     chat_template_kwargs: dict | None = None):
+    """`prompt` -> `input_ids` as TRL's GRPOTrainer tokenizes prompts (module docstring); a dataset with
+    `input_ids` is returned as it is (reduced to `input_ids` unless `keep_columns`).
+
+    `keep_columns`: keep every other column next to `input_ids` (`prompt`, `solution`, ...) for reward functions;
+    otherwise only `input_ids` is left, as TRL's PPO expects.
+    """
+    if "input_ids" in dataset.column_names:
+        return dataset if keep_columns else dataset.select_columns(["input_ids"])
+    template_kwargs = dict(chat_template_kwargs or {})
+
+    def tokenize(example):
+        prompt = example["prompt"]
+        if isinstance(prompt, list):
+            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, **template_kwargs)
+            if isinstance(ids, dict) or hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+        else:
+            ids = tokenizer(prompt, padding=False)["input_ids"]
+        return {"input_ids": list(ids)}
+
+    return dataset.map(tokenize, remove_columns=[] if keep_columns else dataset.column_names, num_proc=num_proc)
+
+
+def _prepared(dataset, tokenizer, args, name: str, keep_columns: bool):
+    names = getattr(dataset, "column_names", None)
+    if dataset is None or names is None or isinstance(names, dict):  # None; streamed; a dict of datasets
+        return dataset
+    if "input_ids" in names:
+        return dataset
+    if "prompt" not in names:
+        raise UserInputError(
+            f"{name}: has no column 'prompt' or 'input_ids' (columns: {', '.join(names) or 'none'}); PPOTrainer "
+            "takes prompts as text or chat messages in 'prompt' (as GRPOTrainer does), or tokenized in 'input_ids'"
+        )
+    tokenizer.padding_side = "left"  # generation continues each prompt; GRPOTrainer pads prompts on the left too
+    return tokenize_prompts(dataset, tokenizer, num_proc=getattr(args, "dataset_num_proc", None),
+                            keep_columns=keep_columns, chat_template_kwargs=getattr(args, "chat_template_kwargs", None))
+
+
+def prepare_prompt_datasets(args, tokenizer, train_dataset, eval_dataset, *, keep_columns: bool):
+    """`(train_dataset, eval_dataset)` with `input_ids`: a `prompt` column tokenized (module docstring), one with
+    `input_ids` unchanged; refuses, in one line naming its columns, a dataset with neither.
+
+    `keep_columns`: keep the other columns (the trainer has `reward_funcs`, which receive them)."""
+    return (_prepared(train_dataset, tokenizer, args, "train_dataset", keep_columns),
+            _prepared(eval_dataset, tokenizer, args, "eval_dataset", keep_columns))
