@@ -169,8 +169,8 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, NonFinitePolicyArgs, P
         log_completions (`bool`, *optional*, defaults to `False`):
             Log each update's prompts, completions, rewards and advantages (wandb table, `completions.jsonl`,
             console).
-        num_completions_to_print (`int`, *optional*):
-            With `log_completions`: rows printed per update (None: all).
+        num_completions_to_print (`int`, *optional*, defaults to `4`):
+            With `log_completions`: rows printed per update (None: all); the file and the table get all.
 
         > Parameters that control NaN/inf losses and gradients (full description:
         > :class:`trl_ext.runtime.nonfinite.NonFinitePolicyArgs`)
