@@ -187,50 +187,15 @@ def _run(args: argparse.Namespace) -> int:
 
         return run_plan(args.recipe, overrides, gpu_memory=args.gpu_memory, prompt_length=args.prompt_length)
     if args.command == "check":
-        recipe = resolve_recipe(args.recipe, overrides, for_check=True)
-        from .recipes.data_rows import check_local_data
-
-        check_local_data(recipe)  # local data: columns, rows and prompt lengths too (no network, no model)
-        from .recipes.lora_targets import check_recipe_lora_targets
-
-        notes = recipe.notes + check_recipe_lora_targets(recipe)  # models built on the meta device, no weights
-        print(f"# {args.recipe}: OK ({recipe.trainer} recipe, {type(recipe.training_args).__name__})")
-        for note in notes:
-            print(f"# note: {note}")
-        if recipe.trainer == "ppo" and recipe.pipeline.shared_base:
-            from .recipes.loader import shared_value_is_fresh
-
-            base = recipe.model_args.model_name_or_path
-            value = "none (critic-free advantage_estimator)"
-            if recipe.value_model_args is not None:
-                value = recipe.value_model_args.model_name_or_path
-                value = "fresh adapter and head" if shared_value_is_fresh(value, base) else f"adapter {value}"
-            reward = "none (reward_funcs only)" if recipe.reward_model_args is None else \
-                f"adapter {recipe.reward_model_args.model_name_or_path} (frozen)"
-            print(f"# shared base {base}: policy adapter; reward: {reward}; value: {value}; reference: adapters "
-                  "disabled")
-        for role, margs in (("reward model", recipe.reward_model_args), ("value model", recipe.value_model_args)):
-            if margs is not None and not (recipe.trainer == "ppo" and recipe.pipeline.shared_base):
-                quant = "4-bit" if margs.load_in_4bit else "8-bit" if margs.load_in_8bit else margs.dtype
-                lora = f", LoRA r={margs.lora_r}" if margs.use_peft else ""
-                print(f"# {role}: {margs.model_name_or_path} ({quant}{lora})")
-        if recipe.reward_funcs:
-            from .rewards.resolve import reward_func_name
-
-            from .models.paths import looks_local
-
-            names = ", ".join(reward_func_name(f) for f in recipe.reward_funcs)
-            columns = "the dataset's columns" if looks_local(recipe.script_args.dataset_name or "") else \
-                "the trainer's keywords; the hub dataset's columns are checked by train"
-            print(f"# reward functions: {names} (imported; signatures fit {columns})")
-        print(recipe.to_yaml(), end="")
-        return 0
+        return _check(args, overrides)
     recipe = resolve_recipe(args.recipe, overrides)
     from .runtime.interruption import TrainingInterrupted
     from .runtime.nonfinite import NonFiniteError
     from .recipes.pipeline import run
-    from .recipes.summary import run_summary
+    from .recipes.summary import PPO_LEGEND, run_summary
 
+    if recipe.trainer == "ppo" and os.environ.get("RANK", "0") == "0":
+        print(PPO_LEGEND, flush=True)  # `eps` & co. explained where they are printed
     start = time.monotonic()
     try:
         trainer = run(recipe)
@@ -242,6 +207,55 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_NONFINITE
     if os.environ.get("RANK", "0") == "0":  # where it all went and what to run next (trl_ext/recipes/summary.py)
         print(run_summary(recipe, trainer.state.log_history, time.monotonic() - start), flush=True)
+    return 0
+
+
+def _check(args: argparse.Namespace, overrides: list[str]) -> int:
+    """`trl-ext check`: validate without loading a model; print notes, what was not checked and the recipe."""
+    from .recipes.loader import resolve_recipe
+
+    recipe = resolve_recipe(args.recipe, overrides, for_check=True)
+    from .recipes.data_rows import check_local_data
+
+    check_local_data(recipe)  # local data: columns, rows and prompt lengths too (no network, no model)
+    from .recipes.lora_targets import check_recipe_lora_targets
+
+    notes = recipe.notes + check_recipe_lora_targets(recipe)  # models built on the meta device, no weights
+    print(f"# {args.recipe}: OK ({recipe.trainer} recipe, {type(recipe.training_args).__name__})")
+    for note in notes:
+        print(f"# note: {note}")
+    from .recipes.recipe_paths import hub_names
+
+    for what, name in hub_names(recipe):  # check never goes online: say what it could not see
+        print(f"# not checked: {what} '{name}' is a Hub name (check works offline; train downloads it and checks "
+              "it then)")
+    if recipe.trainer == "ppo" and recipe.pipeline.shared_base:
+        from .recipes.loader import shared_value_is_fresh
+
+        base = recipe.model_args.model_name_or_path
+        value = "none (critic-free advantage_estimator)"
+        if recipe.value_model_args is not None:
+            value = recipe.value_model_args.model_name_or_path
+            value = "fresh adapter and head" if shared_value_is_fresh(value, base) else f"adapter {value}"
+        reward = "none (reward_funcs only)" if recipe.reward_model_args is None else \
+            f"adapter {recipe.reward_model_args.model_name_or_path} (frozen)"
+        print(f"# shared base {base}: policy adapter; reward: {reward}; value: {value}; reference: adapters "
+              "disabled")
+    for role, margs in (("reward model", recipe.reward_model_args), ("value model", recipe.value_model_args)):
+        if margs is not None and not (recipe.trainer == "ppo" and recipe.pipeline.shared_base):
+            quant = "4-bit" if margs.load_in_4bit else "8-bit" if margs.load_in_8bit else margs.dtype
+            lora = f", LoRA r={margs.lora_r}" if margs.use_peft else ""
+            print(f"# {role}: {margs.model_name_or_path} ({quant}{lora})")
+    if recipe.reward_funcs:
+        from .rewards.resolve import reward_func_name
+
+        from .models.paths import looks_local
+
+        names = ", ".join(reward_func_name(f) for f in recipe.reward_funcs)
+        columns = "the dataset's columns" if looks_local(recipe.script_args.dataset_name or "") else \
+            "the trainer's keywords; the hub dataset's columns are checked by train"
+        print(f"# reward functions: {names} (imported; signatures fit {columns})")
+    print(recipe.to_yaml(), end="")
     return 0
 
 
