@@ -57,6 +57,14 @@ def test_summary_names_paths_that_exist_and_the_next_commands(ppo_cli_run):
     assert "--prompts recipes/demo/data/prompts.jsonl" in commands[1]
 
 
+def test_ppo_metric_names_are_explained_before_they_are_printed(ppo_cli_run):
+    _, stdout, _ = ppo_cli_run
+    legend = next(i for i, line in enumerate(stdout.splitlines()) if line.startswith("trl-ext: one line of metrics"))
+    first = next(i for i, line in enumerate(stdout.splitlines()) if line.startswith("{'eps'"))
+    assert legend < first and "eps: episodes (responses) per second" in stdout.splitlines()[legend]
+    assert (ROOT / "docs" / "metrics.md").read_text().count("| `eps` |") == 1
+
+
 def test_plain_cpu_run_imports_no_deepspeed_and_shows_no_library_warning(ppo_cli_run):
     _, stdout, stderr = ppo_cli_run
     assert "deepspeed imported: False" in stdout

@@ -21,6 +21,12 @@ MAIN_METRIC = {
 }
 
 
+#: Printed before a PPO run's first update: how to read the metric lines that follow (TRL's names, kept).
+PPO_LEGEND = ("trl-ext: one line of metrics per update; objective/scores: the reward of the policy's responses "
+              "(higher is better), objective/kl: KL from the reference (nats per response), eps: episodes (responses) "
+              "per second; every metric: docs/metrics.md")
+
+
 def headline(log_history: list[dict], kind: str) -> tuple[str, float, float, int] | None:
     """``(metric, first, last, number of logged values)`` of the kind's main metric (``loss`` when the run did not log
     it), or None when the run logged neither."""
