@@ -112,3 +112,19 @@ def test_warning_filters_match_message_and_module_only():
     saved = "Setting `save_embedding_layers` to `True` as embedding layers found in `target_modules`."
     assert not _shown("peft.utils.save_and_load", saved, UserWarning)
     assert _shown("peft.utils.save_and_load", "Could not identify embedding layer(s)", UserWarning)
+
+
+@pytest.mark.parametrize("row, prompts", [({"prompt": "1 + 1 =", "completion": " 2"}, "data.jsonl"),
+                                          ({"text": "some text"}, "PROMPTS.jsonl")])
+def test_sft_summary_suggests_its_data_as_prompts_only_with_a_prompt_column(tmp_path, monkeypatch, row, prompts):
+    from trl_ext.recipes import resolve_recipe
+    from trl_ext.recipes.summary import next_commands
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data.jsonl").write_text(json.dumps(row) + "\n")
+    recipe = resolve_recipe(ROOT / "recipes" / "verifiable" / "sft.yaml", [
+        "--model_name_or_path", "tiny://policy", "--dataset_name", "data.jsonl", "--output_dir", "runs/sft"])
+    assert next_commands(recipe) == [
+        "trl-ext export runs/sft runs/sft-export",
+        f"trl-ext sample runs/sft --prompts {prompts} --limit 4 --out runs/sft/samples.jsonl --overwrite",
+        "trl-ext plot runs/sft"]

@@ -43,6 +43,20 @@ def _local_prompts(recipe) -> str | None:
     return name if name and Path(name).exists() else None
 
 
+def _has_prompt_column(data: str) -> bool:
+    """Whether the first row of a local ``.jsonl`` file (or a folder's ``train.jsonl``) has a ``prompt`` column; other
+    formats are not opened here (False: the summary shows a placeholder instead)."""
+    import json
+
+    path = Path(data)
+    path = path / "train.jsonl" if path.is_dir() else path
+    try:
+        with open(path, encoding="utf-8") as f:
+            return "prompt" in json.loads(f.readline())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 def next_commands(recipe) -> list[str]:
     """Shell commands to run next, with this run's paths (quoted where needed)."""
     out = recipe.training_args.output_dir
@@ -52,8 +66,9 @@ def next_commands(recipe) -> list[str]:
     if recipe.trainer == "reward":
         if data:
             commands.append(f"trl-ext score {q(out)} --data {q(data)}")
-    elif recipe.trainer in ("ppo", "dpo") or data:
-        prompts = q(data) if data else "PROMPTS.jsonl"
+    else:  # a policy: PPO and DPO data have a `prompt` column; SFT data may not (text, messages)
+        prompts = q(data) if data and (recipe.trainer in ("ppo", "dpo") or _has_prompt_column(data)) \
+            else "PROMPTS.jsonl"
         reward = getattr(recipe.training_args, "reward_model_path", None) if recipe.trainer == "ppo" else None
         score = f" --reward {q(reward)}" if reward and Path(reward).exists() else ""
         commands.append(f"trl-ext sample {q(out)} --prompts {prompts} --limit 4{score} "
