@@ -128,3 +128,23 @@ def test_sft_summary_suggests_its_data_as_prompts_only_with_a_prompt_column(tmp_
         "trl-ext export runs/sft runs/sft-export",
         f"trl-ext sample runs/sft --prompts {prompts} --limit 4 --out runs/sft/samples.jsonl --overwrite",
         "trl-ext plot runs/sft"]
+
+
+def test_policy_value_wrapper_toggles_checkpointing_without_deprecation_warnings(tiny_models):
+    """TRL's generation context turns checkpointing off and on through the wrapper's old-named methods: the policy
+    gets transformers' current API, so no FutureWarning (and the state really changes)."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from trl_ext.ppo.base_trainer import PolicyAndValueWrapper
+
+    policy = AutoModelForCausalLM.from_pretrained(tiny_models.policy)
+    value = AutoModelForSequenceClassification.from_pretrained(tiny_models.reward, num_labels=1)
+    policy.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        wrapper = PolicyAndValueWrapper(policy, value)
+        assert wrapper.is_gradient_checkpointing and policy.is_activation_checkpointing
+        wrapper.gradient_checkpointing_disable()
+        assert not wrapper.is_gradient_checkpointing and not policy.is_activation_checkpointing
+        wrapper.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        assert wrapper.is_gradient_checkpointing and policy.is_activation_checkpointing
