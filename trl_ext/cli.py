@@ -2,17 +2,20 @@
 ``recipes`` (train, check, plan, plot) and ``export`` (export, sample, score).
 
 Commands:
-  train RECIPE [--key value ...]   train an SFT, reward, DPO or PPO model from a YAML recipe
+  train RECIPE [--key value ...]   train an SFT, reward, DPO or PPO model from a YAML recipe; ends with a summary
+                                   (where the model, recipe and metrics went, the main metric, the next commands)
   check RECIPE [--key value ...]   validate a recipe without loading any model; print the resolved settings
   plan RECIPE [--gpu-memory GIB] [--prompt-length N] [--key value ...]
                                    a PPO recipe's memory budget from the checkpoints' config.json: does it fit, and
                                    which settings do (exit 0 if it fits as written, 1 if not)
-  plot OUTPUT_DIR [OUTPUT_DIR ...] draw the runs' logged curves into PNG files (needs matplotlib: trl-ext[plot])
+  plot OUTPUT_DIR [OUTPUT_DIR ...] draw the runs' logged curves into PNG files, by default in OUTPUT_DIR/plots
+                                   (needs matplotlib: trl-ext[plot])
   export RUN_DIR OUT_DIR           write a run's models as standalone transformers models (adapters merged)
   sample RUN_DIR --prompts FILE    generate from a run's policy (its sampling settings), optionally scored
   score REWARD_DIR --data FILE     reward scores of prompt/response rows; accuracy and margin of preference data
 
-Bad input exits with code 2 and one line on stderr (no traceback). SIGINT (Ctrl-C) or SIGTERM during training saves
+Every command keeps the known, harmless warnings of the libraries underneath off the console (`train --verbose`
+shows them; see trl_ext/runtime/quiet_console.py). Bad input exits with code 2 and one line on stderr (no traceback). SIGINT (Ctrl-C) or SIGTERM during training saves
 a checkpoint at the end of the current step and exits with 130 / 143 and a line saying where the checkpoint is
 (resume with `--resume_from_checkpoint true`). NaN/inf scores or losses exit with code 3 and a line naming the
 update and the quantity.
@@ -21,9 +24,10 @@ update and the quantity.
 from __future__ import annotations
 
 import argparse
-import logging
+import os
 import sys
-import warnings
+import time
+from pathlib import Path
 
 from . import __version__
 from .errors import UserInputError
@@ -47,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(name, help=help_, description=help_)
         p.add_argument("recipe", help="path to a YAML recipe")
+        p.add_argument("--verbose", action="store_true", help="also show the known, harmless warnings of the "
+                       "libraries underneath (hidden by default; may also follow the recipe)")
         p.add_argument("overrides", nargs=argparse.REMAINDER, help="`--key value` pairs overriding recipe keys")
     help_ = "a PPO recipe's memory budget (config.json only): whether it fits a GPU and the fastest settings that do"
     p = sub.add_parser("plan", help=help_, description=help_ + "; exits 0 if it fits as written, 1 if not")
@@ -59,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     help_ = "draw the main curves of finished or running runs (their trainer_state.json) into PNG files"
     p = sub.add_parser("plot", help=help_, description=help_ + '; needs matplotlib: pip install "trl-ext[plot]"')
     p.add_argument("runs", nargs="+", metavar="OUTPUT_DIR", help="output_dir of a run (several are overlaid)")
-    p.add_argument("--out", default="plots", help="folder for the PNG files, one per kind of run (default: plots)")
+    p.add_argument("--out", default=None, help="folder for the PNG files, one per kind of run (default: "
+                   "OUTPUT_DIR/plots of the first run)")
     p.add_argument("--smoothing", type=float, default=0.0,
                    help="exponential moving average weight in [0, 1) (as wandb's slider; default 0: raw)")
     _add_export_parsers(sub)
@@ -144,11 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
-    # bitsandbytes logs a warning at import on AVX512-BF16 CPUs (an optional hub kernel it cannot fetch). trl-ext
-    # avoids that code path for training anyway (trl_ext.models.quantization), so keep it out of the one-line errors.
-    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
-    # transformers 5 deprecates `gradient_checkpointing`, which TRL 1.12's configs set by default: not the user's.
-    warnings.filterwarnings("ignore", message="`gradient_checkpointing` is deprecated", category=FutureWarning)
+    from .runtime.quiet_console import quiet_console
+
+    if getattr(args, "overrides", None) and "--verbose" in args.overrides:  # `train RECIPE --verbose`
+        args.overrides = [tok for tok in args.overrides if tok != "--verbose"]
+        args.verbose = True
+    # known third-party warnings off the console (narrow filters) and no idle DeepSpeed import: runtime/quiet_console
+    quiet_console(verbose=getattr(args, "verbose", False))
     try:
         return _run(args)
     except UserInputError as err:
@@ -168,7 +177,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "plot":
         from .recipes.plots import plot_runs
 
-        for path in plot_runs(args.runs, args.out, smoothing=args.smoothing):
+        out = args.out if args.out is not None else Path(args.runs[0]) / "plots"  # beside the (first) run
+        for path in plot_runs(args.runs, out, smoothing=args.smoothing):
             print(path)
         return 0
     overrides = [tok for tok in args.overrides if tok != "--"]
@@ -177,64 +187,80 @@ def _run(args: argparse.Namespace) -> int:
 
         return run_plan(args.recipe, overrides, gpu_memory=args.gpu_memory, prompt_length=args.prompt_length)
     if args.command == "check":
-        recipe = resolve_recipe(args.recipe, overrides, for_check=True)
-        from .recipes.data_rows import check_local_data
-
-        check_local_data(recipe)  # local data: columns, rows and prompt lengths too (no network, no model)
-        from .recipes.lora_targets import check_recipe_lora_targets
-
-        notes = recipe.notes + check_recipe_lora_targets(recipe)  # models built on the meta device, no weights
-        print(f"# {args.recipe}: OK ({recipe.trainer} recipe, {type(recipe.training_args).__name__})")
-        for note in notes:
-            print(f"# note: {note}")
-        if recipe.trainer == "ppo" and recipe.pipeline.shared_base:
-            from .recipes.loader import shared_value_is_fresh
-
-            base = recipe.model_args.model_name_or_path
-            value = "none (critic-free advantage_estimator)"
-            if recipe.value_model_args is not None:
-                value = recipe.value_model_args.model_name_or_path
-                value = "fresh adapter and head" if shared_value_is_fresh(value, base) else f"adapter {value}"
-            reward = "none (reward_funcs only)" if recipe.reward_model_args is None else \
-                f"adapter {recipe.reward_model_args.model_name_or_path} (frozen)"
-            print(f"# shared base {base}: policy adapter; reward: {reward}; value: {value}; reference: adapters "
-                  "disabled")
-        for role, margs in (("reward model", recipe.reward_model_args), ("value model", recipe.value_model_args)):
-            if margs is not None and not (recipe.trainer == "ppo" and recipe.pipeline.shared_base):
-                quant = "4-bit" if margs.load_in_4bit else "8-bit" if margs.load_in_8bit else margs.dtype
-                lora = f", LoRA r={margs.lora_r}" if margs.use_peft else ""
-                print(f"# {role}: {margs.model_name_or_path} ({quant}{lora})")
-        if recipe.reward_funcs:
-            from .rewards.resolve import reward_func_name
-
-            from .models.paths import looks_local
-
-            names = ", ".join(reward_func_name(f) for f in recipe.reward_funcs)
-            columns = "the dataset's columns" if looks_local(recipe.script_args.dataset_name or "") else \
-                "the trainer's keywords; the hub dataset's columns are checked by train"
-            print(f"# reward functions: {names} (imported; signatures fit {columns})")
-        print(recipe.to_yaml(), end="")
-        return 0
+        return _check(args, overrides)
     recipe = resolve_recipe(args.recipe, overrides)
     from .runtime.interruption import TrainingInterrupted
     from .runtime.nonfinite import NonFiniteError
     from .recipes.pipeline import run
+    from .recipes.summary import PPO_LEGEND, run_summary
 
+    if recipe.trainer == "ppo" and os.environ.get("RANK", "0") == "0":
+        print(PPO_LEGEND, flush=True)  # `eps` & co. explained where they are printed
+    start = time.monotonic()
     try:
-        run(recipe)
+        trainer = run(recipe)
     except TrainingInterrupted as stop:  # raised by every process, after the checkpoint is saved
         _print_once(f"trl-ext: {stop}")
         return stop.exit_code
     except NonFiniteError as err:
         _print_once(f"trl-ext: error: {err}")
         return EXIT_NONFINITE
+    if os.environ.get("RANK", "0") == "0":  # where it all went and what to run next (trl_ext/recipes/summary.py)
+        print(run_summary(recipe, trainer.state.log_history, time.monotonic() - start), flush=True)
+    return 0
+
+
+def _check(args: argparse.Namespace, overrides: list[str]) -> int:
+    """`trl-ext check`: validate without loading a model; print notes, what was not checked and the recipe."""
+    from .recipes.loader import resolve_recipe
+
+    recipe = resolve_recipe(args.recipe, overrides, for_check=True)
+    from .recipes.data_rows import check_local_data
+
+    check_local_data(recipe)  # local data: columns, rows and prompt lengths too (no network, no model)
+    from .recipes.lora_targets import check_recipe_lora_targets
+
+    notes = recipe.notes + check_recipe_lora_targets(recipe)  # models built on the meta device, no weights
+    print(f"# {args.recipe}: OK ({recipe.trainer} recipe, {type(recipe.training_args).__name__})")
+    for note in notes:
+        print(f"# note: {note}")
+    from .recipes.recipe_paths import hub_names
+
+    for what, name in hub_names(recipe):  # check never goes online: say what it could not see
+        print(f"# not checked: {what} '{name}' is a Hub name (check works offline; train downloads it and checks "
+              "it then)")
+    if recipe.trainer == "ppo" and recipe.pipeline.shared_base:
+        from .recipes.loader import shared_value_is_fresh
+
+        base = recipe.model_args.model_name_or_path
+        value = "none (critic-free advantage_estimator)"
+        if recipe.value_model_args is not None:
+            value = recipe.value_model_args.model_name_or_path
+            value = "fresh adapter and head" if shared_value_is_fresh(value, base) else f"adapter {value}"
+        reward = "none (reward_funcs only)" if recipe.reward_model_args is None else \
+            f"adapter {recipe.reward_model_args.model_name_or_path} (frozen)"
+        print(f"# shared base {base}: policy adapter; reward: {reward}; value: {value}; reference: adapters "
+              "disabled")
+    for role, margs in (("reward model", recipe.reward_model_args), ("value model", recipe.value_model_args)):
+        if margs is not None and not (recipe.trainer == "ppo" and recipe.pipeline.shared_base):
+            quant = "4-bit" if margs.load_in_4bit else "8-bit" if margs.load_in_8bit else margs.dtype
+            lora = f", LoRA r={margs.lora_r}" if margs.use_peft else ""
+            print(f"# {role}: {margs.model_name_or_path} ({quant}{lora})")
+    if recipe.reward_funcs:
+        from .rewards.resolve import reward_func_name
+
+        from .models.paths import looks_local
+
+        names = ", ".join(reward_func_name(f) for f in recipe.reward_funcs)
+        columns = "the dataset's columns" if looks_local(recipe.script_args.dataset_name or "") else \
+            "the trainer's keywords; the hub dataset's columns are checked by train"
+        print(f"# reward functions: {names} (imported; signatures fit {columns})")
+    print(recipe.to_yaml(), end="")
     return 0
 
 
 def _print_once(message: str) -> None:
     """Print on stderr from the first process only (under `accelerate launch`/`torchrun` every rank gets here)."""
-    import os
-
     if os.environ.get("RANK", "0") == "0":
         print(message, file=sys.stderr)
 

@@ -77,6 +77,17 @@ def test_plot_writes_one_png_per_kind(reward_run, tmp_path, capsys):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
+def test_plot_writes_beside_the_run_by_default(reward_run, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("matplotlib")  # the `plot` extra (CI installs it with `dev`)
+    run = tmp_path / "run"
+    shutil.copytree(reward_run, run)
+    monkeypatch.chdir(tmp_path)  # not into the current directory: into OUTPUT_DIR/plots
+    assert main(["plot", str(run)]) == 0
+    assert capsys.readouterr().out.split() == [str(run / "plots" / "reward.png")]
+    assert (run / "plots" / "reward.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (tmp_path / "plots").exists()
+
+
 def _one_line_error(capsys, *needles):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("trl-ext: error: plot:"), err

@@ -47,6 +47,7 @@ from trl.models.utils import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model, log_table_to_comet_experiment
 
+from ..models.activation_checkpointing import checkpointing_disable, checkpointing_enable, is_checkpointing
 from ..models.scalar_heads import scalar_model_outputs
 from .base_config import PPOBaseConfig
 from .sequences import batch_generation, truncate_response
@@ -75,14 +76,15 @@ class PolicyAndValueWrapper(nn.Module):
         self.policy = policy
         self.value_model = value_model
         self.critic_backbone = getattr(value_model, value_model.base_model_prefix)
-        self.is_gradient_checkpointing = policy.is_gradient_checkpointing
+        self.is_gradient_checkpointing = is_checkpointing(policy)
 
-    def gradient_checkpointing_enable(self, **kwargs):
-        self.policy.gradient_checkpointing_enable(**kwargs)
+    # TRL's generation context calls these names; the policy gets transformers' current API (no FutureWarning)
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+        checkpointing_enable(self.policy, gradient_checkpointing_kwargs)
         self.is_gradient_checkpointing = True
 
     def gradient_checkpointing_disable(self):
-        self.policy.gradient_checkpointing_disable()
+        checkpointing_disable(self.policy)
         self.is_gradient_checkpointing = False
 
     def forward(self, **kwargs):

@@ -7,7 +7,7 @@ where it said None, timed out or failed), ``score`` (the weighted sum, or the re
 response's tokens: for ``rloo``/``grpo`` the sequence's advantage itself) and the columns reward functions added with
 ``log_extra``. The main process appends the rows to ``<output_dir>/completions.jsonl``, logs them to wandb as a
 ``wandb.Table`` named ``completions`` (when wandb is in ``report_to`` and a run is active) and prints
-``num_completions_to_print`` of them.
+the first ``num_completions_to_print`` of them (default 4: the console stays readable; the file and table get all).
 """
 
 from __future__ import annotations

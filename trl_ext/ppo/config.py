@@ -172,8 +172,8 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, ModelInitArgs, PromptA
         log_completions (`bool`, *optional*, defaults to `False`):
             Log each update's prompts, completions, rewards and advantages (wandb table, `completions.jsonl`,
             console).
-        num_completions_to_print (`int`, *optional*):
-            With `log_completions`: rows printed per update (None: all).
+        num_completions_to_print (`int`, *optional*, defaults to `4`):
+            With `log_completions`: rows printed per update (None: all); the file and the table get all.
 
         > Parameters of models given by id and of chat prompts (TRL `GRPOConfig`'s keys; full description:
         > :mod:`trl_ext.ppo.model_ids`, :mod:`trl_ext.ppo.prompt_dataset`)

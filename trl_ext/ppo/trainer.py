@@ -754,7 +754,8 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
         metrics["val/clipfrac_avg"] = gather(stats.vf_clipfrac).mean().item()
         metrics["policy/entropy_avg"] = gather(stats.entropy).mean().item()
         metrics["val/ratio"] = gather(stats.ratio).mean().item()
-        metrics["val/ratio_var"] = gather(stats.ratio).var().item()
+        ratios = gather(stats.ratio)  # one value (one epoch, minibatch, micro-batch): no spread, 0 (TRL: NaN + warning)
+        metrics["val/ratio_var"] = ratios.var().item() if ratios.numel() > 1 else 0.0
         metrics["val/num_eos_tokens"] = (rollout.responses == self.processing_class.eos_token_id).sum().item()
         metrics["objective/kl_coef"] = kl_coef
         if rollout.scores_clipfrac is not None:

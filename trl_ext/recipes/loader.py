@@ -31,6 +31,7 @@ from typing import Any, Optional
 
 from ..errors import UserInputError
 from ..models.paths import looks_local
+from .recipe_paths import resolve_recipe_paths
 from . import validation
 from .reward_keys import check_no_reward_model, portable_spec, resolve_reward_keys
 
@@ -453,6 +454,7 @@ def _resolve(ctx: _Resolution) -> Recipe:
     """Validate and resolve a recipe, one named step after the other (each raises a one-line UserInputError)."""
     _check_known_keys(ctx)
     _check_raw_values(ctx)
+    resolve_recipe_paths(ctx.merged, ctx.cli, ctx.path, PATH_KEYS)  # recipe's folder, then cwd (recipe_paths.py)
     _parse(ctx)
     _check_paths_and_resume(ctx)
     _resolve_ppo_models(ctx)

@@ -76,11 +76,15 @@ def _model_config_fields() -> tuple:
 
 
 def portable_spec(spec, base_dir: Path):
-    """A `reward_funcs` entry with a relative ``file.py`` path made absolute (relative to ``base_dir``)."""
+    """A `reward_funcs` entry with a relative ``file.py`` path made absolute (where it was found: ``base_dir``
+    first, then the current directory, :func:`trl_ext.models.paths.find_relative`)."""
+    from ..models.paths import find_relative
+
     def absolute(target: str) -> str:
         file, colon, attr = target.rpartition(":")
         if colon and file.endswith(".py") and not Path(file).expanduser().is_absolute():
-            return f"{(base_dir / file).resolve()}:{attr}"
+            found = find_relative(file, base_dir)[0] or str(base_dir / file)
+            return f"{Path(found).resolve()}:{attr}"
         return target
 
     if isinstance(spec, str):

@@ -33,8 +33,10 @@ class RewardFunctionArgs:
             Each update, log a table of prompt, completion, each reward and the advantage: a `wandb.Table` named
             `completions` when wandb is in `report_to`, and lines of `completions.jsonl` in `output_dir`; also
             printed (see `num_completions_to_print`).
-        num_completions_to_print (`int`, *optional*):
-            With `log_completions`: how many rows to print to the console each update (None: all, 0: none).
+        num_completions_to_print (`int`, *optional*, defaults to `4`):
+            With `log_completions`: how many rows to print to the console each update, the update's first ones
+            (None: all, 0: none). The file and the wandb table always get every row. TRL's GRPO prints all by
+            default; a few keep the console readable (a batch of 64 completions would print 64 lines per update).
     """
 
     reward_weights: list[float] | None = field(
@@ -56,8 +58,9 @@ class RewardFunctionArgs:
                           "completions.jsonl, console)."},
     )
     num_completions_to_print: int | None = field(
-        default=None,
-        metadata={"help": "With log_completions: rows printed to the console each update (None: all)."},
+        default=4,
+        metadata={"help": "With log_completions: rows printed to the console each update (None: all, 0: none); the "
+                          "file and the wandb table get all."},
     )
 
     def __post_init__(self):

@@ -4,7 +4,8 @@ Four forms of an entry:
 
 * ``"module:function"`` or the dotted ``"module.function"``: an importable function, e.g.
   ``trl.rewards:accuracy_reward`` or ``trl.rewards.think_format_reward``;
-* ``"path/to/file.py:function"``: a function in a Python file, the path relative to the recipe's folder; the file is
+* ``"path/to/file.py:function"``: a function in a Python file, a relative path looked for in the recipe's folder
+  first, then in the current directory (:func:`trl_ext.models.paths.find_relative`, as data and models); the file is
   imported with :mod:`importlib` under a module name of its own (``trl_ext_reward_file_<stem>_<hash>``), once;
 * ``{name: FACTORY, kwargs: {...}}``: ``FACTORY`` (either form above) is called with ``kwargs`` and returns the reward
   function, e.g. ``{name: trl.rewards.get_soft_overlong_punishment, kwargs: {max_completion_len: 64,
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..errors import UserInputError
+from ..models.paths import find_relative, places_text
 from .contract import CONTRACT_KEYWORDS, keyword_columns, reward_func_names
 
 __all__ = [
@@ -209,8 +211,10 @@ def _import_module(module: str, attr: str, where: str):
 def _lookup(target: str, base_dir: Path, where: str):
     file, module, attr = _split_target(target, where)
     if file is not None:
-        path = Path(file).expanduser()
-        obj = _import_file(path if path.is_absolute() else base_dir / path, where, file)
+        found, places = find_relative(file, base_dir)  # the recipe's folder first, then the current directory
+        if found is None:
+            raise UserInputError(f"{where}: file '{file}' does not exist (looked in {places_text(places)})")
+        obj = _import_file(Path(found), where, file)
         owner = f"file '{file}'"
     else:
         obj, attr = _import_module(module, attr, where)
