@@ -35,7 +35,8 @@ import numpy as np
 import torch
 
 from ..errors import UserInputError
-from .memory_budget import GIB, ppo_memory_budget
+from .allocator_margin import allocator_margin, expandable_segments_on
+from .memory_budget import DEVICE_OVERHEAD_BYTES, GIB, ppo_memory_budget
 from .objectives import global_token_normalizer, loss_mask
 from .rollout import UpdateStats
 
@@ -69,15 +70,18 @@ def micro_batch_value(value) -> int | str | None:
 
 
 def largest_fitting_micro_batch(shape, run, target_bytes: int, *, shared: bool, value_model: bool = True,
-                                reward_model: bool = True, target_name: str = "max_memory_gib") -> int:
+                                reward_model: bool = True, target_name: str = "max_memory_gib",
+                                margin: float = 1.0) -> int:
     """The largest micro-batch in ``1..run.batch`` (one mini-batch) whose budget of the training phase plus the
-    persistent memory and the device overhead (:func:`ppo_memory_budget` with ``micro_batch`` = it) is
-    ``<= target_bytes``. Raises UserInputError (naming ``target_name``) when even 1 does not fit."""
+    persistent memory and the device overhead (:func:`ppo_memory_budget` with ``micro_batch`` = it; the allocator's
+    part times ``margin``, :mod:`trl_ext.ppo.allocator_margin`) is ``<= target_bytes``. Raises UserInputError
+    (naming ``target_name``) when even 1 does not fit."""
 
     def need(micro: int) -> int:
         budget = ppo_memory_budget(shape, replace(run, micro_batch=micro), shared=shared, value_model=value_model,
                                    reward_model=reward_model)
-        return budget.peak - max(budget.phases.values()) + budget.phases["training"]
+        allocated = budget.peak - max(budget.phases.values()) + budget.phases["training"] - DEVICE_OVERHEAD_BYTES
+        return int(DEVICE_OVERHEAD_BYTES + allocated * margin)
 
     if need(1) > target_bytes:
         raise UserInputError(f"{target_name}: {target_bytes / GIB:.2f} GiB is less than the training phase needs even "
@@ -112,7 +116,9 @@ def resolve_train_micro_batch(trainer) -> int:
             shape, run, memory_target_bytes(args.max_memory_gib, accelerator.device),
             shared=bool(getattr(trainer, "shared_base", False)), value_model=not args.critic_free,
             reward_model=trainer.reward_model is not None,
-            target_name="max_memory_gib" if args.max_memory_gib is not None else "the device's free memory")
+            target_name="max_memory_gib" if args.max_memory_gib is not None else "the device's free memory",
+            margin=allocator_margin(run.rollout_chunk, device_type=accelerator.device.type,
+                                    expandable_segments=expandable_segments_on()))
         if accelerator.num_processes > 1:
             micro = int(accelerator.gather(torch.tensor([micro], device=accelerator.device)).min())
         accelerator.print(f"{KEY}: auto -> {micro} (the largest micro-batch whose training phase fits beside the "

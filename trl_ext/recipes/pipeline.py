@@ -388,6 +388,9 @@ def run(recipe: Recipe):
     from transformers import set_seed
 
     apply_environment(recipe)
+    from ..runtime.cuda_memory import configure_cuda_allocator
+
+    configure_cuda_allocator(recipe.pipeline.cuda_expandable_segments)  # before any model allocates on CUDA
     # Every process has validated the recipe (output_dir included) before any of them writes anything.
     PartialState().wait_for_everyone()
     # Before any model loads: LoRA adapters and new score heads are initialised from torch's RNG, whose start
