@@ -275,8 +275,10 @@ def format_plan(plan: Plan) -> str:
             chunk = f"auto (chooses {plan.fastest_chunk} at max_memory_gib: {gib:g})"
         else:
             chunk = f"{chunk} (or `auto` with max_memory_gib: {gib:g})"
-        lines.append(f"  local_rollout_forward_batch_size: {chunk}: larger chunks are faster; the chunk changes which "
-                     "random numbers go to which sequence, not the distribution of the samples.")
+        lines.append(f"  local_rollout_forward_batch_size: {chunk}: the largest chunk that fits {gib:g} GiB (larger "
+                     "chunks are faster, so a smaller one than written means the written one does not fit the target); "
+                     "the chunk changes which random numbers go to which sequence, not the distribution of the "
+                     "samples.")
         if plan.changes_results:
             lines.append("  per_device_train_batch_size / gradient_accumulation_steps: the same episodes per update "
                          "in smaller micro-batches. This CHANGES the results: TRL's PPO loss is a masked mean per "
