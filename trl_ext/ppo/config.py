@@ -203,8 +203,8 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, NonFinitePolicyArgs, P
     )
     train_micro_batch_size: micro_batch_value = field(
         default=None,
-        metadata={"help": "Sequences per forward/backward of the PPO epochs, or 'auto' (the largest that fits the memory "
-                  "target); default: per_device_train_batch_size."},
+        metadata={"help": "Sequences per forward/backward of the PPO epochs, or 'auto' (the largest that fits the "
+                  "memory target); default: per_device_train_batch_size."},
     )
     rollout_engine: Literal["generate", "continuous_batching", "auto"] = field(
         default="generate",
