@@ -98,6 +98,10 @@ def test_shared_base_equal_weights(tiny_models, tok, reward_adapter, tmp_path):
                             loss_aggregation="global_token_mean", learning_rate=0.0)
     assert max_difference(w1, w0) > 1e-3
     assert max_difference(w1, w4) < TOLERANCE
+    # auto (a LoRA policy): the tiny run's training phase fits 2 GiB at the whole mini-batch of 4
+    auto, wa = trained_weights(tiny_models, tok, tmp_path / "auto", micro="auto", shared_adapter=reward_adapter,
+                               loss_aggregation="global_token_mean", max_memory_gib=2)
+    assert auto.train_micro_batch == 4 and max_difference(wa, w4) < TOLERANCE
 
 
 def test_auto_takes_the_largest_micro_batch_whose_training_phase_fits():
@@ -136,3 +140,20 @@ def test_bad_values_name_the_key(value):
 
     with pytest.raises(UserInputError, match="^train_micro_batch_size: must be a positive integer or 'auto'"):
         micro_batch_value(value)
+
+
+def test_recipe_key(tmp_path):
+    """The recipe loader maps the PPOConfig field: an integer, `auto`, and a wrong value refused in one line."""
+    from trl_ext.errors import UserInputError
+    from trl_ext.recipes.loader import resolve_recipe
+
+    (tmp_path / "d.jsonl").write_text('{"prompt": "a b"}\n')
+    for value, expected in (("3", 3), ("auto", "auto")):
+        recipe = tmp_path / "r.yaml"
+        recipe.write_text(f"trainer: ppo\nmodel_name_or_path: tiny://policy\nreward_model_path: tiny://reward\n"
+                          f"dataset_name: {tmp_path}/d.jsonl\noutput_dir: {tmp_path}/out\nuse_cpu: true\n"
+                          f"max_memory_gib: 2\ntrain_micro_batch_size: {value}\n")
+        assert resolve_recipe(recipe).training_args.train_micro_batch_size == expected
+    recipe.write_text(recipe.read_text().replace("train_micro_batch_size: auto", "train_micro_batch_size: 0"))
+    with pytest.raises(UserInputError, match="train_micro_batch_size: must be a positive integer or 'auto'"):
+        resolve_recipe(recipe)
