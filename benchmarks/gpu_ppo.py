@@ -1,37 +1,44 @@
-"""GPU benchmark of one QLoRA PPO update (issue 18): TRL 1.12's PPOTrainer vs trl-ext's designs, memory and time.
+"""GPU benchmark of one QLoRA PPO update (issues 18, 31): TRL 1.12's PPOTrainer vs trl-ext's designs, memory and time.
 
 Builds, on the spot, a random-initialised checkpoint of a real shape (no hub, no network): a bf16 safetensors causal
-LM, a word-level tokenizer whose vocabulary matches the model's, and a random LoRA reward adapter with its score head
-on it (the format a reward recipe with ``use_peft`` writes). Then runs each variant in its own process:
+LM, a tokenizer whose vocabulary matches the model's and that follows the architecture's tokenizer path (Llama: a
+word-level tokenizer read back as saved; Qwen2: a byte-level BPE, since transformers reads any qwen2 checkpoint's
+tokenizer as ``Qwen2Tokenizer``), and a random LoRA reward adapter with its score head on it (the format a reward
+recipe with ``use_peft`` writes). ``--workload uneven`` scales the LM head's EOS row so that responses stop at
+geometric lengths (:func:`bias_eos`); ``full`` leaves random weights, whose responses run to the limit. Then runs
+each variant in its own process:
 
 * ``trl112``: TRL 1.12's own ``trl.experimental.ppo.PPOTrainer``, with separate 4-bit reward and value models (what
-  TRL's design needs), when ``--trl112-site DIR`` names a site-packages folder holding TRL 1.12 (put first on the
-  child's ``PYTHONPATH``; e.g. ``pip install --target DIR --no-deps "trl==1.12.*"``);
+  TRL's design needs), configured with the keys the recipe sets (:func:`trl112_config`); runs where TRL 1.12 is the
+  installed TRL or ``--trl112-site DIR`` names a site-packages folder holding it (put first on the child's
+  ``PYTHONPATH``; e.g. ``pip install --target DIR --no-deps "trl==1.12.*"``);
 * ``separate``: trl-ext with separate 4-bit reward and value models;
 * ``shared``: trl-ext with ``shared_base`` (one 4-bit base for policy, reference, reward and value);
-* ``fast``: ``shared`` plus this issue's fast settings: ``local_rollout_forward_batch_size: auto`` (the largest chunk
-  that fits the memory target), ``lora_dropout: 0``, and ``upcast_non_quantized: false`` where the installed
-  trl-ext has that loader option (the JSON says whether it was applied);
+* ``fast``: ``shared`` plus ``local_rollout_forward_batch_size: auto`` (the largest chunk that fits the memory
+  target), ``lora_dropout: 0`` and ``upcast_non_quantized: false`` (the bf16 residual);
 * ``engine``: ``fast`` plus ``rollout_engine: continuous_batching`` (transformers' continuous batching, its cache sized
   like the auto chunk's; ``docs/rollout-engine.md``).
 
-Models load through trl-ext's loaders and the recipe pipeline's model code (``load_policy``,
-``load_scalar_checkpoint``, ``shared_base_scalar_models``), as ``trl-ext train`` does. For each variant: the
-whole-process peak GPU memory (``torch.cuda.max_memory_reserved`` plus what lies outside the caching allocator, i.e.
-``total - free - reserved`` measured at the end: the CUDA context and library workspaces; assumes the GPU runs
-nothing else), seconds per update (wall, from a callback) and per phase (trl-ext's ``time/*`` metrics; TRL 1.12 logs
-none), rollout tokens per second, the first update's metrics, and what ``trl_ext.ppo.memory_budget`` predicts.
+Models load through :func:`trl_ext.recipes.pipeline.load_ppo_models`, the code ``trl-ext train`` runs, from the
+variant's recipe; CUDA children set ``PYTORCH_CUDA_ALLOC_CONF`` as ``trl-ext train`` does. Each result records the
+settings the run used, read back from the trainer and the model (chunk, LoRA dropout as loaded, residual dtype,
+engine, tokenizer class). For each variant: peak reserved and allocated GPU memory and the whole-process peak
+(reserved plus what lies outside the caching allocator, ``total - free - reserved`` at the end: the CUDA context and
+library workspaces; assumes the GPU runs nothing else), seconds per update (wall, from a callback) and per phase
+(trl-ext's ``time/*`` metrics; TRL 1.12 logs none), rollout tokens per second, the share of responses ending in EOS,
+the first update's metrics, and what ``trl_ext.ppo.memory_budget`` predicts. The JSON and the markdown table are
+rewritten after each variant.
 
-``--smoke`` runs the same code on CPU with a tiny Llama (4-bit through bitsandbytes' CPU path, float32 compute):
-resident memory (peak RSS growth over the loaded models) instead of GPU memory. ``tests/test_gpu_ppo_benchmark.py``
-runs it, so the script cannot rot. ``--budget-only`` prints memory_budget's 8B table for both residual-stream
-settings without running anything.
+``--smoke`` runs the same code on CPU with a tiny Llama and a tiny Qwen2 (4-bit through bitsandbytes' CPU path,
+bfloat16 weights without autocast): resident memory (peak RSS growth over the loaded models) instead of GPU memory.
+``tests/test_gpu_ppo_benchmark.py`` runs every variant on both, so the script cannot rot. ``--budget-only`` prints
+memory_budget's 8B table for both residual-stream settings without running anything.
 
-    python benchmarks/gpu_ppo.py --shape llama-3-8b --trl112-site /tmp/trl112     # on a GPU machine
-    python benchmarks/gpu_ppo.py --shape qwen2.5-0.5b --variants shared,fast
-    python benchmarks/gpu_ppo.py --smoke                                           # CPU, tiny model, ~1 minute
+    bash benchmarks/gpu_run.sh run                                                   # the prepared GPU run
+    python benchmarks/gpu_ppo.py --shape llama-3-8b --trl112-site /tmp/trl112 --workload uneven
+    python benchmarks/gpu_ppo.py --smoke --trl112-site /tmp/trl112                   # CPU, both tiny models
 
-Writes benchmarks/results/gpu_ppo[_smoke].json and .md (git ignores benchmarks/results/).
+Writes benchmarks/results/gpu_ppo_<shapes>_<workload>.json and .md (git ignores benchmarks/results/).
 """
 
 from __future__ import annotations
