@@ -15,7 +15,8 @@ each variant in its own process:
 * ``separate``: trl-ext with separate 4-bit reward and value models;
 * ``shared``: trl-ext with ``shared_base`` (one 4-bit base for policy, reference, reward and value);
 * ``fast``: ``shared`` plus ``local_rollout_forward_batch_size: auto`` (the largest chunk that fits the memory
-  target), ``lora_dropout: 0`` and ``upcast_non_quantized: false`` (the bf16 residual);
+  target), ``train_micro_batch_size: auto`` (the largest training pass that fits it; same mini-batches and optimizer
+  steps), ``lora_dropout: 0`` and ``upcast_non_quantized: false`` (the bf16 residual);
 * ``engine``: ``fast`` plus ``rollout_engine: continuous_batching`` (transformers' continuous batching, its cache sized
   like the auto chunk's; ``docs/rollout-engine.md``).
 
@@ -245,7 +246,8 @@ def recipe_keys(a, variant: str) -> dict:
             keys.pop(k)
         keys["shared_base"] = True
     if variant in ("fast", "engine"):
-        keys.update(local_rollout_forward_batch_size="auto", lora_dropout=0.0, upcast_non_quantized=False)
+        keys.update(local_rollout_forward_batch_size="auto", lora_dropout=0.0, upcast_non_quantized=False,
+                    train_micro_batch_size="auto")
         if a.max_memory_gib:
             keys["max_memory_gib"] = a.max_memory_gib
     keys["rollout_engine"] = "continuous_batching" if variant == "engine" else "generate"
@@ -319,6 +321,8 @@ def settings_in_effect(trainer, policy, dropout: float) -> dict:
     return {"rollout_chunk": int(trainer.args.local_rollout_forward_batch_size),
             "lora_dropout": dropout, "residual_dtype": str(residual).removeprefix("torch."),
             "upcast_non_quantized": residual == torch.float32, "engine": choice.engine if choice else "generate",
+            "train_micro_batch": (getattr(trainer, "train_micro_batch", None)
+                                  or trainer.args.per_device_train_batch_size),
             "tokenizer": type(trainer.processing_class).__name__}
 
 
@@ -433,7 +437,8 @@ def table(results: list[dict], smoke: bool) -> str:
     mem = "peak RSS growth MiB (CPU)" if smoke else "peak reserved / allocated / whole-process GiB"
     predicted = "predicted MiB (without the assumed 1 GiB CUDA overhead)" if smoke else "predicted peak GiB"
     lines = [f"| shape, workload | variant | {mem} | {predicted} | s per update | rollout / scoring / optimization s | "
-             "rollout tokens/s | chunk, dropout, residual, engine | responses ending in EOS | "
+             "rollout tokens/s | chunk, training micro-batch, LoRA dropout, residual, engine | "
+             "responses ending in EOS | "
              "first update: objective/scores, objective/kl |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
@@ -452,7 +457,8 @@ def table(results: list[dict], smoke: bool) -> str:
         pred = r["predicted"]
         pred = f"{pred['peak_without_device_overhead_mib']:.2f}" if smoke else f"{pred['peak_gib']:.2f}"
         st = r["settings"]
-        used = f"{st['rollout_chunk']}, {st['lora_dropout']:g}, {st['residual_dtype']}, {st['engine']}"
+        used = (f"{st['rollout_chunk']}, {st['train_micro_batch']}, {st['lora_dropout']:g}, {st['residual_dtype']}, "
+                f"{st['engine']}")
         eos = f"{r['eos_fraction'][-1]:.2f}" if r["eos_fraction"] else "-"
         lines.append(f"| {where} | {r['variant']} (TRL {r['trl']}) | {m} | {pred} | "
                      f"{r['seconds_per_update'][-1]:.2f} | {phases} | {tps} | {used} | {eos} | "

@@ -29,11 +29,11 @@ def gpu_ppo():
         sys.path.remove(str(BENCH))
 
 
-# (chunk, LoRA dropout, residual dtype, engine) each variant must run with; smoke batch 4, recipe chunk 2, and the
-# 2 GiB target of `auto` fits the whole batch
-EXPECTED = {"trl112": (2, 0.05, "float32", "generate"), "separate": (2, 0.05, "float32", "generate"),
-            "shared": (2, 0.05, "float32", "generate"), "fast": (4, 0.0, "bfloat16", "generate"),
-            "engine": (4, 0.0, "bfloat16", "continuous_batching")}
+# (chunk, training micro-batch, LoRA dropout as loaded, residual dtype, engine) each variant must run with; smoke
+# batch 4 (2 x 2), recipe chunk 2; the 2 GiB target of `auto` fits the whole batch and the whole mini-batch
+EXPECTED = {"trl112": (2, 2, 0.05, "float32", "generate"), "separate": (2, 2, 0.05, "float32", "generate"),
+            "shared": (2, 2, 0.05, "float32", "generate"), "fast": (4, 4, 0.0, "bfloat16", "generate"),
+            "engine": (4, 4, 0.0, "bfloat16", "continuous_batching")}
 
 
 @pytest.mark.parametrize("shape, workload, tokenizer", [("smoke-llama", "full", "TokenizersBackend"),
@@ -56,7 +56,8 @@ def test_smoke_every_variant_on_cpu(gpu_ppo, tmp_path, shape, workload, tokenize
         a.variant = variant
         results[variant] = r = gpu_ppo.variant_child(a)
         st = r["settings"]
-        assert (st["rollout_chunk"], st["lora_dropout"], st["residual_dtype"], st["engine"]) == EXPECTED[variant]
+        assert (st["rollout_chunk"], st["train_micro_batch"], st["lora_dropout"], st["residual_dtype"],
+                st["engine"]) == EXPECTED[variant]
         assert st["tokenizer"] == tokenizer
         assert len(r["seconds_per_update"]) == 1 and r["peak_rss_growth_mib"] > 0
         assert all(math.isfinite(r["first_update"][k]) for k in ("objective/scores", "objective/kl", "loss/value_avg"))
@@ -70,7 +71,7 @@ def test_smoke_every_variant_on_cpu(gpu_ppo, tmp_path, shape, workload, tokenize
     rows = [{"variant": "trl112", "shape": shape, "workload": workload, "error": "skipped"}] + list(results.values())
     md = gpu_ppo.table(rows, smoke=True)
     assert md.count("\n") == len(rows) + 1 and f"| {shape}, {workload} | fast (TRL " in md
-    assert "| 4, 0, bfloat16, continuous_batching |" in md
+    assert "| 4, 4, 0, bfloat16, continuous_batching |" in md
 
 
 def test_the_trl112_config_passes_only_keys_the_recipe_sets(gpu_ppo, tmp_path):
