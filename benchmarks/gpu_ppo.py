@@ -1,37 +1,45 @@
-"""GPU benchmark of one QLoRA PPO update (issue 18): TRL 1.12's PPOTrainer vs trl-ext's designs, memory and time.
+"""GPU benchmark of one QLoRA PPO update (issues 18, 31): TRL 1.12's PPOTrainer vs trl-ext's designs, memory and time.
 
 Builds, on the spot, a random-initialised checkpoint of a real shape (no hub, no network): a bf16 safetensors causal
-LM, a word-level tokenizer whose vocabulary matches the model's, and a random LoRA reward adapter with its score head
-on it (the format a reward recipe with ``use_peft`` writes). Then runs each variant in its own process:
+LM, a tokenizer whose vocabulary matches the model's and that follows the architecture's tokenizer path (Llama: a
+word-level tokenizer read back as saved; Qwen2: a byte-level BPE, since transformers reads any qwen2 checkpoint's
+tokenizer as ``Qwen2Tokenizer``), and a random LoRA reward adapter with its score head on it (the format a reward
+recipe with ``use_peft`` writes). ``--workload uneven`` scales the LM head's EOS row so that responses stop at
+geometric lengths (:func:`bias_eos`); ``full`` leaves random weights, whose responses run to the limit. Then runs
+each variant in its own process:
 
 * ``trl112``: TRL 1.12's own ``trl.experimental.ppo.PPOTrainer``, with separate 4-bit reward and value models (what
-  TRL's design needs), when ``--trl112-site DIR`` names a site-packages folder holding TRL 1.12 (put first on the
-  child's ``PYTHONPATH``; e.g. ``pip install --target DIR --no-deps "trl==1.12.*"``);
+  TRL's design needs), configured with the keys the recipe sets (:func:`trl112_config`); runs where TRL 1.12 is the
+  installed TRL or ``--trl112-site DIR`` names a site-packages folder holding it (put first on the child's
+  ``PYTHONPATH``; e.g. ``pip install --target DIR --no-deps "trl==1.12.*"``);
 * ``separate``: trl-ext with separate 4-bit reward and value models;
 * ``shared``: trl-ext with ``shared_base`` (one 4-bit base for policy, reference, reward and value);
-* ``fast``: ``shared`` plus this issue's fast settings: ``local_rollout_forward_batch_size: auto`` (the largest chunk
-  that fits the memory target), ``lora_dropout: 0``, and ``upcast_non_quantized: false`` where the installed
-  trl-ext has that loader option (the JSON says whether it was applied);
+* ``fast``: ``shared`` plus ``local_rollout_forward_batch_size: auto`` (the largest chunk that fits the memory
+  target), ``train_micro_batch_size: auto`` (the largest training pass that fits it; same mini-batches and optimizer
+  steps), ``lora_dropout: 0`` and ``upcast_non_quantized: false`` (the bf16 residual);
 * ``engine``: ``fast`` plus ``rollout_engine: continuous_batching`` (transformers' continuous batching, its cache sized
   like the auto chunk's; ``docs/rollout-engine.md``).
 
-Models load through trl-ext's loaders and the recipe pipeline's model code (``load_policy``,
-``load_scalar_checkpoint``, ``shared_base_scalar_models``), as ``trl-ext train`` does. For each variant: the
-whole-process peak GPU memory (``torch.cuda.max_memory_reserved`` plus what lies outside the caching allocator, i.e.
-``total - free - reserved`` measured at the end: the CUDA context and library workspaces; assumes the GPU runs
-nothing else), seconds per update (wall, from a callback) and per phase (trl-ext's ``time/*`` metrics; TRL 1.12 logs
-none), rollout tokens per second, the first update's metrics, and what ``trl_ext.ppo.memory_budget`` predicts.
+Models load through :func:`trl_ext.recipes.pipeline.load_ppo_models`, the code ``trl-ext train`` runs, from the
+variant's recipe; CUDA children set ``PYTORCH_CUDA_ALLOC_CONF`` as ``trl-ext train`` does. Each result records the
+settings the run used, read back from the trainer and the model (chunk, LoRA dropout as loaded, residual dtype,
+engine, tokenizer class). For each variant: peak reserved and allocated GPU memory and the whole-process peak
+(reserved plus what lies outside the caching allocator, ``total - free - reserved`` at the end: the CUDA context and
+library workspaces; assumes the GPU runs nothing else), seconds per update (wall, from a callback) and per phase
+(trl-ext's ``time/*`` metrics; TRL 1.12 logs none), rollout tokens per second, the share of responses ending in EOS,
+the first update's metrics, and what ``trl_ext.ppo.memory_budget`` predicts. The JSON and the markdown table are
+rewritten after each variant.
 
-``--smoke`` runs the same code on CPU with a tiny Llama (4-bit through bitsandbytes' CPU path, float32 compute):
-resident memory (peak RSS growth over the loaded models) instead of GPU memory. ``tests/test_gpu_ppo_benchmark.py``
-runs it, so the script cannot rot. ``--budget-only`` prints memory_budget's 8B table for both residual-stream
-settings without running anything.
+``--smoke`` runs the same code on CPU with a tiny Llama and a tiny Qwen2 (4-bit through bitsandbytes' CPU path,
+bfloat16 weights without autocast): resident memory (peak RSS growth over the loaded models) instead of GPU memory.
+``tests/test_gpu_ppo_benchmark.py`` runs every variant on both, so the script cannot rot. ``--budget-only`` prints
+memory_budget's 8B table for both residual-stream settings without running anything.
 
-    python benchmarks/gpu_ppo.py --shape llama-3-8b --trl112-site /tmp/trl112     # on a GPU machine
-    python benchmarks/gpu_ppo.py --shape qwen2.5-0.5b --variants shared,fast
-    python benchmarks/gpu_ppo.py --smoke                                           # CPU, tiny model, ~1 minute
+    bash benchmarks/gpu_run.sh run                                                   # the prepared GPU run
+    python benchmarks/gpu_ppo.py --shape llama-3-8b --trl112-site /tmp/trl112 --workload uneven
+    python benchmarks/gpu_ppo.py --smoke --trl112-site /tmp/trl112                   # CPU, both tiny models
 
-Writes benchmarks/results/gpu_ppo[_smoke].json and .md (git ignores benchmarks/results/).
+Writes benchmarks/results/gpu_ppo_<shapes>_<workload>.json and .md (git ignores benchmarks/results/).
 """
 
 from __future__ import annotations
@@ -49,36 +57,85 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, child_result, machine_info, run_child, setup_env  # noqa: E402
 
 VARIANTS = ("trl112", "separate", "shared", "fast", "engine")
+WORKLOADS = ("full", "uneven")
 GIB, MIB = 2**30, 2**20
+TEMPERATURE = 0.7
 SHAPES = {
-    # published config.json sizes; settings as measured in ../shared/notes/gpu.md
+    # published config.json sizes; settings as measured on one H100 and one H200 (benchmarks/README.md section 7)
     "llama-3-8b": dict(arch="llama", vocab=128_256, hidden=4096, intermediate=14_336, layers=32, heads=32, kv=8,
                        tie=False, prompt=512, response=64, micro=2, accumulation=32, chunk=8, epochs=1, lora_r=32,
                        updates=2),
     "qwen2.5-0.5b": dict(arch="qwen2", vocab=151_936, hidden=896, intermediate=4864, layers=24, heads=14, kv=2,
                          tie=True, prompt=512, response=64, micro=8, accumulation=8, chunk=64, epochs=4, lora_r=32,
                          updates=2),
-    "smoke": dict(arch="llama", vocab=512, hidden=64, intermediate=128, layers=2, heads=4, kv=2, tie=False,
-                  prompt=12, response=6, micro=2, accumulation=2, chunk=2, epochs=1, lora_r=4, updates=2),
+    # --smoke: the same code on CPU, one tiny model per architecture and tokenizer path
+    "smoke-llama": dict(arch="llama", vocab=512, hidden=64, intermediate=128, layers=2, heads=4, kv=2, tie=False,
+                        prompt=12, response=6, micro=2, accumulation=2, chunk=2, epochs=1, lora_r=4, updates=2),
+    "smoke-qwen2": dict(arch="qwen2", vocab=512, hidden=64, intermediate=128, layers=2, heads=4, kv=2, tie=True,
+                        prompt=12, response=6, micro=2, accumulation=2, chunk=2, epochs=1, lora_r=4, updates=2),
 }
+SMOKE_OF = {"llama-3-8b": "smoke-llama", "qwen2.5-0.5b": "smoke-qwen2"}
+SPECIALS = ["<pad>", "</s>", "<s>", "<unk>"]
 
 
 # ------------------------------------------------------------------------------------------------ checkpoints
 
 
 def word_tokenizer(vocab_size: int):
-    """A word-level tokenizer with exactly ``vocab_size`` tokens (``<pad>``, ``</s>``, ``<s>``, ``<unk>``, then
-    ``w4`` ... ): every id the model can sample decodes."""
+    """The Llama path: a word-level tokenizer with exactly ``vocab_size`` tokens (``<pad>``, ``</s>``, ``<s>``,
+    ``<unk>``, then ``w4`` ... ), loaded back as saved (``TokenizersBackend``): every id the model can sample
+    decodes, and each ``w<id>`` word of a prompt is one token."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    specials = ["<pad>", "</s>", "<s>", "<unk>"]
-    vocab = {tok: i for i, tok in enumerate(specials)}
-    vocab.update({f"w{i}": i for i in range(len(specials), vocab_size)})
+    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
+    vocab.update({f"w{i}": i for i in range(len(SPECIALS), vocab_size)})
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", bos_token="<s>",
                                    unk_token="<unk>")
+
+
+def letter_words(n: int) -> list[str]:
+    """The first ``n`` words over a-z in shortlex order (a ... z, aa, ab, ...): each word's prefix comes first."""
+    import string
+
+    words, length = [], 1
+    while len(words) < n:
+        prev = [""] if length == 1 else [w for w in words if len(w) == length - 1]
+        words += [w + c for w in prev for c in string.ascii_lowercase][: n - len(words)]
+        length += 1
+    return words
+
+
+def byte_level_tokenizer(vocab_size: int):
+    """The Qwen2 path: transformers reads a qwen2 checkpoint's tokenizer as ``Qwen2Tokenizer`` whatever class the
+    files name (byte-level BPE rebuilt from the vocabulary and merges, with Qwen2's own pre-tokenizer; a word-level
+    vocabulary then tokenizes every prompt to zero tokens). So: a byte-level BPE of exactly ``vocab_size`` tokens,
+    the 4 specials, the 256 byte symbols, then `` a``, `` b``, ..., `` aa``, ... each with the merge that builds
+    it from its prefix: every id decodes, and each `` <letters>`` word of a prompt is one token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
+    for symbol in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[symbol] = len(vocab)
+    merges = []
+    for word in letter_words(vocab_size - len(vocab)):
+        merges.append(("\u0120" + word[:-1], word[-1]))  # \u0120: the byte-level symbol of a space
+        vocab["\u0120" + word] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", bos_token="<s>",
+                                   unk_token="<unk>")
+
+
+def prompt_words(s: dict) -> list[str]:
+    """The words of which prompts are made, one token each through the architecture's tokenizer."""
+    if s["arch"] == "qwen2":
+        return [" " + w for w in letter_words(s["vocab"] - len(SPECIALS) - 256)]
+    return [f" w{i}" for i in range(len(SPECIALS), s["vocab"])]
 
 
 def model_config(s: dict):
@@ -91,21 +148,59 @@ def model_config(s: dict):
                pad_token_id=0, eos_token_id=1, bos_token_id=2)
 
 
+def eos_step_probability(logits, eos_id: int, scale: float):
+    """Mean probability of sampling EOS at ``TEMPERATURE`` when the LM head's EOS row is multiplied by ``scale``
+    (``logits``: float32 ``(positions, vocab)`` of the unscaled head)."""
+    import torch
+
+    eos = logits[:, eos_id] * scale / TEMPERATURE
+    rest = torch.cat([logits[:, :eos_id], logits[:, eos_id + 1:]], dim=1) / TEMPERATURE
+    return torch.sigmoid(eos - torch.logsumexp(rest, dim=1)).mean().item()
+
+
+def bias_eos(model, s: dict) -> dict:
+    """The uneven workload: random weights rarely sample EOS, so every response runs to ``response_length``. Scale
+    the LM head's EOS row (no bias parameter in these architectures) so that, on random prompts, the mean per-step
+    EOS probability at ``TEMPERATURE`` is ``2 / response_length``: geometric lengths (expected mean about 43 % of the
+    limit, 13 % of the responses reaching it), spread as sampled ones are. Bisection over the scale."""
+    import torch
+
+    eos_id, n = model.config.eos_token_id, s["prompt"] + s["response"]
+    ids = torch.randint(len(SPECIALS), s["vocab"], (4, n), device=model.device)
+    with torch.no_grad():
+        hidden = model.model(input_ids=ids).last_hidden_state[:, s["prompt"] - 1:]
+        logits = model.lm_head(hidden).float().flatten(0, 1)
+    target, lo, hi = 2 / s["response"], 0.0, 1000.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if eos_step_probability(logits, eos_id, mid) < target else (lo, mid)
+    with torch.no_grad():
+        model.lm_head.weight[eos_id] *= hi
+    q = eos_step_probability(logits, eos_id, hi)
+    return {"eos_row_scale": hi, "eos_step_probability": q,
+            "expected_mean_response_length": (1 - (1 - q) ** s["response"]) / q}
+
+
 def build_child(a):
-    """Write the random checkpoint (bf16 safetensors + tokenizer) and a random LoRA reward adapter on it."""
+    """Write the random checkpoint (bf16 safetensors + tokenizer; with ``--workload uneven`` the EOS bias) and a
+    random LoRA reward adapter on it."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    s = SHAPES[a.shape]
+    s = shape_settings(a)
     root = Path(a.workdir)
     device = "cpu" if a.smoke else "cuda"
     torch.manual_seed(0)
     t = time.perf_counter()
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(model_config(s), dtype=torch.bfloat16)
+    workload = {"workload": a.workload}
+    if a.workload == "uneven":
+        workload.update(bias_eos(model, s))
     model.save_pretrained(root / "policy")
-    word_tokenizer(s["vocab"]).save_pretrained(root / "policy")
+    tokenizer = (byte_level_tokenizer if s["arch"] == "qwen2" else word_tokenizer)(s["vocab"])
+    tokenizer.save_pretrained(root / "policy")
     del model
     scalar = AutoModelForSequenceClassification.from_pretrained(root / "policy", num_labels=1, dtype=torch.bfloat16,
                                                                 device_map=device)
@@ -113,15 +208,23 @@ def build_child(a):
                       init_lora_weights=False)
     scalar = get_peft_model(scalar, lora)
     scalar.save_pretrained(root / "reward")
-    return {"build_s": time.perf_counter() - t, "parameters": sum(p.numel() for p in scalar.parameters())}
+    return {"build_s": time.perf_counter() - t, "parameters": sum(p.numel() for p in scalar.parameters()),
+            **workload}
 
 
 # ------------------------------------------------------------------------------------------------ one variant
 
 
+def shape_settings(a) -> dict:
+    """The shape's settings with the command line's ``--accumulation`` and ``--updates``."""
+    s = dict(SHAPES[a.shape])
+    s.update({k: v for k, v in (("accumulation", a.accumulation), ("updates", a.updates)) if v})
+    return s
+
+
 def recipe_keys(a, variant: str) -> dict:
     """The recipe of a variant, as `trl-ext train` would read it."""
-    s = SHAPES[a.shape]
+    s = shape_settings(a)
     root = Path(a.workdir)
     keys = dict(
         trainer="ppo", model_name_or_path=str(root / "policy"), reward_model_path=str(root / "reward"),
@@ -133,42 +236,94 @@ def recipe_keys(a, variant: str) -> dict:
         per_device_train_batch_size=s["micro"], gradient_accumulation_steps=s["accumulation"], num_mini_batches=1,
         num_ppo_epochs=s["epochs"], local_rollout_forward_batch_size=s["chunk"], response_length=s["response"],
         total_episodes=s["updates"] * s["micro"] * s["accumulation"], learning_rate=3e-6, kl_coef=0.05,
-        stop_token="eos", missing_eos_penalty=1.0, num_sample_generations=0, save_strategy="no", logging_steps=1,
-        report_to="none", seed=0, disable_tqdm=True,
+        temperature=TEMPERATURE, stop_token="eos", missing_eos_penalty=1.0, num_sample_generations=0,
+        save_strategy="no", logging_steps=1, report_to="none", seed=0, disable_tqdm=True, dtype="bfloat16",
     )
-    if a.smoke:
-        keys.update(dtype="float32", use_cpu=True, bf16=False)
-    else:
-        keys.update(dtype="bfloat16", bf16=True)
+    # smoke: bfloat16 weights without autocast on CPU, so that the residual stream's dtype is measurable there too
+    keys.update(dict(use_cpu=True, bf16=False) if a.smoke else dict(bf16=True))
     if variant in ("shared", "fast", "engine"):
         for k in [k for k in keys if k.startswith(("reward_", "value_")) and k != "reward_model_path"]:
             keys.pop(k)
         keys["shared_base"] = True
     if variant in ("fast", "engine"):
-        keys.update(local_rollout_forward_batch_size="auto", lora_dropout=0.0)
+        keys.update(local_rollout_forward_batch_size="auto", lora_dropout=0.0, upcast_non_quantized=False,
+                    train_micro_batch_size="auto")
         if a.max_memory_gib:
             keys["max_memory_gib"] = a.max_memory_gib
-        if has_upcast_option():
-            keys["upcast_non_quantized"] = False
-    if variant == "engine":
-        keys["rollout_engine"] = "continuous_batching"
+    keys["rollout_engine"] = "continuous_batching" if variant == "engine" else "generate"
     return keys
 
 
-def has_upcast_option() -> bool:
-    from trl_ext.recipes.loader import valid_keys
-
-    return "upcast_non_quantized" in valid_keys("ppo")
-
-
-def prompts(a):
-    """``--episodes`` random prompts of exactly the shape's prompt length (ids past the special tokens)."""
+def prompts(a) -> list[str]:
+    """Random prompts of exactly the shape's prompt length in tokens (words that are one token each)."""
     import random
 
-    s = SHAPES[a.shape]
+    s = shape_settings(a)
     rng = random.Random(0)
+    words = prompt_words(s)
     n = s["updates"] * s["micro"] * s["accumulation"]
-    return [" ".join(f"w{rng.randrange(4, s['vocab'])}" for _ in range(s["prompt"])) for _ in range(n)]
+    return ["".join(rng.choice(words) for _ in range(s["prompt"])) for _ in range(n)]
+
+
+def trl112_config(recipe):
+    """TRL 1.12's own ``PPOConfig`` from the recipe: only the keys the recipe sets that TRL 1.12 has (trl-ext's
+    defaults for the keys it shares with TRL, e.g. ``kl_estimator: None``, are not TRL 1.12's values)."""
+    import trl
+    from trl.experimental.ppo import PPOConfig
+
+    assert trl.__version__.startswith("1.12"), f"the trl112 variant needs TRL 1.12, not {trl.__version__}"
+    fields = PPOConfig.__dataclass_fields__
+    return PPOConfig(**{k: getattr(recipe.training_args, k) for k in recipe.explicit if k in fields})
+
+
+def load_variant(a, s: dict):
+    """The variant's recipe, tokenizer, prompts and models, loaded by the code `trl-ext train` runs
+    (:func:`trl_ext.recipes.pipeline.load_ppo_models`)."""
+    import transformers
+    import yaml
+
+    from trl_ext.recipes import pipeline
+    from trl_ext.recipes.data import tokenize_prompts
+    from trl_ext.recipes.loader import resolve_recipe
+
+    keys = recipe_keys(a, a.variant)
+    recipe_file = Path(a.workdir) / f"{a.variant}.yaml"
+    recipe_file.write_text(yaml.safe_dump(keys))
+    recipe = resolve_recipe(recipe_file)
+    pipeline.apply_environment(recipe)
+    tokenizer = pipeline.load_tokenizer(pipeline._resolved(recipe.model_args))
+    tokenizer.padding_side = "left"
+    train_ds, _ = pipeline.open_datasets(recipe)
+    train_ds = tokenize_prompts(train_ds, tokenizer)
+    lengths = sorted({len(x) for x in train_ds["input_ids"]})
+    if lengths != [s["prompt"]]:
+        raise RuntimeError(f"{type(tokenizer).__name__}: prompts tokenize to {lengths} tokens, not {s['prompt']}")
+    transformers.set_seed(recipe.training_args.seed)
+    models = pipeline.load_ppo_models(recipe, tokenizer)
+    return recipe, tokenizer, train_ds, models
+
+
+def lora_dropout_loaded(policy) -> float:
+    """The policy's LoRA dropout as loaded: peft makes an ``Identity`` for 0 (no call at all), else a ``Dropout(p)``
+    (which TRL's PPOTrainer then sets to p = 0 but still calls). Read before the trainer is built."""
+    import torch
+
+    return max((m.p for n, m in policy.named_modules() if "lora_dropout" in n and isinstance(m, torch.nn.Dropout)),
+               default=0.0)
+
+
+def settings_in_effect(trainer, policy, dropout: float) -> dict:
+    """What the run actually used (read from the trainer and the model, not from the recipe)."""
+    import torch
+
+    choice = getattr(trainer, "rollout_engine_choice", None)
+    residual = policy.get_input_embeddings().weight.dtype
+    return {"rollout_chunk": int(trainer.args.local_rollout_forward_batch_size),
+            "lora_dropout": dropout, "residual_dtype": str(residual).removeprefix("torch."),
+            "upcast_non_quantized": residual == torch.float32, "engine": choice.engine if choice else "generate",
+            "train_micro_batch": (getattr(trainer, "train_micro_batch", None)
+                                  or trainer.args.per_device_train_batch_size),
+            "tokenizer": type(trainer.processing_class).__name__}
 
 
 def variant_child(a):
@@ -176,41 +331,14 @@ def variant_child(a):
     import torch
     import transformers
 
-    from trl_ext.recipes import pipeline
-    from trl_ext.recipes.data import tokenize_prompts
-    from trl_ext.recipes.loader import resolve_recipe
-
-    s = SHAPES[a.shape]
+    s = shape_settings(a)
     cuda = not a.smoke
-    keys = recipe_keys(a, a.variant)
-    recipe_file = Path(a.workdir) / f"{a.variant}.yaml"
-    import yaml
-
-    recipe_file.write_text(yaml.safe_dump(keys))
-    recipe = resolve_recipe(recipe_file)
+    recipe, tokenizer, train_ds, (policy, ref_model, reward, value) = load_variant(a, s)
     args = recipe.training_args
-    model_args = pipeline._resolved(recipe.model_args)
-    tokenizer = pipeline.load_tokenizer(model_args)
-    tokenizer.padding_side = "left"
-    train_ds, _ = pipeline.open_datasets(recipe)
-    train_ds = tokenize_prompts(train_ds, tokenizer)
-    transformers.set_seed(0)
-    policy = pipeline.load_policy(model_args, tokenizer=tokenizer)
-    if recipe.pipeline.shared_base:
-        reward, value = pipeline.shared_base_scalar_models(recipe, policy)
-    else:
-        reward = pipeline.load_scalar_checkpoint(pipeline._resolved(recipe.reward_model_args), trainable=False,
-                                                 tokenizer=tokenizer)
-        reward.eval().requires_grad_(False)
-        value = pipeline.load_scalar_checkpoint(pipeline._resolved(recipe.value_model_args), trainable=True,
-                                                tokenizer=tokenizer)
     if a.variant == "trl112":
-        import trl
-        from trl.experimental.ppo import PPOConfig, PPOTrainer
+        from trl.experimental.ppo import PPOTrainer
 
-        assert trl.__version__.startswith("1.12"), f"--trl112-site gave TRL {trl.__version__}"
-        fields = {f for f in PPOConfig.__dataclass_fields__}
-        args = PPOConfig(**{k: v for k, v in vars(args).items() if k in fields and not k.startswith("_")})
+        args = trl112_config(recipe)
     else:
         from trl_ext import PPOTrainer
 
@@ -231,19 +359,21 @@ def variant_child(a):
         torch.cuda.reset_peak_memory_stats()
     from _common import peak_rss_mb, reset_peak_rss, rss_mb, trim_heap
 
+    dropout = lora_dropout_loaded(policy)
     trim_heap()
     rss_before = rss_mb()
     reset_peak_rss()
     timer = Timer()
-    trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=None, reward_model=reward,
-                         value_model=value, train_dataset=train_ds, callbacks=[timer])
+    trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=ref_model,
+                         reward_model=reward, value_model=value, train_dataset=train_ds, callbacks=[timer])
     trainer.train()
     logs = [e for e in trainer.state.log_history if "objective/kl" in e]
-    result = {"variant": a.variant, "trl": __import__("trl").__version__, "seconds_per_update": timer.seconds,
-              "first_update": logs[0] if logs else None,
-              "rollout_chunk": trainer.args.local_rollout_forward_batch_size,
-              "upcast_non_quantized": policy.get_input_embeddings().weight.dtype == torch.float32,
-              "lora_dropout": keys["lora_dropout"]}
+    result = {"variant": a.variant, "shape": a.shape, "workload": a.workload, "trl": __import__("trl").__version__,
+              "seconds_per_update": timer.seconds, "first_update": logs[0] if logs else None,
+              "settings": settings_in_effect(trainer, policy, dropout),
+              "eos_fraction": [e["val/num_eos_tokens"] / args.local_batch_size for e in logs
+                               if "val/num_eos_tokens" in e]}
+    result["rollout_chunk"] = result["settings"]["rollout_chunk"]
     phases = [{k: e[k] for k in ("time/rollout", "time/scoring", "time/optimization") if k in e} for e in logs]
     result["phases"] = phases
     result["rollout_tokens_per_s"] = [args.local_batch_size * s["response"] / p["time/rollout"]
@@ -254,16 +384,17 @@ def variant_child(a):
         outside = total - free - reserved
         result.update(peak_allocated_gib=torch.cuda.max_memory_allocated() / GIB,
                       peak_reserved_gib=torch.cuda.max_memory_reserved() / GIB, outside_allocator_gib=outside / GIB,
-                      peak_gib=(torch.cuda.max_memory_reserved() + outside) / GIB)
+                      peak_gib=(torch.cuda.max_memory_reserved() + outside) / GIB,
+                      alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
     else:
         result.update(rss_before_mib=rss_before, peak_rss_growth_mib=peak_rss_mb() - rss_before)
-    result["predicted"] = predicted_budget(a, a.variant, recipe, policy, trainer, train_ds)
+    result["predicted"] = predicted_budget(a.variant, recipe, policy, trainer, train_ds)
     return result
 
 
-def predicted_budget(a, variant, recipe, policy, trainer, train_ds) -> dict:
+def predicted_budget(variant, recipe, policy, trainer, train_ds) -> dict:
     """What memory_budget predicts for the variant's run (the loaded policy's shape, the chunk that ran)."""
-    from trl_ext.ppo.memory_budget import ppo_memory_budget
+    from trl_ext.ppo.memory_budget import DEVICE_OVERHEAD_BYTES, ppo_memory_budget
     from trl_ext.ppo.rollout_chunk import run_shape_from_models
 
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
@@ -272,8 +403,6 @@ def predicted_budget(a, variant, recipe, policy, trainer, train_ds) -> dict:
     run = replace(run, rollout_chunk=int(trainer.args.local_rollout_forward_batch_size),
                   streaming_logprobs=variant != "trl112")
     budget = ppo_memory_budget(shape, run, shared=bool(recipe.pipeline.shared_base))
-    from trl_ext.ppo.memory_budget import DEVICE_OVERHEAD_BYTES
-
     return {"peak_gib": budget.peak / GIB, "persistent_gib": budget.persistent / GIB,
             "peak_without_device_overhead_mib": (budget.peak - DEVICE_OVERHEAD_BYTES) / MIB,
             "phases_gib": {k: v / GIB for k, v in budget.phases.items()}}
@@ -305,16 +434,20 @@ def budget_only() -> str:
 
 
 def table(results: list[dict], smoke: bool) -> str:
-    mem = "peak RSS growth MiB (CPU)" if smoke else "whole-process peak GiB"
+    mem = "peak RSS growth MiB (CPU)" if smoke else "peak reserved / allocated / whole-process GiB"
     predicted = "predicted MiB (without the assumed 1 GiB CUDA overhead)" if smoke else "predicted peak GiB"
-    lines = [f"| variant | {mem} | {predicted} | s per update | rollout / scoring / optimization s | "
-             "rollout tokens/s | chunk | first update: objective/scores, objective/kl |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [f"| shape, workload | variant | {mem} | {predicted} | s per update | rollout / scoring / optimization s | "
+             "rollout tokens/s | chunk, training micro-batch, LoRA dropout, residual, engine | "
+             "responses ending in EOS | "
+             "first update: objective/scores, objective/kl |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
+        where = f"{r.get('shape', '')}, {r.get('workload', '')}"
         if "error" in r:
-            lines.append(f"| {r['variant']} | {r['error']} | | | | | | |")
+            lines.append(f"| {where} | {r['variant']} | {r['error']} | | | | | | | |")
             continue
-        m = f"{r['peak_rss_growth_mib']:.0f}" if smoke else f"{r['peak_gib']:.1f}"
+        m = (f"{r['peak_rss_growth_mib']:.0f}" if smoke else
+             f"{r['peak_reserved_gib']:.1f} / {r['peak_allocated_gib']:.1f} / {r['peak_gib']:.1f}")
         last = r["phases"][-1] if r["phases"] else {}
         phases = " / ".join(f"{last[k]:.2f}" for k in ("time/rollout", "time/scoring", "time/optimization")
                             if k in last) or "not logged"
@@ -323,20 +456,30 @@ def table(results: list[dict], smoke: bool) -> str:
         scores, kl = (first.get(k, float("nan")) for k in ("objective/scores", "objective/kl"))
         pred = r["predicted"]
         pred = f"{pred['peak_without_device_overhead_mib']:.2f}" if smoke else f"{pred['peak_gib']:.2f}"
-        lines.append(f"| {r['variant']} (TRL {r['trl']}) | {m} | {pred} | "
-                     f"{r['seconds_per_update'][-1]:.2f} | {phases} | {tps} | {r['rollout_chunk']} | "
+        st = r["settings"]
+        used = (f"{st['rollout_chunk']}, {st['train_micro_batch']}, {st['lora_dropout']:g}, {st['residual_dtype']}, "
+                f"{st['engine']}")
+        eos = f"{r['eos_fraction'][-1]:.2f}" if r["eos_fraction"] else "-"
+        lines.append(f"| {where} | {r['variant']} (TRL {r['trl']}) | {m} | {pred} | "
+                     f"{r['seconds_per_update'][-1]:.2f} | {phases} | {tps} | {used} | {eos} | "
                      f"{scores:.4f}, {kl:.4f} |")
     return "\n".join(lines)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", choices=[k for k in SHAPES if k != "smoke"], default="llama-3-8b")
-    p.add_argument("--smoke", action="store_true", help="CPU, tiny Llama, RSS instead of GPU memory")
+    p.add_argument("--shape", choices=list(SHAPES), default=None,
+                   help="default llama-3-8b; with --smoke both tiny shapes (smoke-llama and smoke-qwen2)")
+    p.add_argument("--shapes", default=None, help="comma-separated shapes, run one after the other")
+    p.add_argument("--smoke", action="store_true", help="CPU, tiny Llama and Qwen2, RSS instead of GPU memory")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {','.join(VARIANTS)}")
+    p.add_argument("--workload", choices=WORKLOADS, default="full",
+                   help="full: random weights, responses run to response_length; uneven: an EOS bias spreads them")
     p.add_argument("--trl112-site", default=None, help="site-packages folder holding TRL 1.12 (for the trl112 run)")
     p.add_argument("--max-memory-gib", type=float, default=None,
                    help="memory target of the fast variant's auto chunk (default: the GPU's free memory; smoke: 2)")
+    p.add_argument("--accumulation", type=int, default=None, help="gradient_accumulation_steps (default: the shape's)")
+    p.add_argument("--updates", type=int, default=None, help="PPO updates per variant (default: the shape's, 2)")
     p.add_argument("--workdir", default=None, help="where the checkpoint is built (default: benchmarks/results/)")
     p.add_argument("--out", default=None, help="JSON result path (default: benchmarks/results/gpu_ppo[_smoke].json)")
     p.add_argument("--threads", type=int, default=1)
@@ -344,11 +487,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--child", choices=["build", "variant"], help=argparse.SUPPRESS)
     p.add_argument("--variant", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    shapes = a.shapes.split(",") if a.shapes else [a.shape or ("smoke-llama,smoke-qwen2" if a.smoke else "llama-3-8b")]
+    shapes = [x.strip() for x in ",".join(shapes).split(",") if x.strip()]
+    for x in shapes:
+        if x not in SHAPES:
+            p.error(f"--shapes: unknown shape {x!r} (choose from {', '.join(SHAPES)})")
+    a.shapes = [SMOKE_OF.get(x, x) if a.smoke else x for x in shapes]
+    a.shape = a.shapes[0]
     if a.smoke:
-        a.shape = "smoke"
         a.max_memory_gib = a.max_memory_gib or 2.0
-    a.suffix = "_smoke" if a.smoke else f"_{a.shape}"
-    a.workdir = a.workdir or str(RESULTS / f"gpu_ppo_models{a.suffix}")
+    a.suffix = "_smoke" if a.smoke else "_" + "+".join(a.shapes)
+    a.workdir_root = a.workdir or str(RESULTS / "gpu_ppo_models")
+    a.workdir = a.workdir or str(Path(a.workdir_root) / f"{a.shape}-{a.workload}")
     return a
 
 
@@ -358,49 +508,95 @@ def write_prompts(a) -> None:
             f.write(json.dumps({"prompt": text}) + "\n")
 
 
+def trl112_importable() -> bool:
+    """TRL 1.12 is this environment's TRL (CI's TRL 1.12 phase)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trl").startswith("1.12")
+    except PackageNotFoundError:
+        return False
+
+
+def child_env(a, variant: str) -> dict | None:
+    """The child's PYTHONPATH: the repository, then what this process was given (wheels carried to an offline
+    machine), with TRL 1.12's site first for ``trl112``."""
+    paths = [str(Path(__file__).resolve().parents[1])] + [x for x in os.environ.get("PYTHONPATH", "").split(
+        os.pathsep) if x]
+    if variant == "trl112" and a.trl112_site:
+        paths.insert(0, a.trl112_site)
+    return {"PYTHONPATH": os.pathsep.join(paths)}
+
+
+def run_shape(a, out: Path, report: dict) -> None:
+    """Build the shape's checkpoint, then run each variant in a child; the JSON and table are rewritten after each
+    variant, so that a time limit loses only the variant in flight."""
+    common = ["--workdir", a.workdir, "--threads", str(a.threads), "--shape", a.shape, "--workload", a.workload]
+    common += (["--smoke"] if a.smoke else []) + (["--max-memory-gib", str(a.max_memory_gib)] if a.max_memory_gib
+                                                 else [])
+    common += [x for k in ("accumulation", "updates") if getattr(a, k) for x in (f"--{k}", str(getattr(a, k)))]
+    script = Path(__file__).resolve()
+    Path(a.workdir).mkdir(parents=True, exist_ok=True)
+    print(f"building the {a.shape} checkpoint ({a.workload} workload) in {a.workdir}", flush=True)
+    run = {"shape": a.shape, "settings": shape_settings(a), "build": run_child(script, common + ["--child", "build"],
+                                                                                env=child_env(a, "build"))}
+    report["runs"].append(run)
+    write_prompts(a)
+    for variant in [v.strip() for v in a.variants.split(",") if v.strip()]:
+        if variant == "trl112" and not (a.trl112_site or trl112_importable()):
+            print("trl112: skipped (TRL 1.12 not importable; give --trl112-site)", flush=True)
+            result = {"variant": "trl112", "shape": a.shape, "workload": a.workload,
+                      "error": "skipped: TRL 1.12 not importable (no --trl112-site)"}
+        else:
+            print(f"running {a.shape} {variant}", flush=True)
+            t = time.perf_counter()
+            try:
+                result = run_child(script, common + ["--child", "variant", "--variant", variant],
+                                   env=child_env(a, variant), timeout=3600)
+            except RuntimeError as err:  # one broken variant does not lose the others
+                result = {"variant": variant, "shape": a.shape, "workload": a.workload,
+                          "error": str(err).strip().splitlines()[-1][:300]}
+            result["process_s"] = time.perf_counter() - t
+        report["results"].append(result)
+        out.write_text(json.dumps(report, indent=1, default=str))
+        out.with_suffix(".md").write_text(table(report["results"], a.smoke) + "\n")
+
+
 def main(argv=None):
     a = parse_args(argv)
     if a.budget_only:
         setup_env(a.threads)
         print(budget_only())
         return 0
-    suffix = a.suffix
     if a.child:  # in a child process: measure, print the result as the last line
         setup_env(a.threads)
+        if a.child == "variant" and not a.smoke:
+            from trl_ext.runtime.cuda_memory import configure_cuda_allocator
+
+            configure_cuda_allocator(None)  # what `trl-ext train` does before CUDA starts
         child_result(build_child(a) if a.child == "build" else variant_child(a))
         return 0
-
-    Path(a.workdir).mkdir(parents=True, exist_ok=True)
-    common = ["--workdir", a.workdir, "--threads", str(a.threads)] + (["--smoke"] if a.smoke else ["--shape", a.shape])
-    if a.max_memory_gib:
-        common += ["--max-memory-gib", str(a.max_memory_gib)]
-    script = Path(__file__).resolve()
-    print(f"building the {a.shape} checkpoint in {a.workdir}", flush=True)
-    built = run_child(script, common + ["--child", "build"])
-    write_prompts(a)
-    results = []
     for variant in [v.strip() for v in a.variants.split(",") if v.strip()]:
         if variant not in VARIANTS:
             raise SystemExit(f"--variants: unknown variant {variant!r} (choose from {', '.join(VARIANTS)})")
-        env = None
-        if variant == "trl112":
-            if not a.trl112_site:
-                print("trl112: skipped (no --trl112-site)", flush=True)
-                results.append({"variant": "trl112", "error": "skipped: no --trl112-site given"})
-                continue
-            env = {"PYTHONPATH": os.pathsep.join([a.trl112_site, str(script.parents[1])])}
-        print(f"running {variant}", flush=True)
-        results.append(run_child(script, common + ["--child", "variant", "--variant", variant], env=env,
-                                 timeout=3600))
-    md = table(results, a.smoke)
-    print(md)
-    out = Path(a.out) if a.out else RESULTS / f"gpu_ppo{suffix}.json"
+    out = Path(a.out) if a.out else RESULTS / f"gpu_ppo{a.suffix}_{a.workload}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": machine_info(), "shape": SHAPES[a.shape], "build": built,
-                               "results": results}, indent=1, default=str))
-    out.with_suffix(".md").write_text(md + "\n")
+    report = {"machine": machine_info(), "workload": a.workload, "temperature": TEMPERATURE,
+              "workload_note": WORKLOAD_NOTES[a.workload], "runs": [], "results": []}
+    for shape in a.shapes:
+        a.shape, a.workdir = shape, str(Path(a.workdir_root) / f"{shape}-{a.workload}")
+        run_shape(a, out, report)
+    print(table(report["results"], a.smoke))
     print(f"wrote {out} and {out.with_suffix('.md')}")
     return 0
+
+
+WORKLOAD_NOTES = {
+    "full": "random weights, no EOS bias: responses run to response_length (rarely an EOS)",
+    "uneven": "the random checkpoint's LM-head EOS row is scaled so that the mean per-step EOS probability at the "
+              "sampling temperature is 2 / response_length (build.eos_row_scale): response lengths spread "
+              "geometrically, as sampled ones do, instead of all running to the limit",
+}
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
-"""benchmarks/gpu_ppo.py --smoke: the GPU benchmark's code on CPU with a tiny model, so that the script cannot rot.
+"""benchmarks/gpu_ppo.py --smoke: the GPU benchmark's code on CPU with tiny models of both shapes' architectures and
+tokenizer paths (a Llama read back as saved, a Qwen2 read as ``Qwen2Tokenizer``), so that the script cannot rot.
 
-The variants run in this process here (the script runs each in a child of its own, through the same functions);
+The variants run in this process here (the script runs each in a child of its own, through the same functions),
+one update each; ``trl112`` wherever TRL 1.12 is this environment's TRL (CI's TRL 1.12 phase). Each variant's
+settings are read back from the trainer and the model (chunk, LoRA dropout, residual dtype, engine).
 `--budget-only` runs as the command."""
 
 from __future__ import annotations
@@ -26,32 +29,86 @@ def gpu_ppo():
         sys.path.remove(str(BENCH))
 
 
-def test_smoke_variants_on_cpu(gpu_ppo, tmp_path):
+# (chunk, training micro-batch, LoRA dropout as loaded, residual dtype, engine) each variant must run with; smoke
+# batch 4 (2 x 2), recipe chunk 2; the 2 GiB target of `auto` fits the whole batch and the whole mini-batch
+EXPECTED = {"trl112": (2, 2, 0.05, "float32", "generate"), "separate": (2, 2, 0.05, "float32", "generate"),
+            "shared": (2, 2, 0.05, "float32", "generate"), "fast": (4, 4, 0.0, "bfloat16", "generate"),
+            "engine": (4, 4, 0.0, "bfloat16", "continuous_batching")}
+
+
+@pytest.mark.parametrize("shape, workload, tokenizer", [("smoke-llama", "full", "TokenizersBackend"),
+                                                        ("smoke-qwen2", "uneven", "Qwen2Tokenizer")])
+def test_smoke_every_variant_on_cpu(gpu_ppo, tmp_path, shape, workload, tokenizer):
     from trl_ext.ppo.memory_budget import GIB
 
-    a = gpu_ppo.parse_args(["--smoke", "--workdir", str(tmp_path)])
+    a = gpu_ppo.parse_args(["--smoke", "--shape", shape, "--workload", workload, "--updates", "1",
+                            "--workdir", str(tmp_path)])
     built = gpu_ppo.build_child(a)
     gpu_ppo.write_prompts(a)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["policy", "prompts.jsonl", "reward"]
-    assert built["parameters"] > 0
+    assert built["parameters"] > 0 and built["workload"] == workload
+    if workload == "uneven":  # the EOS row scaled until the per-step EOS probability is 2 / response_length
+        assert built["eos_step_probability"] == pytest.approx(2 / gpu_ppo.SHAPES[shape]["response"], rel=1e-3)
+        assert built["eos_row_scale"] > 1
+    variants = [v for v in gpu_ppo.VARIANTS if v != "trl112" or gpu_ppo.trl112_importable()]
     results = {}
-    for variant in ("shared", "fast"):
+    for variant in variants:
         a.variant = variant
-        results[variant] = gpu_ppo.variant_child(a)
-    shared, fast = results["shared"], results["fast"]
-    smoke = gpu_ppo.SHAPES["smoke"]
-    for r in (shared, fast):
-        assert len(r["seconds_per_update"]) == smoke["updates"] and r["peak_rss_growth_mib"] > 0
+        results[variant] = r = gpu_ppo.variant_child(a)
+        st = r["settings"]
+        assert (st["rollout_chunk"], st["train_micro_batch"], st["lora_dropout"], st["residual_dtype"],
+                st["engine"]) == EXPECTED[variant]
+        assert st["tokenizer"] == tokenizer
+        assert len(r["seconds_per_update"]) == 1 and r["peak_rss_growth_mib"] > 0
         assert all(math.isfinite(r["first_update"][k]) for k in ("objective/scores", "objective/kl", "loss/value_avg"))
-        assert r["rollout_tokens_per_s"] and r["phases"][0]["time/rollout"] > 0
-    # shared runs the recipe's chunk; fast lets `auto` pick the largest chunk that fits its 2 GiB target: the whole
-    # per-device batch of the tiny run, and its predicted peak (memory_budget at that chunk) is within the target
-    assert shared["rollout_chunk"] == smoke["chunk"]
-    assert fast["rollout_chunk"] == smoke["micro"] * smoke["accumulation"]
-    assert fast["predicted"]["peak_gib"] <= 2.0 and fast["lora_dropout"] == 0.0
+        if variant != "trl112":
+            assert r["rollout_tokens_per_s"] and r["phases"][0]["time/rollout"] > 0
+        if workload == "uneven":  # responses stop at EOS (random weights alone: about 1 in 512 steps)
+            assert r["eos_fraction"][0] > 0
+    fast = results["fast"]
+    assert fast["predicted"]["peak_gib"] <= 2.0  # auto's chunk: memory_budget at that chunk within the target
     assert fast["predicted"]["peak_gib"] * GIB > 1 * GIB  # the budget's assumed 1 GiB device overhead included
-    md = gpu_ppo.table([{"variant": "trl112", "error": "skipped"}, shared, fast], smoke=True)
-    assert md.count("\n") == 4 and "| fast (TRL " in md and "| trl112 | skipped |" in md
+    rows = [{"variant": "trl112", "shape": shape, "workload": workload, "error": "skipped"}] + list(results.values())
+    md = gpu_ppo.table(rows, smoke=True)
+    assert md.count("\n") == len(rows) + 1 and f"| {shape}, {workload} | fast (TRL " in md
+    assert "| 4, 4, 0, bfloat16, continuous_batching |" in md
+
+
+def test_the_trl112_config_passes_only_keys_the_recipe_sets(gpu_ppo, tmp_path):
+    """TRL 1.12's PPOConfig refuses trl-ext's default ``kl_estimator: None``: the variant passes the recipe's own
+    keys only (here checked on the key set; the run itself is in the test above under TRL 1.12)."""
+    from trl_ext.recipes.loader import resolve_recipe
+
+    import yaml
+
+    a = gpu_ppo.parse_args(["--smoke", "--workdir", str(tmp_path)])
+    gpu_ppo.build_child(a)
+    gpu_ppo.write_prompts(a)
+    recipe_file = tmp_path / "trl112.yaml"
+    recipe_file.write_text(yaml.safe_dump(gpu_ppo.recipe_keys(a, "trl112")))
+    recipe = resolve_recipe(recipe_file)
+    assert "kl_estimator" not in recipe.explicit and recipe.training_args.kl_estimator is None
+    assert recipe.explicit["local_rollout_forward_batch_size"] == 2
+
+
+def test_prompts_are_one_token_per_word_in_both_tokenizers(gpu_ppo, tmp_path):
+    """The 0.5B shape's prompts tokenized to zero tokens (a word-level vocabulary read back as Qwen2's byte-level
+    BPE): both real shapes' tokenizers, at full vocabulary size and read back as `trl-ext train` reads them (next to
+    the shape's config), give one token per prompt word and decode every id."""
+    from transformers import AutoTokenizer
+
+    for shape, cls in (("llama-3-8b", "TokenizersBackend"), ("qwen2.5-0.5b", "Qwen2Tokenizer")):
+        s = gpu_ppo.SHAPES[shape]
+        make = gpu_ppo.byte_level_tokenizer if s["arch"] == "qwen2" else gpu_ppo.word_tokenizer
+        make(s["vocab"]).save_pretrained(tmp_path / shape)
+        gpu_ppo.model_config(s).save_pretrained(tmp_path / shape)
+        tok = AutoTokenizer.from_pretrained(tmp_path / shape)
+        assert type(tok).__name__ == cls and len(tok) == s["vocab"]
+        words = gpu_ppo.prompt_words(s)
+        sample = "".join(words[i] for i in (0, 1, 25, 26, 700, len(words) - 1))
+        ids = tok(sample)["input_ids"]
+        assert len(ids) == 6 and len(set(ids)) == 6 and min(ids) >= len(gpu_ppo.SPECIALS)
+        assert tok.decode([s["vocab"] - 1]).strip() == words[-1].strip()
 
 
 def test_budget_only_prints_the_8b_table():

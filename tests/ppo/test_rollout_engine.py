@@ -66,6 +66,11 @@ def test_auto_rule():
     assert no_stop.engine == "generate" and "no stop token" in no_stop.describe()
     assert choose_rollout_engine("generate", 4 * n, True).engine == "generate"
     assert choose_rollout_engine("continuous_batching", 8, False).engine == "continuous_batching"
+    # on CUDA auto takes generate until a GPU measurement shows continuous batching winning (0.48x on one H200)
+    cuda = choose_rollout_engine("auto", 4 * n, True, device_type="cuda")
+    assert cuda.engine == "generate" and "0.48x" in cuda.reason
+    assert choose_rollout_engine("auto", 4 * n, True, device_type="cpu").engine == "continuous_batching"
+    assert choose_rollout_engine("continuous_batching", 8, False, device_type="cuda").engine == "continuous_batching"
 
 
 def test_config_refusals_in_one_line(tmp_path, monkeypatch):

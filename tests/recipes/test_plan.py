@@ -4,8 +4,10 @@ the keys to change when a recipe does not fit."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+import yaml
 
 from trl_ext.errors import UserInputError
 from trl_ext.ppo.memory_budget import GIB, LLAMA_3_8B, ModelShape, PPOShape, ppo_memory_budget
@@ -156,3 +158,41 @@ def test_critic_free_recipe_is_planned_without_a_value_model(llama_8b):
     expected = ppo_memory_budget(LLAMA_3_8B, recipe_run(), shared=True, value_model=False)
     assert rloo.budget.parts == expected.parts and rloo.budget.peak == expected.peak
     assert rloo.budget.peak < gae.budget.peak
+
+
+SHIPPED_PPO = sorted(str(p.relative_to(Path(__file__).resolve().parents[2])) for p in
+                     (Path(__file__).resolve().parents[2] / "recipes").glob("**/*.yaml")
+                     if (yaml.safe_load(p.read_text()) or {}).get("trainer") == "ppo")
+
+
+def test_every_shipped_ppo_recipe_is_planned(tiny_models, capsys):
+    """Every PPO and GRPO recipe, LoRA or trained in full (recipes/demo/ppo.yaml was refused: 'models LoRA policies'),
+    with its policy replaced by the tiny one (plan never downloads)."""
+    assert {"recipes/demo/ppo.yaml", "recipes/qwen2.5-0.5b/grpo_gsm8k.yaml", "recipes/verifiable/grpo.yaml"} <= set(
+        SHIPPED_PPO)
+    for recipe in SHIPPED_PPO:
+        assert main(["plan", recipe, "--model_name_or_path", str(tiny_models.policy)]) == 0, recipe
+        out = capsys.readouterr().out
+        assert "train_micro_batch_size: auto would take" in out and "margin x" in out, recipe
+    full = make_plan("recipes/demo/ppo.yaml", ["--model_name_or_path", str(tiny_models.policy)])
+    lora = make_plan("recipes/demo/ppo.yaml", ["--model_name_or_path", str(tiny_models.policy), "--use_peft", "true"])
+    assert full.run.full_finetune and not lora.run.full_finetune
+    # trained in full: a reference copy and AdamW moments of every parameter, more than the LoRA run holds
+    assert full.budget.persistent > lora.budget.persistent > 0
+    params = full.shape.parameters
+    assert full.budget.parts["AdamW moments (policy and value adapters, value head)"] >= 2 * 4 * params
+
+
+def test_the_chunk_line_says_why(llama_8b, capsys):
+    """'larger chunks are faster' next to 'Keys to change: local_rollout_forward_batch_size (64 -> 32)' read as a
+    contradiction: the line says the written chunk does not fit the target."""
+    main(["plan", SHARED, "--gpu-memory", "24", "--model_name_or_path", str(llama_8b),
+          "--local_rollout_forward_batch_size", "64", "--per_device_train_batch_size", "2",
+          "--gradient_accumulation_steps", "32"])
+    out = capsys.readouterr().out
+    assert "Keys to change: local_rollout_forward_batch_size (64 -> 32)" in out
+    assert ("  local_rollout_forward_batch_size: 32 (or `auto` with max_memory_gib: 24): larger chunks are faster, but "
+            "64 does not fit 24 GiB: 32 is the largest that does;") in out
+    margin = next(x for x in out.splitlines() if x.startswith("On CUDA"))
+    assert "margin x1.33 at chunk 64" not in margin and "x1.58 at chunk 64" in margin  # 1.077 + 0.0079 * 64
+    assert "x1.05 with expandable_segments" in margin

@@ -13,6 +13,7 @@ from .kl_controllers import KL_CONTROLLERS
 from .losses import VALUE_CLIP_MODES
 from .model_ids import ModelInitArgs
 from .objectives import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, RATIO_LEVELS
+from .micro_batches import micro_batch_value
 from .prompt_dataset import PromptArgs
 from .rollout_chunk import AUTO, rollout_chunk_value
 from .rollout_engine import check_rollout_engine
@@ -79,6 +80,15 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, ModelInitArgs, PromptA
             Defaults, on CUDA, to the device's free memory when the trainer is built plus what this process's
             allocator already holds (`torch.cuda.mem_get_info`); required on other devices (the budget models a
             GPU's allocator, not a CPU process). With it set, the choice depends on the models and settings only.
+        train_micro_batch_size (`int` or `"auto"`, *optional*):
+            Sequences per forward/backward of the PPO epochs, independent of the rollout batch: mini-batches, optimizer
+            steps and the rollout stay as `per_device_train_batch_size`, `gradient_accumulation_steps` and
+            `num_mini_batches` define them; the gradients of a mini-batch's micro-batches accumulate into its one
+            optimizer step (:mod:`trl_ext.ppo.micro_batches`). Each loss term is weighted by its share of the
+            mini-batch, so the update does not depend on the micro-batch; with it set, `token_mean`'s normaliser is
+            the mini-batch's token count. `"auto"`: the largest micro-batch whose training phase fits `max_memory_gib`
+            (or the device's free memory on CUDA) beside the persistent memory (needs a LoRA policy). `None`
+            (default): micro-batches of `per_device_train_batch_size`, as TRL. Not under DeepSpeed.
         rollout_engine (`str`, *optional*, defaults to `"generate"`):
             How the rollout samples: `"generate"` (TRL's `model.generate`, per chunk of
             `local_rollout_forward_batch_size`), `"continuous_batching"` (transformers' continuous-batching engine: a
@@ -201,6 +211,11 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, ModelInitArgs, PromptA
     max_memory_gib: float | None = field(
         default=None,
         metadata={"help": "Memory target (GiB) of local_rollout_forward_batch_size: auto; default (CUDA): free memory."},
+    )
+    train_micro_batch_size: micro_batch_value = field(
+        default=None,
+        metadata={"help": "Sequences per forward/backward of the PPO epochs, or 'auto' (the largest that fits the "
+                  "memory target); default: per_device_train_batch_size."},
     )
     rollout_engine: Literal["generate", "continuous_batching", "auto"] = field(
         default="generate",
@@ -338,6 +353,12 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, ModelInitArgs, PromptA
             )
         super().__post_init__()
         self.local_rollout_forward_batch_size = rollout_chunk_value(self.local_rollout_forward_batch_size)
+        self.train_micro_batch_size = micro_batch_value(self.train_micro_batch_size)
+        if self.train_micro_batch_size is not None and launched_engine() == DEEPSPEED:
+            raise UserInputError("train_micro_batch_size: not supported under DeepSpeed (its engine counts the "
+                                 "accumulation steps); use per_device_train_batch_size and gradient_accumulation_steps")
+        if self.train_micro_batch_size == AUTO and self.max_memory_gib is None and self.use_cpu:
+            raise UserInputError("train_micro_batch_size: 'auto' on CPU (use_cpu: true) needs max_memory_gib")
         if self.max_memory_gib is not None and not self.max_memory_gib > 0:
             raise UserInputError(f"max_memory_gib: must be positive (GiB), got {self.max_memory_gib!r}")
         if self.local_rollout_forward_batch_size == AUTO and self.max_memory_gib is None and self.use_cpu:

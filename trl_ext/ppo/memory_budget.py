@@ -8,7 +8,9 @@ adapters on the policy's base (``shared=True``, :mod:`trl_ext.models.shared_base
 (``value_model=False``: RLOO/GRPO-style advantages) has no value model or adapter: one base (separate design), one
 adapter and head, their AdamW state and the value model's training activations less. A run scored by reward
 functions only (``reward_model=False``) has no reward model or adapter: one base (separate design), one frozen
-adapter and head less. Peak = what stays all run
+adapter and head less. A policy trained in full (``PPOShape.full_finetune``, ``use_peft: false``):
+a frozen reference copy, separate reward and value models, full AdamW state (:func:`_full_finetune_budget`, an
+estimate not yet checked against measurements). Peak = what stays all run
 (weights, adapters, optimizer) + the largest of the three phases of an update:
 
 * **rollout** (``generate``, chunks of ``local_rollout_forward_batch_size``): the KV cache of one chunk, plus the
@@ -39,7 +41,7 @@ rollout and run peaks within the tolerances it prints) and against hand-computed
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = [
     "DEVICE_OVERHEAD_BYTES",
@@ -254,6 +256,9 @@ class PPOShape:
     upcast_non_quantized: bool = True
     """Quantized bases: peft's float32 upcast of embeddings, LM head and norms (True, today's loaders), which makes
     the residual stream, KV cache and activations float32; False keeps them at ``dtype_bytes``."""
+    full_finetune: bool = False
+    """The policy (and value model) trained in full (``use_peft: false``, unquantized; ``lora_r`` ignored): see
+    :func:`full_finetune_parts`."""
 
     @classmethod
     def from_config(cls, args, model_args, prompt_length: int, *, upcast_non_quantized: bool = True) -> "PPOShape":
@@ -317,6 +322,8 @@ def ppo_memory_budget(shape: ModelShape, run: PPOShape, *, shared: bool, value_m
     ``value_model=False``: a run without a critic (no value model, adapter, head or value forward/backward).
     ``reward_model=False``: a run scored by reward functions only (no reward model, adapter or head).
     """
+    if run.full_finetune:
+        return _full_finetune_budget(shape, run, value_model=value_model, reward_model=reward_model)
     act = run.activation_bytes
     lora = lora_parameters(shape, run.lora_r, run.lora_modules)
     head = shape.hidden_size * 4  # a 1-output float32 score head
@@ -355,6 +362,39 @@ def ppo_memory_budget(shape: ModelShape, run: PPOShape, *, shared: bool, value_m
               + ("" if reward_model else ", no reward model"))
     return MemoryBudget(model=shape.name, design=design, parts=parts,
                         persistent=persistent, phases=phases, peak=peak)
+
+
+def _full_finetune_budget(shape: ModelShape, run: PPOShape, *, value_model: bool, reward_model: bool) -> MemoryBudget:
+    """The budget of a policy trained in full (TRL's design without LoRA): the policy, its frozen reference copy,
+    separate reward and value models, all at ``dtype_bytes``; every parameter of the policy and the value model
+    trains: two AdamW moments at the parameters' dtype all run, and while training a gradient and the step's
+    temporaries (``3 * dtype_bytes`` per parameter, :data:`OPTIMIZER_STEP_BYTES` at float32). The phases as for
+    LoRA (activation checkpointing assumed), with trainable = all those parameters. An estimate: not yet checked
+    against measurements as the LoRA budget is."""
+    b = run.dtype_bytes
+    policy = base_weight_bytes(shape, None, lm_head=True, dtype_bytes=b) // b
+    scalar = base_weight_bytes(shape, None, lm_head=False, dtype_bytes=b) // b + shape.hidden_size
+    trainable = policy + (scalar if value_model else 0)
+    parts = {
+        "base weights": (2 * policy + (int(value_model) + int(reward_model)) * scalar) * b,
+        "LoRA adapters + score heads (policy, reward, value)": 0,
+        "AdamW moments (policy and value adapters, value head)": trainable * 2 * b,
+    }
+    lora_run = replace(run, full_finetune=False, quantization=None, lora_r=0)
+    lora_budget = ppo_memory_budget(shape, lora_run, shared=False, value_model=value_model, reward_model=reward_model)
+    phases = dict(lora_budget.phases)
+    grads = "training: gradients + AdamW step temporaries"
+    phases["training"] += trainable * 3 * b - lora_budget.parts[grads]
+    for name, value in lora_budget.parts.items():
+        if name.startswith(("rollout:", "scoring:", "training:")):
+            parts[name] = trainable * 3 * b if name == grads else value
+    persistent = sum(parts.values()) - sum(v for k, v in parts.items() if k.startswith(("rollout:", "scoring:",
+                                                                                       "training:")))
+    parts["device overhead (assumed)"] = DEVICE_OVERHEAD_BYTES
+    design = "policy trained in full" + ("" if value_model else ", no critic") + ("" if reward_model else
+                                                                                 ", no reward model")
+    return MemoryBudget(model=shape.name, design=design, parts=parts, persistent=persistent, phases=phases,
+                        peak=persistent + max(phases.values()) + DEVICE_OVERHEAD_BYTES)
 
 
 def budget_table(budgets: list[MemoryBudget], limit_gib: float = 24.0) -> str:

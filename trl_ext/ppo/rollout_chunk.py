@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 
 from ..errors import UserInputError
+from .allocator_margin import allocator_margin, expandable_segments_on, planned_reserved_bytes
 from .memory_budget import GIB, LINEAR_MODULES, MemoryBudget, ModelShape, PPOShape, ppo_memory_budget
 
 __all__ = [
@@ -90,9 +92,10 @@ class ChunkChoice:
 
 def largest_fitting_chunk(shape: ModelShape, run: PPOShape, target_bytes: int, *, shared: bool,
                           value_model: bool = True, reward_model: bool = True, target_name: str = "max_memory_gib",
-                          at_most: int | None = None) -> ChunkChoice:
+                          at_most: int | None = None, margin=None) -> ChunkChoice:
     """The largest ``rollout_chunk`` in ``1..run.batch`` whose :func:`ppo_memory_budget` peak is ``<= target_bytes``
-    (or ``at_most`` if that is smaller).
+    (or ``at_most`` if that is smaller). ``margin``: None, or ``chunk -> float``, the caching allocator's margin
+    (:mod:`trl_ext.ppo.allocator_margin`): the peak planned is then the reserved one.
 
     Raises:
         UserInputError: if even a chunk of 1 does not fit (the message names ``target_name``).
@@ -106,8 +109,11 @@ def largest_fitting_chunk(shape: ModelShape, run: PPOShape, target_bytes: int, *
         return ChunkChoice(chunk=chunk, target_bytes=target_bytes, budget=budget(chunk),
                            next_budget=budget(chunk + 1) if chunk < run.batch else None)
 
+    def planned(chunk: int) -> int:
+        return planned_reserved_bytes(budget(chunk), margin(chunk)) if margin else budget(chunk).peak
+
     smallest = budget(1)
-    if smallest.peak > target_bytes:
+    if planned(1) > target_bytes:
         raise UserInputError(
             f"{target_name}: {target_bytes / GIB:.2f} GiB is less than this run needs even with a rollout chunk of 1 "
             f"({smallest.peak / GIB:.2f} GiB predicted, {smallest.peak_phase} phase largest); raise it, or lower "
@@ -116,7 +122,7 @@ def largest_fitting_chunk(shape: ModelShape, run: PPOShape, target_bytes: int, *
     lo, hi = 1, run.batch  # peak(lo) fits; the peak never decreases with the chunk: bisect
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if budget(mid).peak <= target_bytes:
+        if planned(mid) <= target_bytes:
             lo = mid
         else:
             hi = mid - 1
@@ -210,6 +216,9 @@ def resolve_auto_rollout_chunk(trainer) -> ChunkChoice:
         target_name="max_memory_gib" if args.max_memory_gib is not None else "the device's free memory",
     )
     target = memory_target_bytes(args.max_memory_gib, accelerator.device)
+    kwargs["margin"] = partial(allocator_margin, device_type=accelerator.device.type,
+                               expandable_segments=expandable_segments_on(),
+                               continuous_batching=args.rollout_engine == "continuous_batching")
     choice = largest_fitting_chunk(shape, run, target, **kwargs)
     if accelerator.num_processes > 1:
         smallest = int(accelerator.gather(torch.tensor([choice.chunk], device=accelerator.device)).min())

@@ -114,15 +114,23 @@ class EngineChoice:
         return f"rollout_engine: {self.requested} -> {self.engine} ({self.reason})"
 
 
-def choose_rollout_engine(requested: str, response_length: int, stop_token_set: bool) -> EngineChoice:
-    """The engine for ``rollout_engine = requested``. ``auto``'s rule (measured on CPU, ``benchmarks/README.md``):
+def choose_rollout_engine(requested: str, response_length: int, stop_token_set: bool,
+                          device_type: str = "cpu") -> EngineChoice:
+    """The engine for ``rollout_engine = requested`` on a ``device_type`` device. ``auto``'s rule:
 
-    continuous batching iff a stop token is set (``stop_token`` or ``stop_token_id``: without one TRL's PPO lets
-    every response run to ``response_length``, the lengths are all equal and ``generate`` is faster) and
-    ``response_length >= AUTO_MIN_RESPONSE_LENGTH`` (room for lengths to spread).
+    * on CUDA, ``generate``: the one GPU measurement (one H200, 8B QLoRA PPO, ``benchmarks/README.md`` section 7)
+      gave continuous batching 0.48x ``generate``'s rollout tokens/s and 8 GiB more reserved memory; ``auto`` takes
+      it there only once a GPU measurement shows it winning;
+    * elsewhere (measured on CPU, section 15): continuous batching iff a stop token is set (``stop_token`` or
+      ``stop_token_id``: without one TRL's PPO lets every response run to ``response_length``, the lengths are all
+      equal and ``generate`` is faster) and ``response_length >= AUTO_MIN_RESPONSE_LENGTH`` (room for lengths to
+      spread).
     """
     if requested != AUTO:
         return EngineChoice(requested, requested, "as configured")
+    if device_type == "cuda":
+        return EngineChoice(AUTO, GENERATE, "on CUDA continuous batching measured slower (0.48x generate's tokens/s, "
+                                            "one H200)")
     if not stop_token_set:
         return EngineChoice(AUTO, GENERATE, "no stop token: every response runs to response_length")
     if response_length < AUTO_MIN_RESPONSE_LENGTH:
@@ -175,7 +183,8 @@ def build_rollout_engine(trainer) -> ContinuousBatchingRollout | None:
 
     args = trainer.args
     stop_token_set = bool(args.stop_token) or args.stop_token_id is not None
-    choice = choose_rollout_engine(args.rollout_engine, args.response_length, stop_token_set)
+    choice = choose_rollout_engine(args.rollout_engine, args.response_length, stop_token_set,
+                                   trainer.accelerator.device.type)
     if choice.engine == CONTINUOUS_BATCHING and choice.requested == AUTO and not has_continuous_batching():
         choice = EngineChoice(AUTO, GENERATE, "this transformers has no continuous batching")
     if choice.engine == CONTINUOUS_BATCHING and zero3_enabled(trainer.accelerator):

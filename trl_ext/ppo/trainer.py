@@ -86,6 +86,7 @@ from .reward_funcs import (
     zero_unscorable_advantages,
 )
 from .rollout import MicroBatchOutput, Rollout, UpdateStats
+from .micro_batches import optimize_in_micro_batches
 from .rollout_chunk import AUTO, resolve_auto_rollout_chunk
 from .rollout_engine import build_rollout_engine
 from .rollout_logprobs import generate_with_full_scores, generate_with_logprobs, sampling_plan, sequence_logits
@@ -642,6 +643,8 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
 
     def optimize(self, rollout: Rollout) -> UpdateStats:
         """`num_ppo_epochs` passes over the rollout, each in a fresh `np.random.permutation`, by mini/micro-batch."""
+        if self.args.train_micro_batch_size is not None:  # micro-batches of their own size (trl_ext.ppo.micro_batches)
+            return optimize_in_micro_batches(self, rollout)
         args = self.args
         accelerator = self.accelerator
         model = self.model

@@ -64,6 +64,10 @@ class PipelineArguments:
         reinit_score_head (`bool`, *optional*, defaults to `False`):
             Reward training: start from a fresh one-output score head even if the checkpoint has a head with more
             outputs (passed to `trl_ext.models.load_scalar_model(reinit_head=...)`).
+        cuda_expandable_segments (`bool`, *optional*, defaults to `True`):
+            CUDA runs: set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` before CUDA allocates, unless the
+            environment already sets `PYTORCH_CUDA_ALLOC_CONF` (the user's value wins); logged. Less memory reserved
+            beyond what tensors use (`trl_ext.runtime.cuda_memory`, `docs/ppo-memory.md`). `false` leaves it unset.
         upcast_non_quantized (`bool`, *optional*, defaults to `True`):
             Quantized (4/8-bit) models: `True` makes the weights that stay unquantized (embeddings, LM head, norms)
             float32, as peft's `prepare_model_for_kbit_training` does, so activations and the KV cache are
@@ -121,6 +125,10 @@ class PipelineArguments:
     )
     reinit_score_head: bool = field(
         default=False, metadata={"help": "Reward training: re-initialise the score head with one output."}
+    )
+    cuda_expandable_segments: bool = field(
+        default=True,
+        metadata={"help": "CUDA runs: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True unless the user set it."},
     )
     upcast_non_quantized: bool = field(
         default=True,

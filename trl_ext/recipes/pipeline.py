@@ -272,8 +272,6 @@ def train_ppo(recipe: Recipe):
     as in TRL's PPO example; with reward functions the dataset's other columns stay beside ``input_ids``. The eval
     split (if the dataset has one) feeds TRL's sample generations.
     """
-    from transformers.integrations import is_deepspeed_zero3_enabled
-
     from trl_ext import PPOTrainer
 
     from .reward_keys import check_reward_columns
@@ -298,6 +296,32 @@ def train_ppo(recipe: Recipe):
                                    chat_template_kwargs=template_kwargs)
     check_lengths(recipe, tokenizer, train_ds, eval_ds, model_config=_model_config(model_args))
 
+    policy, ref_model, reward_model, value_model = load_ppo_models(recipe, tokenizer)
+
+    extra = {"reward_funcs": recipe.reward_funcs} if recipe.reward_funcs else {}
+    trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=ref_model,
+                         reward_model=reward_model, value_model=value_model, train_dataset=train_ds,
+                         eval_dataset=eval_ds, ptx_dataset=ptx, **extra)
+    trainer.train(resume_from_checkpoint=_resume_arg(recipe))
+    _finish(trainer, recipe, tokenizer)
+    if recipe.pipeline.shared_base and value_model is not None:  # the value adapter lives nowhere else: keep it
+        from ..ppo.trainer import VALUE_MODEL_DIR
+
+        value_model.save_pretrained(str(Path(args.output_dir) / VALUE_MODEL_DIR),
+                                    is_main_process=trainer.accelerator.is_main_process)
+        trainer.accelerator.wait_for_everyone()
+    return trainer
+
+
+def load_ppo_models(recipe: Recipe, tokenizer):
+    """The PPO run's ``(policy, ref_model, reward_model, value_model)`` as the recipe's keys define them (what
+    :func:`train_ppo` trains; ``benchmarks/gpu_ppo.py`` loads through it too, so its models follow the recipe keys).
+    ``ref_model`` is None (TRL: the policy with its adapter disabled with LoRA, else a frozen copy) except under
+    DeepSpeed ZeRO-3 without LoRA; ``reward_model`` None with reward functions only; ``value_model`` None with a
+    critic-free ``advantage_estimator``."""
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    model_args = _resolved(recipe.model_args)
     upcast = recipe.pipeline.upcast_non_quantized
     policy = load_policy(model_args, tokenizer=tokenizer, upcast_non_quantized=upcast)
     ref_model = None  # TRL: the policy with its adapter disabled (LoRA), else a frozen copy of the policy
@@ -322,19 +346,7 @@ def train_ppo(recipe: Recipe):
                                                  reinit_head=recipe.pipeline.value_reinit_score_head,
                                                  upcast_non_quantized=upcast)
 
-    extra = {"reward_funcs": recipe.reward_funcs} if recipe.reward_funcs else {}
-    trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=ref_model,
-                         reward_model=reward_model, value_model=value_model, train_dataset=train_ds,
-                         eval_dataset=eval_ds, ptx_dataset=ptx, **extra)
-    trainer.train(resume_from_checkpoint=_resume_arg(recipe))
-    _finish(trainer, recipe, tokenizer)
-    if recipe.pipeline.shared_base and value_model is not None:  # the value adapter lives nowhere else: keep it
-        from ..ppo.trainer import VALUE_MODEL_DIR
-
-        value_model.save_pretrained(str(Path(args.output_dir) / VALUE_MODEL_DIR),
-                                    is_main_process=trainer.accelerator.is_main_process)
-        trainer.accelerator.wait_for_everyone()
-    return trainer
+    return policy, ref_model, reward_model, value_model
 
 
 def shared_base_scalar_models(recipe: Recipe, policy):
@@ -382,6 +394,9 @@ def run(recipe: Recipe):
     from transformers import set_seed
 
     apply_environment(recipe)
+    from ..runtime.cuda_memory import configure_cuda_allocator
+
+    configure_cuda_allocator(recipe.pipeline.cuda_expandable_segments)  # before any model allocates on CUDA
     # Every process has validated the recipe (output_dir included) before any of them writes anything.
     PartialState().wait_for_everyone()
     # Before any model loads: LoRA adapters and new score heads are initialised from torch's RNG, whose start

@@ -63,6 +63,9 @@ class Plan:
     notes: list = field(default_factory=list)
     written: dict = field(default_factory=dict)
     """The recipe's values of the keys the plan may change."""
+    num_mini_batches: int = 1
+    value_model: bool = True
+    reward_model: bool = True
 
 
 def split_plan_options(tokens: list[str]) -> tuple[dict, list[str]]:
@@ -155,14 +158,12 @@ def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memor
               prompt_length: int = DEFAULT_PROMPT_LENGTH) -> Plan:
     """The :class:`Plan` of a PPO recipe (see the module docstring)."""
     _script, model_args, args, pipeline = parse_ppo_recipe(recipe_path, list(overrides or []))
-    if not model_args.use_peft:
-        raise UserInputError("plan: the memory budget models LoRA policies (use_peft: true); this recipe trains the "
-                             "policy in full")
     upcast = pipeline.upcast_non_quantized
     config = read_model_config(model_args.model_name_or_path, "model_name_or_path")
     name = f"{os.path.basename(os.path.normpath(model_args.model_name_or_path))} ({config.model_type})"
     shape = ModelShape.from_config(config, name=name)
-    run = replace(PPOShape.from_config(args, model_args, prompt_length, upcast_non_quantized=upcast), rollout_chunk=1)
+    run = replace(PPOShape.from_config(args, model_args, prompt_length, upcast_non_quantized=upcast), rollout_chunk=1,
+                  full_finetune=not model_args.use_peft)
     targets = model_args.lora_target_modules
     if targets and targets != "all-linear" and "all-linear" not in targets:  # else all seven (an over-estimate)
         run = replace(run, lora_modules=tuple(m for m in LINEAR_MODULES if m in targets) or None)
@@ -208,6 +209,8 @@ def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memor
     budget = ppo_memory_budget(shape, written, shared=shared, value_model=critic, reward_model=has_reward_model)
     plan = Plan(recipe=recipe_path, shape=shape, run=written, shared=shared, target_bytes=target, budget=budget,
                 fits=budget.fits(target), chunk_as_written=chunk, notes=notes,
+                num_mini_batches=max(getattr(args, "num_mini_batches", 1), 1), value_model=critic,
+                reward_model=has_reward_model,
                 written={"per_device_train_batch_size": args.per_device_train_batch_size,
                          "gradient_accumulation_steps": args.gradient_accumulation_steps,
                          "local_rollout_forward_batch_size": chunk})
@@ -228,7 +231,9 @@ def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memor
             plan.larger_micro_batches.append((m, mini // m, choice.chunk, choice.budget.peak))
     if plan.fastest is None:
         candidates = []
-        if not shared:
+        if run.full_finetune:  # LoRA first: the frozen reference copy and the full AdamW state go
+            candidates.append(("use_peft", True, replace(run, full_finetune=False), shared))
+        elif not shared:
             candidates.append(("shared_base", True, run, True))
         if run.quantization and run.upcast_non_quantized:
             candidates.append(("upcast_non_quantized", False, replace(run, upcast_non_quantized=False), shared))
@@ -251,7 +256,7 @@ def format_plan(plan: Plan) -> str:
     lines = [
         f"# {plan.recipe}: {plan.shape.name} ({plan.shape.parameters / 1e9:.2f}B parameters), "
         f"{'shared base' if plan.shared else 'separate policy, reward and value models'}, {quant}, "
-        f"LoRA r {run.lora_r}, {residual} residual stream",
+        f"{'trained in full' if run.full_finetune else f'LoRA r {run.lora_r}'}, {residual} residual stream",
         f"# {run.batch} episodes per update per device, micro-batch {run.micro_batch}, rollout chunk "
         f"{plan.chunk_as_written}, prompts {run.prompt_length} tokens (--prompt-length), responses "
         f"{run.response_length}; target {gib:g} GiB (--gpu-memory)",
@@ -275,12 +280,14 @@ def format_plan(plan: Plan) -> str:
             chunk = f"auto (chooses {plan.fastest_chunk} at max_memory_gib: {gib:g})"
         else:
             chunk = f"{chunk} (or `auto` with max_memory_gib: {gib:g})"
-        lines.append(f"  local_rollout_forward_batch_size: {chunk}: larger chunks are faster; the chunk changes which "
+        lines.append(f"  local_rollout_forward_batch_size: {chunk}: {chunk_reason(plan)}; the chunk changes which "
                      "random numbers go to which sequence, not the distribution of the samples.")
         if plan.changes_results:
             lines.append("  per_device_train_batch_size / gradient_accumulation_steps: the same episodes per update "
                          "in smaller micro-batches. This CHANGES the results: TRL's PPO loss is a masked mean per "
-                         "micro-batch, averaged over micro-batches. An explicit choice.")
+                         "micro-batch, averaged over micro-batches. An explicit choice (train_micro_batch_size "
+                         "shrinks the passes without changing the update under global_token_mean or a "
+                         "sequence-level loss_aggregation).")
         changed = [f"{k} ({plan.written[k]} -> {v})" for k, v in plan.fastest.items() if plan.written[k] != v]
         if changed:
             lines.append("Keys to change: " + ", ".join(changed))
@@ -298,8 +305,53 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"Also fits, as an explicit choice that changes results: per_device_train_batch_size: {m}, "
                      f"gradient_accumulation_steps: {acc}, local_rollout_forward_batch_size: {chunk} "
                      f"(peak {peak / GIB:.2f} GiB; fewer, larger training calls)")
+    lines += cuda_lines(plan)
     lines += [f"# note: {note}" for note in plan.notes]
     return "\n".join(lines)
+
+
+def chunk_reason(plan: Plan) -> str:
+    """Why the plan's chunk differs from the recipe's (or not): larger chunks are faster, so a smaller one is only
+    taken to fit the target, or because the per-device batch is smaller than the chunk written."""
+    written, best, batch = plan.chunk_as_written, plan.fastest_chunk, plan.run.batch
+    if written == AUTO or best is None:
+        return f"the largest chunk that fits {plan.target_bytes / GIB:g} GiB (larger chunks are faster)"
+    if best < written and best == batch:
+        return f"{written} is more than the {batch} episodes per device: the same single call per phase"
+    if best < written:
+        return (f"larger chunks are faster, but {written} does not fit {plan.target_bytes / GIB:g} GiB: {best} is the "
+                "largest that does")
+    if best > written:
+        return f"larger chunks are faster and {best} still fits {plan.target_bytes / GIB:g} GiB"
+    return f"as written, and the largest that fits {plan.target_bytes / GIB:g} GiB"
+
+
+def cuda_lines(plan: Plan) -> list[str]:
+    """On CUDA: the caching allocator's margin over the predicted (allocated) peak, the reserved peak it plans, and the
+    micro-batch ``train_micro_batch_size: auto`` would take (``trl_ext.ppo.allocator_margin``, ``micro_batches``)."""
+    from ..ppo.allocator_margin import allocator_margin, planned_reserved_bytes
+    from ..ppo.micro_batches import largest_fitting_micro_batch
+
+    run, gib = plan.run, plan.target_bytes / GIB
+    chunk = min(run.rollout_chunk, run.batch)
+    default = allocator_margin(chunk, device_type="cuda", expandable_segments=False)
+    expandable = allocator_margin(chunk, device_type="cuda", expandable_segments=True)
+    reserved = [planned_reserved_bytes(plan.budget, m) / GIB for m in (default, expandable)]
+    lines = [f"On CUDA the caching allocator reserves more than the peak above: margin x{default:.2f} at chunk "
+             f"{chunk} with the default allocator (reserved {reserved[0]:.2f} GiB), x{expandable:.2f} with "
+             f"expandable_segments, which trl-ext sets for CUDA runs ({reserved[1]:.2f} GiB); the auto keys plan "
+             "with it."]
+    mini = replace(run, batch=run.batch // max(plan.num_mini_batches, 1))
+    try:
+        micro = largest_fitting_micro_batch(plan.shape, mini, plan.target_bytes, shared=plan.shared,
+                                            value_model=plan.value_model, reward_model=plan.reward_model,
+                                            margin=expandable)
+        lines.append(f"train_micro_batch_size: auto would take {micro} at {gib:g} GiB (the largest training "
+                     "micro-batch beside the persistent memory; mini-batches and optimizer steps unchanged).")
+    except UserInputError:
+        lines.append(f"train_micro_batch_size: auto: not even 1 sequence per pass fits beside the persistent memory "
+                     f"in {gib:g} GiB.")
+    return lines
 
 
 def run_plan(recipe: str, tokens: list[str], *, gpu_memory: float | None = None,

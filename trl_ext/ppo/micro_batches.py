@@ -1,0 +1,206 @@
+"""``train_micro_batch_size``: how many sequences each forward/backward of the PPO epochs takes.
+
+Unset (None), the PPO epochs run as TRL's do: mini-batches of ``per_device_train_batch_size *
+gradient_accumulation_steps`` sequences, each in ``gradient_accumulation_steps`` micro-batches of
+``per_device_train_batch_size``. Set, the mini-batches, the optimizer steps (one per mini-batch) and the rollout stay
+exactly as those keys define them; only the forward/backward passes inside a mini-batch change: micro-batches of
+``train_micro_batch_size`` sequences (the last one smaller when it does not divide the mini-batch), whose gradients
+accumulate into the mini-batch's one optimizer step (:func:`optimize_in_micro_batches`). ``"auto"`` takes the largest
+micro-batch whose :mod:`trl_ext.ppo.memory_budget` training peak fits the memory target beside the persistent memory
+(:func:`largest_fitting_micro_batch`).
+
+So that the update does not depend on the micro-batch, every loss term is weighted by its share of the mini-batch
+(:func:`micro_batch_weights`; ``M`` = the mini-batch's sequences, ``m_j`` micro-batch ``j``'s):
+
+* sequence-level aggregations (``seq_mean_token_mean``, ``seq_mean_token_sum_norm``): micro-batch ``j``'s
+  sequence mean times ``m_j / M``, which sums to the mean over the mini-batch's sequences;
+* ``global_token_mean``: the token sum of micro-batch ``j`` over the mini-batch's token count (summed over the
+  processes), the normaliser of :func:`trl_ext.ppo.objectives.global_token_normalizer` with one micro-batch step;
+* ``token_mean``: with ``train_micro_batch_size`` set its normaliser is the mini-batch's token count (the same as
+  ``global_token_mean``), not each micro-batch's (TRL's per-micro-batch mean, whose update moves with the
+  micro-batch); documented in ``docs/ppo-memory.md``;
+* the value loss (a token mean per micro-batch): times micro-batch ``j``'s share of the mini-batch's value tokens;
+* the joint ptx loss (one ptx batch per micro-batch): times ``1 / number of micro-batches``.
+
+Not under DeepSpeed (its engine counts the accumulation steps itself): refused there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from ..errors import UserInputError
+from .allocator_margin import allocator_margin, expandable_segments_on
+from .memory_budget import DEVICE_OVERHEAD_BYTES, GIB, ppo_memory_budget
+from .objectives import global_token_normalizer, loss_mask
+from .rollout import UpdateStats
+
+__all__ = ["AUTO", "MicroBatchWeights", "largest_fitting_micro_batch", "micro_batch_value", "micro_batch_weights",
+           "optimize_in_micro_batches", "resolve_train_micro_batch"]
+
+AUTO = "auto"
+KEY = "train_micro_batch_size"
+
+
+class MicroBatchError(UserInputError, argparse.ArgumentTypeError):
+    """A bad ``train_micro_batch_size`` (also argparse's type error, so command lines show this message)."""
+
+
+def micro_batch_value(value) -> int | str | None:
+    """A ``train_micro_batch_size`` as given (None, an int, a numeric string, ``"auto"``) -> None, a positive int or
+    ``"auto"``. Also the field's argparse type."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == AUTO:
+            return AUTO
+        try:
+            value = int(text)
+        except ValueError:
+            raise MicroBatchError(f"{KEY}: must be a positive integer or 'auto', got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise MicroBatchError(f"{KEY}: must be a positive integer or 'auto', got {value!r}")
+    return value
+
+
+def largest_fitting_micro_batch(shape, run, target_bytes: int, *, shared: bool, value_model: bool = True,
+                                reward_model: bool = True, target_name: str = "max_memory_gib",
+                                margin: float = 1.0) -> int:
+    """The largest micro-batch in ``1..run.batch`` (one mini-batch) whose budget of the training phase plus the
+    persistent memory and the device overhead (:func:`ppo_memory_budget` with ``micro_batch`` = it; the allocator's
+    part times ``margin``, :mod:`trl_ext.ppo.allocator_margin`) is ``<= target_bytes``. Raises UserInputError
+    (naming ``target_name``) when even 1 does not fit."""
+
+    def need(micro: int) -> int:
+        budget = ppo_memory_budget(shape, replace(run, micro_batch=micro), shared=shared, value_model=value_model,
+                                   reward_model=reward_model)
+        allocated = budget.peak - max(budget.phases.values()) + budget.phases["training"] - DEVICE_OVERHEAD_BYTES
+        return int(DEVICE_OVERHEAD_BYTES + allocated * margin)
+
+    if need(1) > target_bytes:
+        raise UserInputError(f"{target_name}: {target_bytes / GIB:.2f} GiB is less than the training phase needs even "
+                             f"with {KEY}: 1 ({need(1) / GIB:.2f} GiB predicted); raise it or lower response_length")
+    lo, hi = 1, run.batch  # need() never decreases with the micro-batch: bisect
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if need(mid) <= target_bytes else (lo, mid - 1)
+    return lo
+
+
+def resolve_train_micro_batch(trainer) -> int:
+    """The micro-batch of ``trainer``'s PPO epochs (``train_micro_batch_size``; ``"auto"`` chosen once, printed,
+    kept in ``trainer.train_micro_batch``). Under several processes each takes the smallest of their choices."""
+    if getattr(trainer, "train_micro_batch", None):
+        return trainer.train_micro_batch
+    from .rollout_chunk import memory_target_bytes, run_shape_from_models
+
+    args, accelerator = trainer.args, trainer.accelerator
+    if accelerator.distributed_type.value == "DEEPSPEED":
+        raise UserInputError(f"{KEY}: not supported under DeepSpeed (its engine counts the accumulation steps); "
+                             "use per_device_train_batch_size and gradient_accumulation_steps")
+    micro = args.train_micro_batch_size
+    if micro == AUTO:
+        unwrapped = accelerator.unwrap_model(trainer.model)
+        policy = getattr(unwrapped, "policy", unwrapped)
+        prompt = max(len(ids) for ids in trainer.train_dataset["input_ids"])
+        shape, run = run_shape_from_models(policy, args, prompt)
+        run = replace(run, batch=args.local_mini_batch_size,
+                      rollout_chunk=int(args.local_rollout_forward_batch_size))
+        micro = largest_fitting_micro_batch(
+            shape, run, memory_target_bytes(args.max_memory_gib, accelerator.device),
+            shared=bool(getattr(trainer, "shared_base", False)), value_model=not args.critic_free,
+            reward_model=trainer.reward_model is not None,
+            target_name="max_memory_gib" if args.max_memory_gib is not None else "the device's free memory",
+            margin=allocator_margin(run.rollout_chunk, device_type=accelerator.device.type,
+                                    expandable_segments=expandable_segments_on()))
+        if accelerator.num_processes > 1:
+            micro = int(accelerator.gather(torch.tensor([micro], device=accelerator.device)).min())
+        accelerator.print(f"{KEY}: auto -> {micro} (the largest micro-batch whose training phase fits beside the "
+                          "persistent memory)")
+    trainer.train_micro_batch = min(int(micro), args.local_mini_batch_size)
+    return trainer.train_micro_batch
+
+
+@dataclass
+class MicroBatchWeights:
+    """Per micro-batch of one mini-batch: the weight of the policy terms (policy loss, KL and entropy terms), of the
+    value loss and of the joint ptx loss, and the ``token_normalizer`` under a token-level aggregation."""
+
+    policy: list
+    value: list
+    ptx: float
+    token_normalizer: torch.Tensor | None
+
+
+def micro_batch_weights(rollout, inds, spans, cfg, accelerator=None) -> MicroBatchWeights:
+    """The weights of the module docstring for the mini-batch ``inds`` cut into ``spans`` (``(start, end)``
+    positions in ``inds``); ``cfg``: the objective (its ``loss_aggregation``)."""
+    total = len(inds)
+    value_tokens = (~rollout.padding_mask_p1[inds]).sum(dim=1).float()
+    value_total = value_tokens.sum().clamp(min=1)
+    value = [value_tokens[lo:hi].sum() / value_total for lo, hi in spans]
+    if cfg.loss_aggregation in ("token_mean", "global_token_mean"):
+        mask = loss_mask(rollout.padding_mask[inds], rollout.contain_eos_token[inds], cfg)
+        return MicroBatchWeights([1.0] * len(spans), value, 1 / len(spans),
+                                 global_token_normalizer(mask, 1, accelerator))
+    return MicroBatchWeights([(hi - lo) / total for lo, hi in spans], value, 1 / len(spans), None)
+
+
+def weighted_loss(out, weights: MicroBatchWeights, j: int, args) -> torch.Tensor:
+    """Micro-batch ``j``'s loss with each term at its weight (``out.loss`` = policy terms + ``vf_coef`` * value loss
+    (+ ``ptx_coef`` * ptx loss))."""
+    w = weights.policy[j]
+    loss = out.loss * w + args.vf_coef * out.value.loss * (weights.value[j] - w)
+    if out.ptx_loss is not None:
+        loss = loss + args.ptx_coef * out.ptx_loss * (weights.ptx - w)
+    return loss
+
+
+def optimize_in_micro_batches(trainer, rollout) -> UpdateStats:
+    """The PPO epochs of :meth:`trl_ext.PPOTrainer.optimize` with ``train_micro_batch_size`` set: same permutation,
+    mini-batches and optimizer steps, forward/backward in micro-batches of that size (the last one may be smaller),
+    gradients accumulated over a mini-batch (``no_sync`` under DDP until its last micro-batch)."""
+    args, accelerator, model = trainer.args, trainer.accelerator, trainer.model
+    micro, size = resolve_train_micro_batch(trainer), args.local_mini_batch_size
+    spans = [(lo, min(lo + micro, size)) for lo in range(0, size, micro)]
+    stats = UpdateStats((args.num_ppo_epochs, args.num_mini_batches, len(spans)), accelerator.device)
+    ptx_joint = trainer.ptx_stream is not None and args.ptx_mode == "joint"
+    ptx_separate = trainer.ptx_stream is not None and args.ptx_mode == "separate"
+    objective = trainer.objective
+    if objective.loss_aggregation == "token_mean":  # the mini-batch's token count as normaliser (module docstring)
+        trainer.objective = replace(objective, loss_aggregation="global_token_mean")
+    scale = accelerator.gradient_accumulation_steps  # accelerator.backward divides by it
+    try:
+        for epoch in range(args.num_ppo_epochs):
+            b_inds = np.random.permutation(args.local_batch_size)
+            for mini, start in enumerate(range(0, args.local_batch_size, size)):
+                inds = b_inds[start:start + size]
+                weights = micro_batch_weights(rollout, inds, spans, trainer.objective, accelerator)
+                rollout.token_normalizer = weights.token_normalizer
+                for j, (lo, hi) in enumerate(spans):
+                    last = j == len(spans) - 1
+                    accelerator.gradient_state._set_sync_gradients(last)
+                    with contextlib.nullcontext() if last else accelerator.no_sync(model):
+                        ptx_batch = trainer.next_ptx_batch() if ptx_joint else None
+                        out = trainer.compute_micro_batch_loss(model, rollout, inds[lo:hi], ptx_batch)
+                        loss = weighted_loss(out, weights, j, args)
+                        trainer.step_guard.observe(loss, "loss/total", where=f" (PPO epoch {epoch + 1}, mini-batch "
+                                                   f"{mini + 1}, micro-batch {j + 1})")
+                        accelerator.backward(loss * scale)
+                        if trainer.optimizer_step():
+                            trainer._optimizer_stepped = True
+                        trainer.optimizer.zero_grad()
+                        if ptx_separate and last:
+                            stats.ptx_losses.append(trainer.ptx_step())
+                        stats.record((epoch, mini, j), out)
+                    del out
+    finally:
+        trainer.objective = objective
+        accelerator.gradient_state._set_sync_gradients(True)
+    return stats
