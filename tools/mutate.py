@@ -215,7 +215,8 @@ def run_tests(copy_root: Path, tests: list[str], timeout: float, log: Path, spaw
 
         with open(log, "w") as out:
             proc = subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=copy_root, env=env, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
             try:
                 code = proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -227,6 +228,9 @@ def run_tests(copy_root: Path, tests: list[str], timeout: float, log: Path, spaw
         if pid == 0:  # child: a new session (so the timeout kills its workers too), the copy first on the path
             try:
                 os.setsid()
+                # a run started in the background of a shell ignores SIGINT, and so would the tests' own
+                # subprocesses (the pool's Ctrl-C test): give them Python's usual KeyboardInterrupt back
+                signal.signal(signal.SIGINT, signal.default_int_handler)
                 fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
                 os.dup2(fd, 1)
                 os.dup2(fd, 2)
@@ -343,6 +347,7 @@ def main(argv=None) -> int:
                 print(f"{module} #{m.index} line {m.line} {m.kind}\n{diff(source, apply(source, m), module)}")
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `kill`: still remove the temporary copy
     if not args.spawn:
         _preimport()
     results = []

@@ -134,18 +134,25 @@ def test_scorer_weights_none_and_decoding(tokenizer):
     assert seen["completions"][0] == [{"role": "assistant", "content": "happy dog"}]
 
 
-def worker_reward(completions, completion_ids, trainer_state, **kw):
-    """Module level: the pool's workers are forked and call it by reference. Fails on "sad" completions."""
+def worker_reward(completions, completion_ids, trainer_state, log_extra, log_metric, **kw):
+    """Module level: the pool's workers are forked and call it by reference. Fails on "sad" completions, hangs on
+    "sun" ones, logs a column and a metric."""
     import os
+    import time
 
     if "sad" in completions[0]:
         raise ValueError("sad")
+    if "sun" in completions[0]:
+        time.sleep(30)
+    log_extra("length", [len(completion_ids[0])])
+    log_metric("checker/calls", 1.0)
     return [os.getpid() + 1000 * len(completion_ids[0]) + (0.5 if trainer_state.log_history == [] else 0.25)]
 
 
 def test_scorer_with_one_worker_scores_each_row_in_another_process_and_closes_it(tokenizer):
     """`reward_num_workers: 1` runs the functions in a worker process, one call per completion: rows submitted early
-    (`submit`, while the rest is generated) and the others at `score`; an error is NaN and counted; the trainer
+    (`submit`, while the rest is generated) and the others at `score`; an error or a timeout is NaN and counted;
+    logged columns and metrics come back; the trainer
     state reaches the worker without its log history; close() stops the worker. Reward models are listed apart;
     prompts without a `prompt` column are the decoded queries without padding."""
     import os
@@ -154,31 +161,33 @@ def test_scorer_with_one_worker_scores_each_row_in_another_process_and_closes_it
     pad = tokenizer.pad_token_id
     model = torch.nn.Linear(1, 1)
     scorer = RewardScorer([model, worker_reward], [1.0, 2.0], ["reward_model", "worker_reward"], tokenizer, pad,
-                          num_workers=1, timeout_s=30)
-    texts = ["happy dog", "sad cat", "the sun is up"]
+                          num_workers=1, timeout_s=2)
+    texts = ["happy dog", "sad cat", "the sun is up", "a big cat"]
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     width = max(map(len, ids)) + 1
     responses = torch.tensor([row + [pad] * (width - len(row)) for row in ids])
     hello = tokenizer("hello", add_special_tokens=False)["input_ids"]
     try:
         assert scorer.reward_models == [model] and scorer.pool is not None
-        scorer.begin(torch.tensor([[pad] + hello] * 3), {},
+        scorer.begin(torch.tensor([[pad] + hello] * 4), {},
                      trainer_state=types.SimpleNamespace(log_history=[{"loss": 1.0}]))
-        assert scorer._prompts == ["hello"] * 3
+        assert scorer._prompts == ["hello"] * 4
         scorer.submit(0, responses[:2])
         assert sorted(scorer._pending) == [(0, 0), (1, 0)]
-        scores = scorer.score(responses, {0: torch.tensor([0.1, 0.2, 0.3])})
+        scores = scorer.score(responses, {0: torch.tensor([0.1, 0.2, 0.3, 0.4])})
     finally:
         pool = scorer.pool
         scorer.close()
     assert scorer.pool is None and pool.closed
     scorer.close()  # twice, and without a pool: nothing to do
     values = scores.per_reward[:, 1].tolist()
-    assert math.isnan(values[1]) and scores.errors == [0, 1] and scores.timeouts == [0, 0]
-    for row in (0, 2):
+    assert math.isnan(values[1]) and math.isnan(values[2]) and scores.errors == [0, 1] and scores.timeouts == [0, 1]
+    for row in (0, 3):
         pid = values[row] - 1000 * len(ids[row]) - 0.5
         assert pid == int(pid) and int(pid) != os.getpid()
-    assert scores.score.tolist() == pytest.approx([0.1 + 2 * values[0], 0.2, 0.3 + 2 * values[2]])
+    assert scores.score.tolist() == pytest.approx([0.1 + 2 * values[0], 0.2, 0.3, 0.4 + 2 * values[3]])
+    assert scores.extra_columns == {"length": [len(ids[0]), len(ids[3])]}
+    assert scores.logged_metrics == {"checker/calls": [1.0, 1.0]}
 
 
 def test_completions_drop_special_tokens_and_one_chat_prompt_makes_a_chat_completion(tokenizer):
