@@ -38,6 +38,24 @@ def sleep_then_answer(completions, **kwargs):
     return [1.0]
 
 
+def _cannot_rebuild():
+    raise RuntimeError("this reward cannot be rebuilt in a worker")
+
+
+class DiesInTheWorker:
+    """A reward that pickles but whose copy cannot be rebuilt: a spawned worker dies while starting."""
+
+    def __call__(self, **kwargs):
+        return [0.0]
+
+    def __reduce__(self):
+        return _cannot_rebuild, ()
+
+
+def exits_cleanly(**kwargs):
+    os._exit(0)
+
+
 def raises(completions, **kwargs):
     raise ValueError(f"cannot check {completions[0]!r}")
 
@@ -237,6 +255,23 @@ def test_spawn_start_method_pickles_functions_by_reference():
     with RewardWorkerPool([lengths], num_workers=1, timeout_s=30, start_method="spawn") as pool:
         result = pool.submit(0, {"prompts": ["q"], "completions": ["abc"], "completion_ids": [[1]], "scale": [2]})
         assert (result.result().status, result.result().rewards) == ("ok", [6])
+
+
+def test_workers_that_die_before_their_first_call_break_the_pool_in_one_line():
+    """Workers that die while starting are replaced 3 times at most, then the calls fail with the reason (a worker
+    that ran a call and died is replaced for good: test_worker_that_exits_or_segfaults...)."""
+    with RewardWorkerPool([DiesInTheWorker()], num_workers=1, timeout_s=30, start_method="spawn") as pool:
+        result = pool.submit(0, {}).result()
+    assert result.status == "error" and result.message.startswith(
+        "reward worker processes keep dying before their first call (3 in a row; the last: the worker process "
+        ), result.message  # exited, or killed by the pool first: a race
+
+
+def test_a_worker_exiting_with_code_0_during_a_call_is_an_error():
+    with RewardWorkerPool([exits_cleanly, worker_pid], num_workers=1, timeout_s=30) as pool:
+        result = pool.submit(0, {}).result()
+        assert (result.status, result.message) == ("error", "the worker process exited with code 0 during the call")
+        assert pool.submit(1, {}).result().status == "ok"
 
 
 def test_ctrl_c_in_the_parent_leaves_no_worker_behind(tmp_path):

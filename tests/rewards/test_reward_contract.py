@@ -175,6 +175,10 @@ def test_scorer_with_one_worker_scores_each_row_in_another_process_and_closes_it
         scorer.submit(0, responses[:2])
         assert sorted(scorer._pending) == [(0, 0), (1, 0)]
         scores = scorer.score(responses, {0: torch.tensor([0.1, 0.2, 0.3, 0.4])})
+        # an update of one-token completions, none submitted early: more rows than tokens, all scored
+        one_token = torch.tensor([[ids[0][0]], [ids[3][0]], [ids[0][0]]])
+        scorer.begin(torch.tensor([hello] * 3), {}, trainer_state=types.SimpleNamespace(log_history=[]))
+        assert not math.isnan(scorer.score(one_token, {0: torch.zeros(3)}).per_reward[:, 1].sum().item())
     finally:
         pool = scorer.pool
         scorer.close()
