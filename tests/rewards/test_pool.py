@@ -39,6 +39,8 @@ def sleep_then_answer(completions, **kwargs):
 
 
 def _cannot_rebuild():
+    with open(os.environ["TRL_EXT_TEST_STARTS"], "a") as starts:  # one line per worker that tried
+        starts.write("start\n")
     raise RuntimeError("this reward cannot be rebuilt in a worker")
 
 
@@ -257,14 +259,16 @@ def test_spawn_start_method_pickles_functions_by_reference():
         assert (result.result().status, result.result().rewards) == ("ok", [6])
 
 
-def test_workers_that_die_before_their_first_call_break_the_pool_in_one_line():
-    """Workers that die while starting are replaced 3 times at most, then the calls fail with the reason (a worker
+def test_workers_that_die_before_their_first_call_break_the_pool_in_one_line(tmp_path, monkeypatch):
+    """Workers that die while starting are started 3 times in all, then the calls fail with the reason (a worker
     that ran a call and died is replaced for good: test_worker_that_exits_or_segfaults...)."""
+    monkeypatch.setenv("TRL_EXT_TEST_STARTS", str(tmp_path / "starts"))
     with RewardWorkerPool([DiesInTheWorker()], num_workers=1, timeout_s=30, start_method="spawn") as pool:
         result = pool.submit(0, {}).result()
     assert result.status == "error" and result.message.startswith(
         "reward worker processes keep dying before their first call (3 in a row; the last: the worker process "
         ), result.message  # exited, or killed by the pool first: a race
+    assert (tmp_path / "starts").read_text() == "start\n" * 3
 
 
 def test_a_worker_exiting_with_code_0_during_a_call_is_an_error():

@@ -89,6 +89,8 @@ def test_build_reward_list_and_weights():
         build_reward_list(None, [], None)
     with pytest.raises(Exception, match=r"reward_funcs\[1\]: 3 is neither"):
         build_reward_list(None, [f, 3], None)
+    with pytest.raises(Exception, match=r"^reward_funcs\[0\]: 3 is neither a callable"):  # not a TypeError from list(3)
+        build_reward_list(None, 3, None)
 
 
 def test_collator_carries_columns_in_row_order_and_leaves_input_ids_alone(tokenizer):
