@@ -278,6 +278,20 @@ def test_a_worker_exiting_with_code_0_during_a_call_is_an_error():
         assert pool.submit(1, {}).result().status == "ok"
 
 
+def test_a_dispatcher_failure_resolves_the_running_call_with_its_reason(monkeypatch):
+    """The safety net of a bug in the dispatcher thread (here: reading a reply fails): the call being run comes back
+    as an error naming the failure instead of leaving result() waiting forever."""
+    from trl_ext.rewards import pool as pool_module
+
+    def broken_collect(self, worker):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(pool_module._PoolCore, "collect", broken_collect)
+    with RewardWorkerPool([sleep_then_answer], num_workers=1, timeout_s=30) as pool:
+        result = pool.submit(0, {"completions": ["0.1"]}).result()
+    assert (result.status, result.message) == ("error", "the reward pool's dispatcher failed: RuntimeError: boom")
+
+
 def test_ctrl_c_in_the_parent_leaves_no_worker_behind(tmp_path):
     """Ctrl-C goes to the foreground process group, which the workers are not in (each leads its own, and ignores
     SIGINT): the parent's KeyboardInterrupt ends the program and the pool's exit hook kills the workers (the one
