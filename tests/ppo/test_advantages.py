@@ -66,6 +66,12 @@ def test_reinforce_pp_puts_a_one_token_completions_score_on_that_token():
     assert adv[1].tolist() == pytest.approx([w[3], 0.0, 0.0], abs=1e-5)
 
 
+def test_reinforce_pp_with_equal_returns_everywhere_is_zero_not_nan():
+    """Every completion scores 1 and no KL: every return is 1, the variance 0, and the 1e-8 keeps the advantages 0."""
+    adv = reinforce_pp_advantages(torch.ones(2), torch.zeros(2, 2), 0.0, torch.ones(2, 2, dtype=torch.bool))
+    assert adv.tolist() == [[0.0, 0.0], [0.0, 0.0]]
+
+
 def test_group_estimators_refuse_ragged_groups():
     with pytest.raises(ValueError, match="groups of 3"):
         rloo_advantages(REWARDS, 3)

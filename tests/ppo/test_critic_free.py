@@ -177,6 +177,11 @@ def test_group_metrics_count_groups_with_equal_scores():
     assert metrics["objective/group_scores_std"] == pytest.approx((0 + 2**-0.5) / 2)
     assert metrics["objective/advantages_abs"] == pytest.approx(3 / 7)
     assert not [key for key in metrics if key.startswith("val/")] and metrics["objective/num_eos_tokens"] == 3
+    single = {"loss/value_avg": 1.0, "val/clipfrac_avg": 0.0, "val/ratio": 1.0, "val/ratio_var": 0.0,
+              "val/num_eos_tokens": 3}  # one sample per prompt (reinforce_pp): no groups, no group metrics
+    critic_free_metrics(single, rollout, stats, SimpleNamespace(num_samples_per_prompt=1),
+                        SimpleNamespace(gather_for_metrics=lambda t: t))
+    assert not [key for key in single if "group" in key]
 
 
 def test_kl_in_loss_follows_the_adaptive_controller(tiny_models, tok, data, tmp_path):

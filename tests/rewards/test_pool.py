@@ -38,6 +38,26 @@ def sleep_then_answer(completions, **kwargs):
     return [1.0]
 
 
+def _cannot_rebuild():
+    with open(os.environ["TRL_EXT_TEST_STARTS"], "a") as starts:  # one line per worker that tried
+        starts.write("start\n")
+    raise RuntimeError("this reward cannot be rebuilt in a worker")
+
+
+class DiesInTheWorker:
+    """A reward that pickles but whose copy cannot be rebuilt: a spawned worker dies while starting."""
+
+    def __call__(self, **kwargs):
+        return [0.0]
+
+    def __reduce__(self):
+        return _cannot_rebuild, ()
+
+
+def exits_cleanly(**kwargs):
+    os._exit(0)
+
+
 def raises(completions, **kwargs):
     raise ValueError(f"cannot check {completions[0]!r}")
 
@@ -237,6 +257,39 @@ def test_spawn_start_method_pickles_functions_by_reference():
     with RewardWorkerPool([lengths], num_workers=1, timeout_s=30, start_method="spawn") as pool:
         result = pool.submit(0, {"prompts": ["q"], "completions": ["abc"], "completion_ids": [[1]], "scale": [2]})
         assert (result.result().status, result.result().rewards) == ("ok", [6])
+
+
+def test_workers_that_die_before_their_first_call_break_the_pool_in_one_line(tmp_path, monkeypatch):
+    """Workers that die while starting are started 3 times in all, then the calls fail with the reason (a worker
+    that ran a call and died is replaced for good: test_worker_that_exits_or_segfaults...)."""
+    monkeypatch.setenv("TRL_EXT_TEST_STARTS", str(tmp_path / "starts"))
+    with RewardWorkerPool([DiesInTheWorker()], num_workers=1, timeout_s=30, start_method="spawn") as pool:
+        result = pool.submit(0, {}).result()
+    assert result.status == "error" and result.message.startswith(
+        "reward worker processes keep dying before their first call (3 in a row; the last: the worker process "
+        ), result.message  # exited, or killed by the pool first: a race
+    assert (tmp_path / "starts").read_text() == "start\n" * 3
+
+
+def test_a_worker_exiting_with_code_0_during_a_call_is_an_error():
+    with RewardWorkerPool([exits_cleanly, worker_pid], num_workers=1, timeout_s=30) as pool:
+        result = pool.submit(0, {}).result()
+        assert (result.status, result.message) == ("error", "the worker process exited with code 0 during the call")
+        assert pool.submit(1, {}).result().status == "ok"
+
+
+def test_a_dispatcher_failure_resolves_the_running_call_with_its_reason(monkeypatch):
+    """The safety net of a bug in the dispatcher thread (here: reading a reply fails): the call being run comes back
+    as an error naming the failure instead of leaving result() waiting forever."""
+    from trl_ext.rewards import pool as pool_module
+
+    def broken_collect(self, worker):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(pool_module._PoolCore, "collect", broken_collect)
+    with RewardWorkerPool([sleep_then_answer], num_workers=1, timeout_s=30) as pool:
+        result = pool.submit(0, {"completions": ["0.1"]}).result()
+    assert (result.status, result.message) == ("error", "the reward pool's dispatcher failed: RuntimeError: boom")
 
 
 def test_ctrl_c_in_the_parent_leaves_no_worker_behind(tmp_path):

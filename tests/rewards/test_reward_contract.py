@@ -89,6 +89,8 @@ def test_build_reward_list_and_weights():
         build_reward_list(None, [], None)
     with pytest.raises(Exception, match=r"reward_funcs\[1\]: 3 is neither"):
         build_reward_list(None, [f, 3], None)
+    with pytest.raises(Exception, match=r"^reward_funcs\[0\]: 3 is neither a callable"):  # not a TypeError from list(3)
+        build_reward_list(None, 3, None)
 
 
 def test_collator_carries_columns_in_row_order_and_leaves_input_ids_alone(tokenizer):
@@ -175,6 +177,10 @@ def test_scorer_with_one_worker_scores_each_row_in_another_process_and_closes_it
         scorer.submit(0, responses[:2])
         assert sorted(scorer._pending) == [(0, 0), (1, 0)]
         scores = scorer.score(responses, {0: torch.tensor([0.1, 0.2, 0.3, 0.4])})
+        # an update of one-token completions, none submitted early: more rows than tokens, all scored
+        one_token = torch.tensor([[ids[0][0]], [ids[3][0]], [ids[0][0]]])
+        scorer.begin(torch.tensor([hello] * 3), {}, trainer_state=types.SimpleNamespace(log_history=[]))
+        assert not math.isnan(scorer.score(one_token, {0: torch.zeros(3)}).per_reward[:, 1].sum().item())
     finally:
         pool = scorer.pool
         scorer.close()

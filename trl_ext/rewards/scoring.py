@@ -47,7 +47,7 @@ def build_reward_list(reward_model, reward_funcs, reward_weights) -> tuple[list,
     """
     if reward_funcs is None:
         funcs = []
-    elif callable(reward_funcs) and not isinstance(reward_funcs, (list, tuple)):
+    elif not isinstance(reward_funcs, (list, tuple)):  # one function (or model); anything else is refused below
         funcs = [reward_funcs]
     else:
         funcs = list(reward_funcs)
