@@ -35,13 +35,13 @@ def make(tiny_models, tok, data, out, trainer_cls=None, value_model=None, **over
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (dict(advantage_estimator="ppo"), "advantage_estimator: unknown value 'ppo'; use one of gae, rloo"),
+    (dict(advantage_estimator="ppo"), "advantage_estimator: invalid choice 'ppo' \\(valid: one of gae, rloo"),
     (dict(advantage_estimator="grpo"), "num_samples_per_prompt: advantage_estimator 'grpo' compares the samples"),
     (dict(advantage_estimator="rloo", num_samples_per_prompt=3), "num_samples_per_prompt: 3 does not divide the "
      "episodes per update and process, per_device_train_batch_size \\* gradient_accumulation_steps = 4"),
-    (dict(num_samples_per_prompt=0), "num_samples_per_prompt: must be a positive integer, got 0"),
+    (dict(num_samples_per_prompt=0), "num_samples_per_prompt: 0 is out of range \\(valid: an integer >= 1\\)"),
     (dict(kl_in="loss"), "kl_in: 'loss' needs a critic-free advantage_estimator"),
-    (dict(advantage_estimator="reinforce_pp", kl_in="value"), "kl_in: unknown value 'value'"),
+    (dict(advantage_estimator="reinforce_pp", kl_in="value"), "kl_in: invalid choice 'value'"),
     (dict(advantage_estimator="reinforce_pp", whiten_rewards=True, per_device_train_batch_size=8),
      "whiten_rewards: applies to advantage_estimator 'gae' only"),
 ])

@@ -214,19 +214,19 @@ def test_groups_of_equal_scores_are_the_uninformative_ones():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (dict(loss_aggregation="sum"), "loss_aggregation: unknown value 'sum'; use one of token_mean, global_token_mean"),
-    (dict(kl_estimator="k4"), "kl_estimator: unknown value 'k4'; use one of k1, k2, k3, low_var_kl"),
-    (dict(ratio_level="group"), "ratio_level: unknown value 'group'"),
-    (dict(policy_loss="sapo"), "policy_loss: unknown value 'sapo'"),
-    (dict(cliprange_low=1.5), "cliprange_low: must be in \\[0, 1\\]"),
-    (dict(cliprange_high=-0.1), "cliprange_high: must not be negative"),
-    (dict(dual_clip=1.0), "dual_clip: must be greater than 1"),
+    (dict(loss_aggregation="sum"), "loss_aggregation: invalid choice 'sum' \\(valid: one of token_mean, global_token_mean"),
+    (dict(kl_estimator="k4"), "kl_estimator: invalid choice 'k4' \\(valid: one of k1, k2, k3, low_var_kl\\)"),
+    (dict(ratio_level="group"), "ratio_level: invalid choice 'group'"),
+    (dict(policy_loss="sapo"), "policy_loss: invalid choice 'sapo'"),
+    (dict(cliprange_low=1.5), "cliprange_low: 1.5 is out of range \\(valid: a number in \\[0, 1\\]\\)"),
+    (dict(cliprange_high=-0.1), "cliprange_high: -0.1 is out of range \\(valid: a number >= 0\\)"),
+    (dict(dual_clip=1.0), "dual_clip: 1.0 is out of range \\(valid: a number > 1\\)"),
     (dict(dual_clip=3.0, policy_loss="cispo"), "dual_clip: bounds the clipped surrogate; policy_loss 'cispo'"),
     (dict(delta=1.25, cliprange_high=0.28), "delta: must exceed 1 \\+ cliprange_high = 1.28"),
-    (dict(entropy_coef=-0.01), "entropy_coef: must not be negative"),
+    (dict(entropy_coef=-0.01), "entropy_coef: -0.01 is out of range \\(valid: a number >= 0\\)"),
     (dict(use_bias_correction_kl=True), "use_bias_correction_kl: corrects the KL term of the loss; kl_in is 'reward'"),
     (dict(mask_truncated_completions=True, stop_token=None), "mask_truncated_completions: needs a stop token"),
-    (dict(max_sampling_rounds=0), "max_sampling_rounds: must be a positive integer"),
+    (dict(max_sampling_rounds=0), "max_sampling_rounds: 0 is out of range \\(valid: an integer >= 1\\)"),
     (dict(dynamic_sampling=True), "dynamic_sampling: drops groups of equal scores, which needs a group "
      "advantage_estimator \\(rloo, grpo, reinforce_pp_baseline\\), not 'gae'"),
     (dict(dynamic_sampling=True, advantage_estimator="reinforce_pp"), "dynamic_sampling: .* not 'reinforce_pp'"),

@@ -73,7 +73,7 @@ def test_config_checks(tmp_path):
     kwargs = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none")
     with pytest.raises(UserInputError, match="'auto' on CPU .* needs max_memory_gib"):
         trl_ext.PPOConfig(local_rollout_forward_batch_size="auto", **kwargs)
-    with pytest.raises(UserInputError, match="max_memory_gib: must be positive"):
+    with pytest.raises(UserInputError, match=r"max_memory_gib: 0 is out of range \(valid: a number > 0\)"):
         trl_ext.PPOConfig(local_rollout_forward_batch_size="auto", max_memory_gib=0, **kwargs)
     args = trl_ext.PPOConfig(local_rollout_forward_batch_size="auto", max_memory_gib=1.5, **kwargs)
     assert (args.local_rollout_forward_batch_size, args.max_memory_gib) == ("auto", 1.5)

@@ -75,7 +75,8 @@ def test_config_refusals_in_one_line(tmp_path, monkeypatch):
     assert trl_ext.PPOConfig(**kwargs).rollout_engine == "generate"
     with pytest.raises(UserInputError) as err:
         trl_ext.PPOConfig(rollout_engine="vllm", **kwargs)
-    assert str(err.value) == "rollout_engine: unknown value 'vllm'; use one of generate, continuous_batching, auto"
+    assert str(err.value) == ("rollout_engine: invalid choice 'vllm' (valid: one of generate, continuous_batching, "
+                              "auto)")
     from trl_ext.recipes.loader import resolve_recipe
 
     out = ["--output_dir", str(tmp_path / "out"), "--use_cpu", "true", "--reward_model_path", "tiny://reward"]

@@ -489,7 +489,7 @@ def test_critic_free_recipe_has_no_value_model_and_refuses_value_keys(tmp_path):
     assert error_of(write_recipe(tmp_path, **keys), ["--value_load_in_4bit", "true"]).startswith(
         "recipe: key 'value_load_in_4bit' configures the value model")
     message = error_of(write_recipe(tmp_path, **ppo_keys(tmp_path, advantage_estimator="rloo")))
-    assert message.startswith("num_samples_per_prompt: advantage_estimator 'rloo' compares the samples")
+    assert message.startswith("recipe: key 'num_samples_per_prompt': advantage_estimator 'rloo' compares the samples")
 
 
 def test_critic_free_shared_base_recipe_builds_no_value_adapter(shared, tiny_models):

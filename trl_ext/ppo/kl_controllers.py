@@ -16,9 +16,10 @@ Write your own by subclassing :class:`KLController` (or any object with a ``valu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args
 
-KL_CONTROLLERS = ("fixed", "adaptive", "doubling")
+KLControllerName = Literal["fixed", "adaptive", "doubling"]
+KL_CONTROLLERS = get_args(KLControllerName)
 
 
 class KLController:

@@ -14,16 +14,20 @@ order: bit for bit). TRL's `GRPOTrainer._compute_loss` gives the same losses and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import torch
 
 from .losses import PolicyLoss
 
-KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
-LOSS_AGGREGATIONS = ("token_mean", "global_token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
-RATIO_LEVELS = ("token", "sequence")
-POLICY_LOSSES = ("clipped", "cispo")
+KLEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
+LossAggregation = Literal["token_mean", "global_token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+RatioLevel = Literal["token", "sequence"]
+PolicyLossName = Literal["clipped", "cispo"]
+KL_ESTIMATORS = get_args(KLEstimator)
+LOSS_AGGREGATIONS = get_args(LossAggregation)
+RATIO_LEVELS = get_args(RatioLevel)
+POLICY_LOSSES = get_args(PolicyLossName)
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ class NoRewardModel(nn.Module):
         self.placeholder = nn.Parameter(torch.zeros(1), requires_grad=False)
 
 
-def prepare_reward_funcs(args, processing_class, reward_model, reward_funcs, data_collator):
+def prepare_reward_funcs(args, processing_class, reward_model, reward_funcs, data_collator, columns=None):
     """Before the parent's ``__init__``: ``(reward_model for the parent, data_collator, rewards)``, ``rewards`` being
     ``(rewards, weights, names)`` (:func:`~trl_ext.rewards.scoring.build_reward_list`), or None without
     ``reward_funcs``.
@@ -62,7 +62,8 @@ def prepare_reward_funcs(args, processing_class, reward_model, reward_funcs, dat
     unset or a single weight of 1).
 
     Raises:
-        UserInputError: no reward at all, a bad ``reward_funcs`` entry, ``reward_weights`` of the wrong length.
+        UserInputError: no reward at all, a bad ``reward_funcs`` entry, ``reward_weights`` of the wrong length, a
+            function whose signature does not fit the train dataset's ``columns`` (None: not known).
     """
     if reward_funcs is None:
         if reward_model is None:
@@ -76,6 +77,11 @@ def prepare_reward_funcs(args, processing_class, reward_model, reward_funcs, dat
             warnings.warn("reward_num_workers is ignored: the run has no reward_funcs", stacklevel=3)
         return reward_model, data_collator, None
     rewards = build_reward_list(reward_model, reward_funcs, args.reward_weights)  # (rewards, weights, names)
+    from ..rewards.resolve import check_reward_func
+
+    for func, name in zip(*rewards[::2]):  # each function's signature against the train dataset's columns
+        if not isinstance(func, nn.Module):
+            check_reward_func(func, f"reward_funcs: {name}", columns)
     data_collator = ColumnsCollator(data_collator or DataCollatorWithPadding(processing_class))
     return (reward_model if reward_model is not None else NoRewardModel()), data_collator, rewards
 

@@ -44,7 +44,8 @@ What this module adds to transformers' engine, and why:
   log-probs are recomputed with one teacher-forced forward of the policy per chunk (:func:`teacher_forced_logprobs`).
   :func:`engine_logprobs_usable` decides.
 
-Refused (one line, :class:`~trl_ext.errors.UserInputError`): DeepSpeed ZeRO-3 (parameters are sharded and gathered
+Refused (one line, :class:`~trl_ext.errors.UserInputError`; the settings at ``PPOConfig`` construction, by
+:func:`trl_ext.ppo.config_rules.check_launch`): DeepSpeed ZeRO-3 (parameters are sharded and gathered
 by hooks on the calling thread; the engine runs the model in its own thread), transformers without continuous
 batching, generation configs whose processors the engine would drop (beam search and the like), models the engine
 cannot page (no ``sdpa``/``eager``/flash attention).
@@ -55,13 +56,13 @@ from __future__ import annotations
 import atexit
 import math
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 from transformers import GenerationConfig
 from trl.trainer.utils import selective_log_softmax
 
 from ..errors import UserInputError
-from ..runtime.engines import launched_zero3
 from .rollout_logprobs import _effective_config, sequence_logits
 
 __all__ = [
@@ -72,7 +73,6 @@ __all__ = [
     "EngineCachePlan",
     "EngineChoice",
     "build_rollout_engine",
-    "check_rollout_engine",
     "choose_rollout_engine",
     "engine_cache_plan",
     "engine_logprobs_usable",
@@ -81,7 +81,8 @@ __all__ = [
 ]
 
 GENERATE, CONTINUOUS_BATCHING, AUTO = "generate", "continuous_batching", "auto"
-ROLLOUT_ENGINES = (GENERATE, CONTINUOUS_BATCHING, AUTO)
+RolloutEngineName = Literal["generate", "continuous_batching", "auto"]
+ROLLOUT_ENGINES = get_args(RolloutEngineName)
 
 AUTO_MIN_RESPONSE_LENGTH = 64
 """``auto`` takes continuous batching from this ``response_length`` on (with a stop token). Measured on CPU
@@ -148,23 +149,6 @@ def has_continuous_batching() -> bool:
     except ImportError:
         return False
     return hasattr(ContinuousMixin, "init_continuous_batching")
-
-
-def check_rollout_engine(args) -> None:
-    """``PPOConfig.__post_init__``: a known value, and no combination the engine cannot run (one line each)."""
-    value = args.rollout_engine
-    if value not in ROLLOUT_ENGINES:
-        raise UserInputError(f"rollout_engine: unknown value {value!r}; use one of {', '.join(ROLLOUT_ENGINES)}")
-    if value != CONTINUOUS_BATCHING:
-        return
-    if not has_continuous_batching():
-        raise UserInputError(f"rollout_engine: 'continuous_batching' needs transformers >= {MIN_TRANSFORMERS} (its "
-                             "continuous-batching engine as trl-ext drives it); upgrade transformers or use 'generate'")
-    if launched_zero3():
-        raise UserInputError(
-            "rollout_engine: 'continuous_batching' is not supported under DeepSpeed ZeRO-3 (the engine runs the model "
-            "in its own thread, outside ZeRO-3's parameter gathering); use 'generate' or ZeRO-2"
-        )
 
 
 def build_rollout_engine(trainer) -> ContinuousBatchingRollout | None:

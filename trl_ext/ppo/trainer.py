@@ -40,12 +40,14 @@ from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
+from torch import nn
 from transformers import GenerationConfig
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import selective_log_softmax
 
 from ..errors import UserInputError
 from ..models.dtypes import float32_trainable_parameters
+from ..models.lora import check_lora_targets
 from ..models.scalar_heads import scalar_model_outputs
 from ..models.shared_base import (
     adapter_switch,
@@ -164,8 +166,11 @@ class PPOTrainer(PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
         ):
             raise UserInputError("kl_controller: needs a `value` attribute and an `update(kl, n_steps)` method")
         value_model = check_value_model(args, value_model)  # critic-free: a stand-in without parameters
-        reward_model, data_collator, reward_list = prepare_reward_funcs(args, processing_class, reward_model,
-                                                                        reward_funcs, data_collator)
+        reward_model, data_collator, reward_list = prepare_reward_funcs(
+            args, processing_class, reward_model, reward_funcs, data_collator,
+            getattr(train_dataset, "column_names", None))  # each function's signature against the columns
+        if peft_config is not None and isinstance(model, nn.Module):  # as the loaders and `trl-ext check` do
+            check_lora_targets(model, peft_config)
         self.shared_base = check_shared_base_roles(model, reward_model, value_model, peft_config, args)
         if args.fp16:  # the loss scaler needs float32 gradients (trl_ext.models.dtypes)
             float32_trainable_parameters(model, value_model)

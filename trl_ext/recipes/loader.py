@@ -282,7 +282,10 @@ class _RecipeArgumentParser:
                 message = re.sub(r"argument --(\w+)(/--[\w-]+)*", r"key '\1'", message)
                 raise UserInputError(f"recipe: {message}")
 
-        return Parser(dataclass_types, allow_abbrev=False)
+        parser = Parser(dataclass_types, allow_abbrev=False)
+        for action in parser._actions:  # choices are checked by trl_ext.config_rules, with the configs' messages
+            action.choices = None
+        return parser
 
 
 @functools.lru_cache(maxsize=None)
@@ -518,17 +521,19 @@ def _argv_of(ctx: _Resolution, keys) -> list[str]:
 
 
 def _parse(ctx: _Resolution) -> None:
-    """Type and choice checks as TRL's CLI would parse them, with one-line errors; then nullability and ranges
-    (trl_ext.recipes.validation), before the libraries' own checks in the dataclasses' __post_init__ (an error
+    """Type checks as TRL's CLI would parse them, with one-line errors; then nullability, choices and ranges
+    (trl_ext.config_rules: by the trainer's config itself, by trl_ext.recipes.validation for the other keys), before the libraries' own checks in the dataclasses' __post_init__ (an error
     there names the recipe key at fault). `check` on a machine without a GPU validates a GPU precision as fp32."""
     ctx.specs = validation.key_specs(ctx.types)
     ctx.argv = _argv_of(ctx, ctx.merged)
-    validation.check_namespace(ctx.parser.parse_known_args(ctx.argv)[0], ctx.merged, ctx.specs)
+    # the trainer's config (ctx.types[2]) checks its own fields when built; the other dataclasses' keys here
+    not_self_checked = validation.key_specs([t for i, t in enumerate(ctx.types) if i != 2])
+    validation.check_namespace(ctx.parser.parse_known_args(ctx.argv)[0], ctx.merged, not_self_checked)
     try:
         ctx.parsed = tuple(ctx.parser.parse_args_into_dataclasses(args=ctx.argv, look_for_args_file=False))
         return
-    except UserInputError:
-        raise
+    except UserInputError as err:
+        raise UserInputError(validation.recipe_message(str(err), ctx.actions)) from None
     except ValueError as err:
         msg = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
     precision = any(k in msg for k in ("bf16", "fp16", "gpu", "GPU"))
@@ -544,8 +549,8 @@ def _parse(ctx: _Resolution) -> None:
     ctx.argv += ["--bf16", "false", "--fp16", "false"]
     try:
         ctx.parsed = tuple(ctx.parser.parse_args_into_dataclasses(args=ctx.argv, look_for_args_file=False))
-    except UserInputError:
-        raise
+    except UserInputError as err2:
+        raise UserInputError(validation.recipe_message(str(err2), ctx.actions)) from None
     except ValueError as err2:
         raise _library_error(ctx, str(err2).strip().splitlines()[0]) from None
 
@@ -604,7 +609,6 @@ def _resolve_ppo_models(ctx: _Resolution) -> None:
         value_path = default_value_model_path(pipeline, training_args, model_args)
         ctx.value_args = _model_config_from_prefix(ctx.parsed[5], "value", model_args, value_path)
     _check_ptx(training_args, pipeline)
-    validation.check_ppo_batches(training_args)
     if pipeline.shared_base:
         _check_shared_base(ctx.merged, ctx.parsed, model_args, training_args, pipeline)
     else:
@@ -620,7 +624,6 @@ def _check_model_and_output(ctx: _Resolution) -> None:
         model_args.lora_task_type = "SEQ_CLS"  # the reward model is a sequence classifier
     validation.check_lora(model_args)
     validation.check_model_limits(ctx.trainer, training_args, _local_model_config(model_args.model_name_or_path))
-    validation.check_nothing_to_do(ctx.trainer, training_args)
     out = Path(training_args.output_dir)
     if out.is_dir() and any(out.iterdir()) and not pipeline.overwrite_output_dir and not ctx.resuming:
         raise UserInputError(
