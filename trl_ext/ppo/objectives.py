@@ -6,8 +6,8 @@ step calls :func:`rollout_objective` (:func:`objective_terms` on a micro-batch o
 :func:`mini_batch_token_normalizer` per mini-batch, ``compute_rewards`` calls :func:`kl_penalty` and
 ``update_metrics`` :func:`objective_metrics`. Dynamic sampling: :mod:`trl_ext.ppo.dynamic_sampling`. Per-token tensors
 are ``(batch, T)`` and ``mask`` is True on the tokens that count. With every key at its default the arithmetic is
-that of :func:`trl_ext.ppo.losses.policy_loss` and :func:`~trl_ext.ppo.losses.kl_loss_k3` (same operations, same
-order: bit for bit). TRL's `GRPOTrainer._compute_loss` gives the same losses and gradients for the shared cases
+that of trl-ext 0.1's PPO clipped surrogate and GRPO's k3 KL loss (same operations, same order: bit for bit; the
+references are kept in tests/ppo/loss_references.py). TRL's `GRPOTrainer._compute_loss` gives the same losses and gradients for the shared cases
 (tests/ppo/test_objectives_trl_parity.py; name map in docs/ppo.md).
 """
 
@@ -98,7 +98,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
 
 def kl_loss_per_token(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
     """:func:`kl_penalty` for the loss; k3 in the operation order of GRPO's loss (TRL's ``GRPOTrainer``, and
-    :func:`trl_ext.ppo.losses.kl_loss_k3`): ``exp(log r) - log r - 1``."""
+    trl-ext 0.1's ``kl_loss_k3``): ``exp(log r) - log r - 1``."""
     if estimator == "k3":
         log_ratio = ref_logprobs - logprobs
         return torch.exp(log_ratio) - log_ratio - 1
