@@ -110,7 +110,7 @@ def test_groups_and_advantages_in_the_trainer(tiny_models, tok, data, tmp_path, 
         assert torch.equal(rollout.queries[0::2], rollout.queries[1::2])  # groups: consecutive rows
         assert not torch.equal(rollout.queries[0], rollout.queries[2])
         mask = ~rollout.padding_mask
-        kl_coef = rollout.kl_coef if trainer.args.kl_in == "reward" else 0.0
+        kl_coef = trainer.args.kl_coef if trainer.args.kl_in == "reward" else 0.0  # the fixed controller's
         if estimator.startswith("reinforce_pp"):
             group_size = 2 if estimator == "reinforce_pp_baseline" else None
             expected = reinforce_pp_advantages(rollout.scores, rollout.kl, kl_coef, mask, group_size=group_size)
@@ -145,8 +145,7 @@ def test_group_metrics_count_groups_with_equal_scores():
                               advantages=torch.tensor([[0.0, 0.0], [0.0, 0.0], [-1.0, -1.0], [1.0, 0.0]]),
                               padding_mask=torch.tensor([[False, False]] * 3 + [[False, True]]))
     stats = SimpleNamespace(kl_losses=[])
-    args = SimpleNamespace(num_samples_per_prompt=2)
-    critic_free_metrics(metrics, rollout, stats, args, SimpleNamespace(gather_for_metrics=lambda t: t))
+    critic_free_metrics(metrics, rollout, stats, 2, lambda t: t)
     assert metrics["objective/frac_groups_equal_scores"] == 0.5
     assert metrics["objective/group_scores_std"] == pytest.approx((0 + 2**-0.5) / 2)
     assert metrics["objective/advantages_abs"] == pytest.approx(3 / 7)

@@ -7,8 +7,8 @@ step calls :func:`rollout_objective` (:func:`objective_terms` on a micro-batch o
 ``update_metrics`` :func:`objective_metrics`. Dynamic sampling: :mod:`trl_ext.ppo.dynamic_sampling`. Per-token tensors
 are ``(batch, T)`` and ``mask`` is True on the tokens that count. With every key at its default the arithmetic is
 that of trl-ext 0.1's PPO clipped surrogate and GRPO's k3 KL loss (same operations, same order: bit for bit; the
-references are kept in tests/ppo/loss_references.py). TRL's `GRPOTrainer._compute_loss` gives the same losses and gradients for the shared cases
-(tests/ppo/test_objectives_trl_parity.py; name map in docs/ppo.md).
+references are kept in tests/ppo/loss_references.py). TRL's `GRPOTrainer._compute_loss` gives the same losses and
+gradients for the shared cases (tests/ppo/test_objectives_trl_parity.py; name map in docs/ppo.md).
 """
 
 from __future__ import annotations
@@ -295,13 +295,14 @@ def objective_terms(cfg: ObjectiveConfig, new_logprobs, old_logprobs, advantages
     return ObjectiveTerms(policy, penalty, kl_loss, entropy, entropy_loss)
 
 
-def rollout_objective(cfg: ObjectiveConfig, rollout, inds, new_logprobs, logits) -> ObjectiveTerms:
+def rollout_objective(cfg: ObjectiveConfig, rollout, inds, new_logprobs, logits, kl_coef: float,
+                      token_normalizer: torch.Tensor | None = None) -> ObjectiveTerms:
     """:func:`objective_terms` of the micro-batch ``inds`` of a :class:`~trl_ext.ppo.rollout.Rollout` (old and
-    reference log-probs, advantages, :func:`loss_mask`, this update's ``kl_coef``, the current mini-batch's
-    ``token_normalizer``) under the current policy's ``new_logprobs`` and ``logits`` (the trainer's loss step)."""
+    reference log-probs, advantages, :func:`loss_mask`) under the current policy's ``new_logprobs`` and ``logits``,
+    with this update's ``kl_coef`` and the current mini-batch's ``token_normalizer`` (the trainer's loss step)."""
     mask = loss_mask(rollout.padding_mask[inds], rollout.contain_eos_token[inds], cfg)
     return objective_terms(cfg, new_logprobs, rollout.logprobs[inds], rollout.advantages[inds], mask,
-                           rollout.ref_logprobs[inds], rollout.kl_coef, logits, rollout.token_normalizer)
+                           rollout.ref_logprobs[inds], kl_coef, logits, token_normalizer)
 
 
 def mini_batch_token_normalizer(cfg: ObjectiveConfig, rollout, inds, gradient_accumulation_steps: int,

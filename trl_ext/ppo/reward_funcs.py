@@ -1,14 +1,12 @@
 """What :class:`trl_ext.PPOTrainer`'s steps call for ``reward_funcs`` (TRL GRPO's reward functions, reward models
-mixed in): the trainer calls one function per step; the contract, the scorer and the metrics are
+mixed in): one object the trainer's steps call; the contract, the scorer and the metrics are
 :mod:`trl_ext.rewards`.
 
 * :func:`prepare_reward_funcs` (before the parent's ``__init__``): the run's rewards and weights, a collator that
   keeps the dataset's columns, and a stand-in reward model for the parent when there is none;
-* :func:`attach_reward_scorer` (after it): models in ``reward_funcs`` to the device, frozen; the
-  :class:`~trl_ext.rewards.scoring.RewardScorer` (and its worker pool);
-* :func:`begin_reward_scoring` (before generation), :func:`submit_rollout_chunk` (each generated chunk),
-  :func:`finish_reward_scoring` (after the scoring pass): the rollout's scores;
-* :func:`zero_unscorable_advantages`, :func:`reward_func_metrics`: after the estimator, in the metrics.
+* :func:`attach_reward_scorer` (after it): models in ``reward_funcs`` to the device, frozen, and the feature's one
+  object, :class:`RewardFunctionScoring` (the :class:`~trl_ext.rewards.scoring.RewardScorer` and its worker pool),
+  which the trainer's named steps call (see the class).
 
 Without ``reward_funcs`` none of this runs: the trainer scores with its reward model exactly as before.
 """
@@ -27,17 +25,7 @@ from ..rewards.columns import ColumnsCollator, batch_columns
 from ..rewards.metrics import reward_metrics
 from ..rewards.scoring import RewardScorer, build_reward_list
 
-__all__ = [
-    "NoRewardModel",
-    "attach_reward_scorer",
-    "begin_reward_scoring",
-    "finish_reward_scoring",
-    "model_reward_scores",
-    "prepare_reward_funcs",
-    "reward_func_metrics",
-    "submit_rollout_chunk",
-    "zero_unscorable_advantages",
-]
+__all__ = ["NoRewardModel", "RewardFunctionScoring", "attach_reward_scorer", "prepare_reward_funcs"]
 
 
 class NoRewardModel(nn.Module):
@@ -86,13 +74,13 @@ def prepare_reward_funcs(args, processing_class, reward_model, reward_funcs, dat
     return (reward_model if reward_model is not None else NoRewardModel()), data_collator, rewards
 
 
-def attach_reward_scorer(trainer, reward_list) -> None:
-    """After the parent's ``__init__``: ``trainer.reward_scorer`` (None without ``reward_funcs``)."""
+def attach_reward_scorer(trainer, reward_list) -> "RewardFunctionScoring | None":
+    """After the parent's ``__init__``: the trainer's :class:`RewardFunctionScoring` (None without
+    ``reward_funcs``); puts ``trainer.reward_model`` back to None when the run has reward functions only."""
     if isinstance(getattr(trainer.reward_model, "module", trainer.reward_model), NoRewardModel):  # also DeepSpeed's
         trainer.reward_model = None
-    trainer.reward_scorer = None
     if reward_list is None:
-        return
+        return None
     rewards, weights, names = reward_list
     if trainer.reward_model is not None:
         rewards = [trainer.reward_model, *rewards[1:]]  # the parent moved it to the device (or DeepSpeed)
@@ -103,58 +91,71 @@ def attach_reward_scorer(trainer, reward_list) -> None:
             if not hasattr(reward, "adapter_name"):  # a SharedBaseScalarModel lives on the policy already
                 rewards[i] = reward.to(trainer.accelerator.device)
     args = trainer.args
-    trainer.reward_scorer = RewardScorer(rewards, weights, names, trainer.processing_class,
-                                         trainer.processing_class.pad_token_id, num_workers=args.reward_num_workers,
-                                         timeout_s=args.reward_timeout_s)
+    scorer = RewardScorer(rewards, weights, names, trainer.processing_class, trainer.processing_class.pad_token_id,
+                          num_workers=args.reward_num_workers, timeout_s=args.reward_timeout_s)
     if trainer.reward_model is None and args.num_sample_generations > 0:
         warnings.warn(
             "num_sample_generations: TRL's sample generations are scored by a reward model and this run has none; "
             "they are skipped (set log_completions: true for a table of completions and their rewards)",
             stacklevel=3,
         )
+    return RewardFunctionScoring(scorer, trainer.processing_class.pad_token_id, args.num_samples_per_prompt,
+                                 trainer.accelerator.gather_for_metrics)
 
 
-def begin_reward_scoring(trainer, batch: dict) -> None:
-    """Before generation: the prompt batch's ids and columns to the scorer."""
-    if trainer.reward_scorer is not None:
-        trainer.reward_scorer.begin(batch["input_ids"], batch_columns(batch), trainer.state)
+class RewardFunctionScoring:
+    """``reward_funcs`` in one trainer: the :class:`~trl_ext.rewards.scoring.RewardScorer` (and its worker pool),
+    built once by :func:`attach_reward_scorer`, called at the trainer's named steps:
 
+    * :meth:`begin` (``sample_and_score``, before generation): the prompt batch's ids and dataset columns;
+    * :meth:`submit` (each generated chunk, or each finished row of continuous batching): truncated responses to
+      the workers (a no-op in process);
+    * :meth:`model_scores` (``compute_scores``, per chunk) and :meth:`finish` (``score_rollouts``): the rollout's
+      rewards and weighted score;
+    * :meth:`zero_unscorable` (``compute_advantages``) and :meth:`metrics` (``update_metrics``);
+    * :meth:`close` (end of ``train``): the worker processes.
+    """
 
-def submit_rollout_chunk(trainer, start: int, responses: torch.Tensor) -> None:
-    """Right after a chunk is generated: its truncated responses to the workers (a no-op in process)."""
-    if trainer.reward_scorer is not None:
-        trainer.reward_scorer.submit(start, trainer.postprocess_responses(responses))
+    def __init__(self, scorer: RewardScorer, pad_token_id: int, num_samples_per_prompt: int, gather):
+        self.scorer = scorer
+        self.pad_token_id = pad_token_id
+        self.num_samples_per_prompt = num_samples_per_prompt
+        self.gather = gather
 
+    def begin(self, batch: dict, state) -> None:
+        """Before generation: the prompt batch's ids and columns to the scorer."""
+        self.scorer.begin(batch["input_ids"], batch_columns(batch), state)
 
-def model_reward_scores(trainer, postprocessed_query_response: torch.Tensor, context_length: int) -> torch.Tensor:
-    """``(chunk, models)`` scores of the reward models among the rewards (the scoring pass calls it per chunk)."""
-    pad = trainer.processing_class.pad_token_id
-    scores = [scalar_model_outputs(model, postprocessed_query_response, pad, context_length)[1]
-              for model in trainer.reward_scorer.reward_models]
-    if not scores:
-        return torch.zeros(postprocessed_query_response.shape[0], 0, device=postprocessed_query_response.device)
-    return torch.stack(scores, 1)
+    def submit(self, start: int, truncated_responses: torch.Tensor) -> None:
+        """Right after a chunk is generated: its truncated responses to the workers (a no-op in process)."""
+        self.scorer.submit(start, truncated_responses)
 
+    def model_scores(self, postprocessed_query_response: torch.Tensor, context_length: int) -> torch.Tensor:
+        """``(chunk, models)`` scores of the reward models among the rewards (the scoring pass, per chunk)."""
+        scores = [scalar_model_outputs(model, postprocessed_query_response, self.pad_token_id, context_length)[1]
+                  for model in self.scorer.reward_models]
+        if not scores:
+            return torch.zeros(postprocessed_query_response.shape[0], 0, device=postprocessed_query_response.device)
+        return torch.stack(scores, 1)
 
-def finish_reward_scoring(trainer, rollout, model_scores: torch.Tensor) -> torch.Tensor:
-    """After the scoring pass: every reward of the rollout (``rollout.reward_scores``); returns the scores."""
-    scorer = trainer.reward_scorer
-    per_model = {index: model_scores[:, j] for j, index in enumerate(scorer.model_indices)}
-    rollout.reward_scores = scorer.score(rollout.postprocessed_responses, per_model)
-    return rollout.reward_scores.score.to(model_scores.device)
+    def finish(self, rollout, model_scores: torch.Tensor) -> torch.Tensor:
+        """After the scoring pass: every reward of the rollout (``rollout.reward_scores``); returns the scores."""
+        per_model = {index: model_scores[:, j] for j, index in enumerate(self.scorer.model_indices)}
+        rollout.reward_scores = self.scorer.score(rollout.postprocessed_responses, per_model)
+        return rollout.reward_scores.score.to(model_scores.device)
 
+    @staticmethod
+    def zero_unscorable(rollout) -> None:
+        """Completions that no reward scored (every one said None) teach nothing: advantage 0 on their tokens."""
+        scores = getattr(rollout, "reward_scores", None)
+        if scores is not None and bool(scores.unscorable.any()):
+            rollout.advantages = torch.masked_fill(rollout.advantages, scores.unscorable.unsqueeze(1), 0)
 
-def zero_unscorable_advantages(rollout) -> None:
-    """Completions that no reward scored (every one said None) teach nothing: advantage 0 on their tokens."""
-    scores = getattr(rollout, "reward_scores", None)
-    if scores is not None and bool(scores.unscorable.any()):
-        rollout.advantages = torch.masked_fill(rollout.advantages, scores.unscorable.unsqueeze(1), 0)
+    def metrics(self, rollout) -> dict:
+        """The reward-function metrics of the update (:mod:`trl_ext.rewards.metrics`)."""
+        return reward_metrics(rollout.reward_scores, rollout.sequence_lengths, rollout.contain_eos_token,
+                              self.num_samples_per_prompt, self.gather, with_workers=self.scorer.pool is not None)
 
-
-def reward_func_metrics(trainer, rollout) -> dict:
-    """The reward-function metrics of the update (:mod:`trl_ext.rewards.metrics`); empty without ``reward_funcs``."""
-    if trainer.reward_scorer is None:
-        return {}
-    return reward_metrics(rollout.reward_scores, rollout.sequence_lengths, rollout.contain_eos_token,
-                          trainer.args.num_samples_per_prompt, trainer.accelerator.gather_for_metrics,
-                          with_workers=trainer.reward_scorer.pool is not None)
+    def close(self) -> None:
+        """Stop the worker processes (the next ``train()`` restarts them)."""
+        self.scorer.close()

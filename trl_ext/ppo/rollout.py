@@ -18,7 +18,8 @@ class Rollout:
     ``sequence_lengths``, ``contain_eos_token``, ``padding_mask`` (True after the last response token) and
     ``padding_mask_p1`` (same, one token later, for values); ``compute_rewards`` sets ``kl``, ``non_score_reward``,
     ``rewards``; ``compute_advantages`` sets ``advantages`` and ``returns``; ``clip_scores`` clips ``scores`` and sets
-    ``scores_clipfrac`` when ``reward_clip`` is on.
+    ``scores_clipfrac`` when ``reward_clip`` is on. Per-step values (the update's KL coefficient, a mini-batch's
+    token normaliser) are not kept here: the steps pass them as arguments.
     """
 
     queries: torch.Tensor
@@ -41,12 +42,8 @@ class Rollout:
     returns: torch.Tensor | None = None
     scores_clipfrac: torch.Tensor | None = None
     """Fraction of this process's scores clipped by `reward_clip` (set by ``clip_scores``; None when it is off)."""
-    kl_coef: float | None = None
-    """The KL coefficient of this update (set by ``compute_rewards``; the loss uses it when ``kl_in="loss"``)."""
     estimator_stats: dict = field(default_factory=dict)
     """Critic-free estimators' per-process quantities for the metrics (:mod:`trl_ext.ppo.critic_free`)."""
-    token_normalizer: torch.Tensor | None = None
-    """`global_token_mean`: the current mini-batch's `N / (G * P)` (set by ``optimize`` before its micro-batches)."""
     sampling: dict | None = None
     """`dynamic_sampling`'s metrics of this update (:mod:`trl_ext.ppo.dynamic_sampling`), reduced over processes."""
     reward_scores: object | None = None

@@ -33,8 +33,8 @@ What this module adds to transformers' engine, and why:
   drops them); the result is ``queries`` followed by each response right-padded with the pad token that ``generate``
   pads finished rows with (the generation config's ``pad_token_id``, else its first EOS), to the longest response of
   the batch. Log-prob positions after a response's end hold 0 (``score_rollouts`` masks them with
-  ``INVALID_LOGPROB``, as for ``generate``). Each response goes to the reward-function workers
-  (``submit_rollout_chunk``, :mod:`trl_ext.ppo.reward_funcs`) as soon as it is done, while the others generate.
+  ``INVALID_LOGPROB``, as for ``generate``). Each response goes to the reward-function workers (the trainer's
+  ``submit_rollout_chunk``, :mod:`trl_ext.ppo.reward_funcs`) as soon as it is done, while the others generate.
 * **Old log-probs from the engine when they are the trainer's.** The engine returns
   ``log(softmax(processed scores)[token])`` per sampled token. When its processors are exactly the trainer's
   temperature (``TemperatureLogitsWarper(temperature + 1e-7)``, sampling), that is the distribution the training
@@ -400,12 +400,10 @@ class ContinuousBatchingRollout:
 
     def generate(self, trainer, policy, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The rollout of :meth:`trl_ext.PPOTrainer.generate_rollouts`: ``(query_responses, logprobs)``."""
-        from .reward_funcs import submit_rollout_chunk  # reward functions in workers: scored while others generate
-
         pad_token_id = trainer.processing_class.pad_token_id
         query_responses, logprobs, processors = self.sample(
             _generating_model(policy), queries, pad_token_id, trainer.generation_config,
-            on_finished=lambda row, response: submit_rollout_chunk(trainer, row, response))
+            on_finished=trainer.submit_rollout_chunk)
         self.logprobs_from_engine = engine_logprobs_usable(processors, trainer.generation_config,
                                                            trainer.args.temperature)
         if not self.logprobs_from_engine:

@@ -105,7 +105,7 @@ def parse_ppo_recipe(path: str, overrides: list[str]):
     argv: list[str] = []
     for key, value in merged.items():
         if value is not None:
-            argv += loader._to_argv(key, value, actions[key])
+            argv += loader.to_argv(key, value, actions[key])
     argv += ["--bf16", "false", "--fp16", "false"]  # construction only: no device is used, any precision plans
     try:
         parsed = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
