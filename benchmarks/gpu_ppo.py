@@ -20,7 +20,7 @@ Models load through trl-ext's loaders and the recipe pipeline's model code (``lo
 whole-process peak GPU memory (``torch.cuda.max_memory_reserved`` plus what lies outside the caching allocator, i.e.
 ``total - free - reserved`` measured at the end: the CUDA context and library workspaces; assumes the GPU runs
 nothing else), seconds per update (wall, from a callback) and per phase (trl-ext's ``time/*`` metrics; TRL 1.12 logs
-none), rollout tokens per second, the first update's metrics, and what ``trl_ext.ppo.memory_budget`` predicts.
+none), rollout tokens per second, the first update's metrics, and what ``trl_ext.ppo.rollout.memory_budget`` predicts.
 
 ``--smoke`` runs the same code on CPU with a tiny Llama (4-bit through bitsandbytes' CPU path, float32 compute):
 resident memory (peak RSS growth over the loaded models) instead of GPU memory. ``tests/test_gpu_ppo_benchmark.py``
@@ -156,7 +156,7 @@ def recipe_keys(a, variant: str) -> dict:
 
 
 def has_upcast_option() -> bool:
-    from trl_ext.recipes.loader import valid_keys
+    from trl_ext.recipe_loader.loader import valid_keys
 
     return "upcast_non_quantized" in valid_keys("ppo")
 
@@ -176,9 +176,9 @@ def variant_child(a):
     import torch
     import transformers
 
-    from trl_ext.recipes import pipeline
-    from trl_ext.recipes.data import tokenize_prompts
-    from trl_ext.recipes.loader import resolve_recipe
+    from trl_ext.recipe_loader import pipeline
+    from trl_ext.recipe_loader.data import tokenize_prompts
+    from trl_ext.recipe_loader.loader import resolve_recipe
 
     s = SHAPES[a.shape]
     cuda = not a.smoke
@@ -263,8 +263,8 @@ def variant_child(a):
 
 def predicted_budget(a, variant, recipe, policy, trainer, train_ds) -> dict:
     """What memory_budget predicts for the variant's run (the loaded policy's shape, the chunk that ran)."""
-    from trl_ext.ppo.memory_budget import ppo_memory_budget
-    from trl_ext.ppo.rollout_chunk import run_shape_from_models
+    from trl_ext.ppo.rollout.memory_budget import ppo_memory_budget
+    from trl_ext.ppo.rollout.chunk import run_shape_from_models
 
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     peft_policy = getattr(unwrapped, "policy", policy)
@@ -272,7 +272,7 @@ def predicted_budget(a, variant, recipe, policy, trainer, train_ds) -> dict:
     run = replace(run, rollout_chunk=int(trainer.args.local_rollout_forward_batch_size),
                   streaming_logprobs=variant != "trl112")
     budget = ppo_memory_budget(shape, run, shared=bool(recipe.pipeline.shared_base))
-    from trl_ext.ppo.memory_budget import DEVICE_OVERHEAD_BYTES
+    from trl_ext.ppo.rollout.memory_budget import DEVICE_OVERHEAD_BYTES
 
     return {"peak_gib": budget.peak / GIB, "persistent_gib": budget.persistent / GIB,
             "peak_without_device_overhead_mib": (budget.peak - DEVICE_OVERHEAD_BYTES) / MIB,
@@ -283,8 +283,8 @@ def predicted_budget(a, variant, recipe, policy, trainer, train_ds) -> dict:
 
 
 def budget_only() -> str:
-    from trl_ext.ppo.memory_budget import LLAMA_3_8B, PPOShape, budget_table, ppo_memory_budget
-    from trl_ext.ppo.rollout_chunk import largest_fitting_chunk
+    from trl_ext.ppo.rollout.memory_budget import LLAMA_3_8B, PPOShape, budget_table, ppo_memory_budget
+    from trl_ext.ppo.rollout.chunk import largest_fitting_chunk
 
     s = SHAPES["llama-3-8b"]
     run = PPOShape(batch=s["micro"] * s["accumulation"], micro_batch=s["micro"], rollout_chunk=s["chunk"],

@@ -27,7 +27,7 @@ def gpu_ppo():
 
 
 def test_smoke_variants_on_cpu(gpu_ppo, tmp_path):
-    from trl_ext.ppo.memory_budget import GIB
+    from trl_ext.ppo.rollout.memory_budget import GIB
 
     a = gpu_ppo.parse_args(["--smoke", "--workdir", str(tmp_path)])
     built = gpu_ppo.build_child(a)

@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .recipes.loader import resolve_recipe
+    from .recipe_loader.loader import resolve_recipe
 
     if args.command in ("export", "sample", "score"):  # trl_ext/export/{export_models,sample,score}.py
         import importlib
@@ -166,29 +166,29 @@ def _run(args: argparse.Namespace) -> int:
         importlib.import_module(".export.run_dir", __package__).quiet_libraries()
         return importlib.import_module(f".export.{module}", __package__).main(args)
     if args.command == "plot":
-        from .recipes.plots import plot_runs
+        from .recipe_loader.plots import plot_runs
 
         for path in plot_runs(args.runs, args.out, smoothing=args.smoothing):
             print(path)
         return 0
     overrides = [tok for tok in args.overrides if tok != "--"]
     if args.command == "plan":
-        from .recipes.plan import run_plan
+        from .recipe_loader.plan import run_plan
 
         return run_plan(args.recipe, overrides, gpu_memory=args.gpu_memory, prompt_length=args.prompt_length)
     if args.command == "check":
         recipe = resolve_recipe(args.recipe, overrides, for_check=True)
-        from .recipes.data_rows import check_local_data
+        from .recipe_loader.data_rows import check_local_data
 
         check_local_data(recipe)  # local data: columns, rows and prompt lengths too (no network, no model)
-        from .recipes.lora_targets import check_recipe_lora_targets
+        from .recipe_loader.lora_targets import check_recipe_lora_targets
 
         notes = recipe.notes + check_recipe_lora_targets(recipe)  # models built on the meta device, no weights
         print(f"# {args.recipe}: OK ({recipe.trainer} recipe, {type(recipe.training_args).__name__})")
         for note in notes:
             print(f"# note: {note}")
         if recipe.trainer == "ppo" and recipe.pipeline.shared_base:
-            from .recipes.loader import shared_value_is_fresh
+            from .recipe_loader.loader import shared_value_is_fresh
 
             base = recipe.model_args.model_name_or_path
             value = "none (critic-free advantage_estimator)"
@@ -218,7 +218,7 @@ def _run(args: argparse.Namespace) -> int:
     recipe = resolve_recipe(args.recipe, overrides)
     from .runtime.interruption import TrainingInterrupted
     from .runtime.nonfinite import NonFiniteError
-    from .recipes.pipeline import run
+    from .recipe_loader.pipeline import run
 
     try:
         run(recipe)

@@ -14,7 +14,7 @@ field may state its own range in its metadata (``field(..., metadata={"range": "
 models' ``reward_*``/``value_*`` recipe keys take the row of the ``ModelConfig`` key they prefix.
 
 :func:`check_fields` raises :class:`~trl_ext.errors.UserInputError` with one line, ``<key>: <problem> (valid:
-<range or choices>)``; the recipe loader (:mod:`trl_ext.recipes.loader`) prints the same line as ``recipe: key
+<range or choices>)``; the recipe loader (:mod:`trl_ext.recipe_loader.loader`) prints the same line as ``recipe: key
 '<key>': <problem> (valid: ...)``. The rules about how several keys combine live beside each config (PPO:
 :mod:`trl_ext.ppo.config_rules`).
 """
@@ -78,7 +78,7 @@ RANGES: dict[str, str] = {
     "temperature": "(0, inf)",
     "total_episodes": "[1, inf)",
     "num_ppo_epochs": "[1, inf)",
-    # trl_ext.PPOConfig's objective keys (trl_ext.ppo.objectives)
+    # trl_ext.PPOConfig's objective keys (trl_ext.ppo.objective.objectives)
     "cliprange_low": "[0, 1]",
     "dual_clip": "(1, inf)",
     "delta": "(1, inf)",
@@ -106,7 +106,7 @@ RANGES: dict[str, str] = {
     "reward_timeout_s": "(0, inf)",
     "max_consecutive_nonfinite_skips": "[1, inf)",
     # local_rollout_forward_batch_size (an int or "auto") is checked by its own argparse type,
-    # trl_ext.ppo.rollout_chunk.rollout_chunk_value
+    # trl_ext.ppo.rollout.chunk.rollout_chunk_value
 }
 
 MODEL_PREFIXES = ("reward_", "value_")

@@ -1,13 +1,13 @@
-"""The PPO policy loss and GRPO's k3 KL loss as trl-ext 0.1 computed them (formerly ``trl_ext.ppo.losses.policy_loss``
-and ``kl_loss_k3``): the bit-for-bit references that :mod:`trl_ext.ppo.objectives` must reproduce at its defaults.
+"""The PPO policy loss and GRPO's k3 KL loss as trl-ext 0.1 computed them (formerly ``trl_ext.ppo.objective.losses.policy_loss``
+and ``kl_loss_k3``): the bit-for-bit references that :mod:`trl_ext.ppo.objective.objectives` must reproduce at its defaults.
 The library no longer calls them, so they live with the tests."""
 
 from __future__ import annotations
 
 import torch
 
-from trl_ext.ppo.losses import PolicyLoss
-from trl_ext.ppo.masked_stats import masked_mean
+from trl_ext.ppo.objective.losses import PolicyLoss
+from trl_ext.ppo.objective.masked_stats import masked_mean
 
 
 def policy_loss(

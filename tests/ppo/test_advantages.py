@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trl_ext.ppo.advantages import (
+from trl_ext.ppo.objective.advantages import (
     grpo_advantages,
     reinforce_pp_advantages,
     rloo_advantages,

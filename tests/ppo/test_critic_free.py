@@ -92,8 +92,8 @@ def recording_trainer():
 def test_groups_and_advantages_in_the_trainer(tiny_models, tok, data, tmp_path, estimator):
     """Each prompt sampled k = 2 times in consecutive rows; the advantages are the estimator's on the trainer's own
     scores and KL; no value model is trained, saved or logged."""
-    from trl_ext.ppo.advantages import grpo_advantages, reinforce_pp_advantages, rloo_advantages
-    from trl_ext.ppo.critic_free import NoValueModel
+    from trl_ext.ppo.objective.advantages import grpo_advantages, reinforce_pp_advantages, rloo_advantages
+    from trl_ext.ppo.objective.critic_free import NoValueModel
 
     cls = recording_trainer()
     trainer = make(tiny_models, tok, data, tmp_path, trainer_cls=cls, advantage_estimator=estimator,
@@ -137,7 +137,7 @@ def test_groups_and_advantages_in_the_trainer(tiny_models, tok, data, tmp_path, 
 
 
 def test_group_metrics_count_groups_with_equal_scores():
-    from trl_ext.ppo.critic_free import critic_free_metrics
+    from trl_ext.ppo.objective.critic_free import critic_free_metrics
 
     metrics = {"loss/value_avg": 1.0, "val/clipfrac_avg": 0.0, "val/ratio": 1.0, "val/ratio_var": 0.0,
                "val/num_eos_tokens": 3}
@@ -155,7 +155,7 @@ def test_group_metrics_count_groups_with_equal_scores():
 def test_kl_in_loss_follows_the_adaptive_controller(tiny_models, tok, data, tmp_path):
     """GRPO's k3 term in the loss, its coefficient from the adaptive controller: the coefficient moves by the
     controller's formula from the logged KL, and the loss term is 0 at the first micro-batch (policy = reference)."""
-    from trl_ext.ppo.kl_controllers import AdaptiveKLController
+    from trl_ext.ppo.objective.kl_controllers import AdaptiveKLController
 
     trainer = make(tiny_models, tok, data, tmp_path, advantage_estimator="grpo", total_episodes=12,
                    kl_controller="adaptive", kl_target=0.01, kl_horizon=8)

@@ -1,4 +1,4 @@
-"""The policy objectives of trl_ext.ppo.objectives against hand-computed numbers: loss aggregation with unequal
+"""The policy objectives of trl_ext.ppo.objective.objectives against hand-computed numbers: loss aggregation with unequal
 lengths and masked tokens (and exactness over gradient accumulation), clipped / asymmetric / dual / two-sided / CISPO
 losses and their gradients at and beyond both clip edges, GSPO's sequence ratio, KL estimators, entropy, dynamic
 sampling's group filter, and the config's refusals."""
@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from trl_ext.ppo.objectives import (
+from trl_ext.ppo.objective.objectives import (
     ObjectiveConfig,
     aggregate,
     clipped_policy_loss,
@@ -206,7 +206,7 @@ def test_bias_corrected_kl_is_weighted_by_the_ratio():
 
 
 def test_groups_of_equal_scores_are_the_uninformative_ones():
-    from trl_ext.ppo.dynamic_sampling import informative_groups
+    from trl_ext.ppo.rollout.dynamic_sampling import informative_groups
 
     scores = torch.tensor([1.0, 1.0, 0.0, 1.0, 2.0, 2.0, -1.0, 3.0])
     assert informative_groups(scores, 2).tolist() == [False, True, False, True]
@@ -258,9 +258,9 @@ def test_rounds_of_different_prompt_and_response_lengths_join_as_the_trainer_pad
     """Dynamic sampling joins rounds: queries left-padded to the longest context, responses and their per-token
     fields right-padded (pad token, INVALID_LOGPROB, value 0, padding masks True), per-episode lists and dicts kept
     in order, a per-process statistic averaged over the episodes."""
-    from trl_ext.ppo.dynamic_sampling import concat_rollouts
-    from trl_ext.ppo.rollout import Rollout
-    from trl_ext.ppo.sequences import INVALID_LOGPROB
+    from trl_ext.ppo.rollout.dynamic_sampling import concat_rollouts
+    from trl_ext.ppo.rollout.containers import Rollout
+    from trl_ext.ppo.rollout.sequences import INVALID_LOGPROB
 
     pad = 0
 

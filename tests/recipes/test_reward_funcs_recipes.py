@@ -1,4 +1,4 @@
-"""Recipes with `reward_funcs` (trl_ext.recipes.loader, trl_ext.rewards.resolve): what `trl-ext check` verifies before
+"""Recipes with `reward_funcs` (trl_ext.recipe_loader.loader, trl_ext.rewards.resolve): what `trl-ext check` verifies before
 any model loads (one line, exit 2), what the resolved recipe holds, and a short run on the tiny models."""
 
 import json
@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from trl_ext.cli import main
-from trl_ext.recipes.loader import resolve_recipe
+from trl_ext.recipe_loader.loader import resolve_recipe
 
 REWARDS_PY = '''
 def says_happy(completions, **kwargs):
@@ -143,7 +143,7 @@ def test_reward_weights_need_one_weight_per_reward(recipe_dir, capsys):
 def test_tokenized_prompts_keep_the_other_columns_for_reward_functions(tokenizer):
     import datasets
 
-    from trl_ext.recipes.data import tokenize_prompts
+    from trl_ext.recipe_loader.data import tokenize_prompts
 
     ds = datasets.Dataset.from_list([{"prompt": "tell me about the cat", "topic": "cat"}])
     kept = tokenize_prompts(ds, tokenizer, keep_columns=True)
@@ -155,7 +155,7 @@ def test_tokenized_prompts_keep_the_other_columns_for_reward_functions(tokenizer
 def test_two_reward_functions_train_two_updates_without_a_reward_model(recipe_dir, tiny_models):
     """A function from a file next to the recipe that reads a dataset column, and trl.rewards' soft overlong
     punishment factory, weighted 1.0 and 0.5; GAE's value model starts from the policy (no reward model)."""
-    from trl_ext.recipes.pipeline import run
+    from trl_ext.recipe_loader.pipeline import run
 
     recipe = resolve_recipe(write(recipe_dir, reward_funcs=["my_rewards.py:topic_length",
                                                             keys(recipe_dir)["reward_funcs"][1]],
@@ -178,7 +178,7 @@ def test_two_reward_functions_train_two_updates_without_a_reward_model(recipe_di
 def test_shared_base_without_a_reward_model_shares_only_a_fresh_value_adapter(recipe_dir, capsys):
     """shared_base, GAE, reward functions only: no reward adapter; the value adapter is fresh on the policy's base,
     trains, and is saved beside the policy (one update)."""
-    from trl_ext.recipes.pipeline import run
+    from trl_ext.recipe_loader.pipeline import run
 
     path = write(recipe_dir, shared_base=True, use_peft=True, lora_r=4, total_episodes=4,
                  reward_funcs=["my_rewards.py:topic_length"])
@@ -192,7 +192,7 @@ def test_shared_base_without_a_reward_model_shares_only_a_fresh_value_adapter(re
 
 
 def test_plan_reads_a_recipe_with_factory_entries_and_no_reward_model(recipe_dir):
-    from trl_ext.recipes.plan import make_plan
+    from trl_ext.recipe_loader.plan import make_plan
 
     plan = make_plan(str(write(recipe_dir, use_peft=True, lora_r=4)))
     assert any(note.startswith("no reward model (reward_funcs only)") for note in plan.notes)

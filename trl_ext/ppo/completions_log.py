@@ -19,7 +19,7 @@ import os
 import torch
 from accelerate.utils import gather_object
 
-from .masked_stats import masked_mean
+from .objective.masked_stats import masked_mean
 
 __all__ = ["COMPLETIONS_FILE", "CompletionsLog"]
 

@@ -7,14 +7,14 @@ from ..config_rules import check_fields, help_from_docstring
 from ..rewards.config import RewardFunctionArgs
 from ..runtime.engines import EngineOnCPUArgsMixin
 from ..runtime.nonfinite import NonFinitePolicyArgs
-from .advantages import AdvantageEstimator
+from .objective.advantages import AdvantageEstimator
 from .base import ParentPPOConfig
 from .config_rules import check_combinations, check_launch
-from .kl_controllers import KLControllerName
-from .losses import ValueClip
-from .objectives import KLEstimator, LossAggregation, PolicyLossName, RatioLevel
-from .rollout_chunk import rollout_chunk_value
-from .rollout_engine import RolloutEngineName
+from .objective.kl_controllers import KLControllerName
+from .objective.losses import ValueClip
+from .objective.objectives import KLEstimator, LossAggregation, PolicyLossName, RatioLevel
+from .rollout.chunk import rollout_chunk_value
+from .rollout.engine import RolloutEngineName
 
 PTXMode = Literal["joint", "separate"]
 KLIn = Literal["reward", "loss"]
@@ -71,9 +71,9 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, NonFinitePolicyArgs, P
         local_rollout_forward_batch_size (`int` or `"auto"`, *optional*, defaults to `64`):
             Per-device sequences per generation call and per scoring (reference, value, reward) forward pass, as in
             TRL. `"auto"`: the largest chunk, up to the per-device batch, whose memory budget
-            (:mod:`trl_ext.ppo.memory_budget`, from the loaded models' shapes, LoRA rank, quantization and the longest
+            (:mod:`trl_ext.ppo.rollout.memory_budget`, from the loaded models' shapes, LoRA rank, quantization and the longest
             prompt of the train set) fits `max_memory_gib`; chosen once when the trainer is built
-            (:mod:`trl_ext.ppo.rollout_chunk`), which then holds the number in `args`. Needs a LoRA policy. The chunk
+            (:mod:`trl_ext.ppo.rollout.chunk`), which then holds the number in `args`. Needs a LoRA policy. The chunk
             changes which random numbers go to which sequence: samples come from the same distribution, not the same
             samples (so a run with `auto` is not bit-identical to one with another chunk).
         max_memory_gib (`float`, *optional*):
@@ -93,7 +93,7 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, NonFinitePolicyArgs, P
             `"gae"` (TRL: a value model, GAE, advantages whitened per process) or a critic-free estimator (no value
             model: pass `value_model=None`): `"rloo"` (leave-one-out baseline), `"grpo"` (group mean and std),
             `"reinforce_pp"` (REINFORCE++: returns-to-go whitened over the global batch) or `"reinforce_pp_baseline"`
-            (group mean subtracted first). Formulas: :mod:`trl_ext.ppo.advantages`; guide: `docs/critic-free.md`.
+            (group mean subtracted first). Formulas: :mod:`trl_ext.ppo.objective.advantages`; guide: `docs/critic-free.md`.
         num_samples_per_prompt (`int`, *optional*, defaults to `1`):
             `k`: each prompt is sampled `k` times per update. The episodes per update and process stay
             `per_device_train_batch_size * gradient_accumulation_steps` (`local_batch_size`), of which
@@ -108,7 +108,7 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, NonFinitePolicyArgs, P
         grpo_scale_by_std (`bool`, *optional*, defaults to `True`):
             `grpo` only: divide by the group's std. `False` is Dr. GRPO (Liu et al. 2025): `A_i = r_i - mean`.
 
-        > Policy objective (formulas: :mod:`trl_ext.ppo.objectives`; TRL `GRPOConfig` names: `docs/ppo.md`). Every
+        > Policy objective (formulas: :mod:`trl_ext.ppo.objective.objectives`; TRL `GRPOConfig` names: `docs/ppo.md`). Every
         > key works with every `advantage_estimator`, GAE included; the defaults are the objective above.
 
         loss_aggregation (`str`, *optional*, defaults to `"token_mean"`):

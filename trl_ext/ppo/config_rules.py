@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from ..errors import UserInputError
 from ..runtime.engines import DEEPSPEED, FSDP, launched_engine, launched_zero3
-from .advantages import GROUP_ESTIMATORS
-from .rollout_chunk import AUTO
+from .objective.advantages import GROUP_ESTIMATORS
+from .rollout.chunk import AUTO
 
 __all__ = ["check_launch", "check_combinations"]
 
@@ -38,7 +38,7 @@ def check_launch(args) -> None:
             "zero gradients); use ptx_mode 'joint'"
         )
     if args.rollout_engine == "continuous_batching":
-        from .rollout_engine import MIN_TRANSFORMERS, has_continuous_batching
+        from .rollout.engine import MIN_TRANSFORMERS, has_continuous_batching
 
         if not has_continuous_batching():
             raise UserInputError(f"rollout_engine: 'continuous_batching' needs transformers >= {MIN_TRANSFORMERS} "
@@ -112,7 +112,7 @@ def check_advantage_estimator(args) -> None:
 
 
 def check_objective(args) -> None:
-    """The objective keys (:mod:`trl_ext.ppo.objectives`): combinations of clips, KL terms and sampling."""
+    """The objective keys (:mod:`trl_ext.ppo.objective.objectives`): combinations of clips, KL terms and sampling."""
     for name in ("dual_clip", "delta"):
         if getattr(args, name) is not None and args.policy_loss == "cispo":
             raise UserInputError(f"{name}: bounds the clipped surrogate; policy_loss 'cispo' has none (its "

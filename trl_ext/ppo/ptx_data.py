@@ -118,8 +118,8 @@ class PretrainingMix:
 
     @staticmethod
     def lm_loss(policy, batch: dict, device) -> torch.Tensor:
-        """The policy's LM loss on a ptx batch (:func:`trl_ext.ppo.losses.ptx_lm_loss`)."""
-        from .losses import ptx_lm_loss
+        """The policy's LM loss on a ptx batch (:func:`trl_ext.ppo.objective.losses.ptx_lm_loss`)."""
+        from .objective.losses import ptx_lm_loss
 
         input_ids = batch["input_ids"].to(device)
         attention_mask = batch["attention_mask"].to(device)

@@ -7,31 +7,31 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
 
 1. ``next_prompt_batch()``: the next batch of prompts from ``self.prompt_iterator``.
 2. ``generate_rollouts(queries) -> Rollout``: sample responses and their log-probs (torch RNG), the log-probs taken
-   as the tokens are sampled (:mod:`trl_ext.ppo.rollout_logprobs`).
+   as the tokens are sampled (:mod:`trl_ext.ppo.rollout.logprobs`).
 3. ``score_rollouts(rollout)``: reference log-probs (``compute_ref_logprobs``), values (``compute_values``),
    truncation at the stop token (``postprocess_responses``), scores (``compute_scores``), padding masks.
    Then ``check_finite("objective/scores", ...)`` and ``clip_scores`` (``reward_clip``); ``sample_and_score(data)``
    runs steps 2-3 so, for the update's batch and for each dynamic-sampling round (``resample_groups``). Losses
    and gradients are checked once per optimizer step, before it (``optimizer_step``, :mod:`trl_ext.runtime.nonfinite`).
 4. ``compute_rewards(rollout, kl_coef)``: per-token reward ``-kl_coef * KL`` plus the score at the last token.
-5. ``compute_advantages(rollout)``: GAE (:func:`trl_ext.ppo.advantages.gae_advantages`) and whitening; with a
-   critic-free ``advantage_estimator`` (RLOO, GRPO, REINFORCE++) :mod:`trl_ext.ppo.critic_free` instead (no value
+5. ``compute_advantages(rollout)``: GAE (:func:`trl_ext.ppo.objective.advantages.gae_advantages`) and whitening; with a
+   critic-free ``advantage_estimator`` (RLOO, GRPO, REINFORCE++) :mod:`trl_ext.ppo.objective.critic_free` instead (no value
    model; ``num_samples_per_prompt`` samples of each prompt, repeated by ``next_prompt_batch``).
 6. ``optimize(rollout) -> UpdateStats``: PPO epochs (numpy permutation per epoch) over mini/micro-batches;
    each micro-batch calls ``compute_micro_batch_loss`` (policy, value and joint ptx losses from
-   :mod:`trl_ext.ppo.losses`); separate ptx steps go through ``ptx_step``.
+   :mod:`trl_ext.ppo.objective.losses`); separate ptx steps go through ``ptx_step``.
 7. ``update_metrics(...) -> dict`` and ``log_update(metrics)``: TRL's metrics plus ours, then the KL controller
    (``self.kl_ctl``) updates from the update's ``objective/kl``.
 8. Callbacks, sample generations, then the checkpoint if one is due (``save_extra_checkpoint_files`` adds the value
    model and the trl-ext state; ``load_checkpoint`` restores them on ``train(resume_from_checkpoint=...)``).
 
 Each extension is one object, built once from the config by ``build_features`` (None when off) and called at the
-steps above: ``reward_scoring`` (:class:`~trl_ext.ppo.reward_funcs.RewardFunctionScoring`), ``critic_free``
-(:class:`~trl_ext.ppo.critic_free.CriticFree`), ``dynamic_sampling``
-(:class:`~trl_ext.ppo.dynamic_sampling.DynamicSampling`), ``ptx`` (:class:`~trl_ext.ppo.ptx_data.PretrainingMix`),
+steps above: ``reward_scoring`` (:class:`~trl_ext.ppo.rollout.reward_funcs.RewardFunctionScoring`), ``critic_free``
+(:class:`~trl_ext.ppo.objective.critic_free.CriticFree`), ``dynamic_sampling``
+(:class:`~trl_ext.ppo.rollout.dynamic_sampling.DynamicSampling`), ``ptx`` (:class:`~trl_ext.ppo.ptx_data.PretrainingMix`),
 ``completions_log`` (:class:`~trl_ext.ppo.completions_log.CompletionsLog`). Per-step values (the update's KL
 coefficient, a mini-batch's token normaliser) travel as arguments, not on the ``Rollout``. The sampling and scoring
-steps are in :mod:`trl_ext.ppo.rollout_steps`, the parent's fixes in :mod:`trl_ext.ppo.parent_fixes`.
+steps are in :mod:`trl_ext.ppo.rollout.steps`, the parent's fixes in :mod:`trl_ext.ppo.parent_fixes`.
 
 Reward and value models may be adapters on the policy's own base (:mod:`trl_ext.models.shared_base`): the steps are
 the same; the reference then switches adapters without peft's ``disable_adapter`` (which would freeze the value
@@ -58,31 +58,31 @@ from ..runtime.checkpoints import AtomicCheckpointMixin, latest_checkpoint, reso
 from ..runtime.devices import empty_cache, release_memory
 from ..runtime.interruption import raise_if_interrupted, watch_signals
 from ..runtime.nonfinite import Finding, NonFiniteError, StepGuard, count_nonfinite, guarded_optimizer_step
-from .advantages import gae_advantages
+from .objective.advantages import gae_advantages
 from .base import OnlineTrainerState, ParentPPOTrainer
 from .checkpointing import VALUE_MODEL_DIR, PPOCheckpointMixin, ppo_state_file
 from .completions_log import CompletionsLog
 from .config import PPOConfig
-from .critic_free import CriticFree, check_value_model, group_prompts
-from .critic_free import repeat_prompts
-from .dynamic_sampling import DynamicSampling
-from .kl_controllers import KLController, build_kl_controller
-from .losses import value_loss
-from .masked_stats import masked_whiten
-from .objectives import ObjectiveConfig, kl_penalty, mini_batch_token_normalizer, objective_metrics, rollout_objective
-from .prompt_stream import PromptStream
+from .objective.critic_free import CriticFree, check_value_model, group_prompts
+from .objective.critic_free import repeat_prompts
+from .rollout.dynamic_sampling import DynamicSampling
+from .objective.kl_controllers import KLController, build_kl_controller
+from .objective.losses import value_loss
+from .objective.masked_stats import masked_whiten
+from .objective.objectives import ObjectiveConfig, kl_penalty, mini_batch_token_normalizer, objective_metrics, rollout_objective
+from .rollout.prompt_stream import PromptStream
 from .parent_fixes import ParentFixesMixin
 from .ptx_data import PretrainingMix
-from .reward_funcs import (
+from .rollout.reward_funcs import (
     attach_reward_scorer,
     prepare_reward_funcs,
 )
 from .rollout import MicroBatchOutput, Rollout, UpdateStats
-from .rollout_chunk import AUTO, resolve_auto_rollout_chunk
-from .rollout_steps import RolloutStepsMixin
+from .rollout.chunk import AUTO, resolve_auto_rollout_chunk
+from .rollout.steps import RolloutStepsMixin
 from .shared_base_roles import check_shared_base_roles
-from .rollout_engine import build_rollout_engine
-from .sequences import INVALID_LOGPROB, forward
+from .rollout.engine import build_rollout_engine
+from .rollout.sequences import INVALID_LOGPROB, forward
 
 __all__ = ["PPOConfig", "PPOTrainer", "VALUE_MODEL_DIR", "ppo_state_file"]
 
@@ -95,7 +95,7 @@ class PPOTrainer(RolloutStepsMixin, ParentFixesMixin, PPOCheckpointMixin, Atomic
         ptx_dataset ([`~datasets.Dataset`], *optional*):
             Pretraining-mix data for PPO-ptx: plain text in a `text` column, or tokenized `input_ids`. Required
             when `args.ptx_coef > 0`; ignored with a warning when `args.ptx_coef == 0`.
-        kl_controller ([`trl_ext.ppo.kl_controllers.KLController`], *optional*):
+        kl_controller ([`trl_ext.ppo.objective.kl_controllers.KLController`], *optional*):
             Your own KL controller (any object with a float `value` and `update(kl, n_steps)`); overrides
             `args.kl_controller`. Its `value` is the coefficient of the next update's rewards.
         reward_funcs (`callable`, [`~torch.nn.Module`] or a list of them, *optional*):
@@ -107,7 +107,7 @@ class PPOTrainer(RolloutStepsMixin, ParentFixesMixin, PPOCheckpointMixin, Atomic
             not return None; it then goes through the same pipeline as a reward model's score. Guide:
             `docs/reward-functions.md`.
 
-    `value_model` is None with a critic-free `args.advantage_estimator` (:mod:`trl_ext.ppo.critic_free`).
+    `value_model` is None with a critic-free `args.advantage_estimator` (:mod:`trl_ext.ppo.objective.critic_free`).
     `reward_model` and `value_model` may be [`trl_ext.models.shared_base.SharedBaseScalarModel`]s made by
     `add_scalar_adapter(model, ...)`: LoRA adapters with their own score heads on the policy's base (one base for
     policy, reference, reward and value; `peft_config` must then be None, the policy being a peft model already;
@@ -192,7 +192,7 @@ class PPOTrainer(RolloutStepsMixin, ParentFixesMixin, PPOCheckpointMixin, Atomic
         off): the objective's keys, reward-function scoring, the rollout chunk and engine, the KL controller, the
         pretraining mix, critic-free advantages, the completions log, dynamic sampling, the NaN/inf guard."""
         args, processing_class = self.args, self.processing_class
-        self.objective = ObjectiveConfig.from_args(args)  # the loss keys of trl_ext.ppo.objectives
+        self.objective = ObjectiveConfig.from_args(args)  # the loss keys of trl_ext.ppo.objective.objectives
         # Nothing below may touch the global torch/numpy RNGs: the parent left them exactly where its train() expects.
         self.reward_scoring = attach_reward_scorer(self, reward_list)  # reward_funcs (None without): the scorer
         group_prompts(self)  # num_samples_per_prompt > 1: local_batch_size / k prompts per update (same RNG after)
@@ -362,7 +362,7 @@ class PPOTrainer(RolloutStepsMixin, ParentFixesMixin, PPOCheckpointMixin, Atomic
 
     def resample_groups(self, rollout: Rollout) -> Rollout:
         """`dynamic_sampling`: the update's rollout from more rounds, informative groups only
-        (:class:`~trl_ext.ppo.dynamic_sampling.DynamicSampling`; each round through `next_prompt_batch` and
+        (:class:`~trl_ext.ppo.rollout.dynamic_sampling.DynamicSampling`; each round through `next_prompt_batch` and
         `sample_and_score`); `rollout` unchanged when off."""
         if self.dynamic_sampling is None:
             return rollout
@@ -410,7 +410,7 @@ class PPOTrainer(RolloutStepsMixin, ParentFixesMixin, PPOCheckpointMixin, Atomic
 
     def compute_rewards(self, rollout: Rollout, kl_coef: float) -> None:
         """Per-token rewards: `-kl_coef * KL_t` on every token, plus the score on the last one (then optional
-        whitening). KL_t: `args.kl_estimator` (:func:`trl_ext.ppo.objectives.kl_penalty`; default k1, as TRL).
+        whitening). KL_t: `args.kl_estimator` (:func:`trl_ext.ppo.objective.objectives.kl_penalty`; default k1, as TRL).
         """
         args = self.args
         kl = kl_penalty(rollout.logprobs, rollout.ref_logprobs, self.objective.reward_kl_estimator)
@@ -486,7 +486,7 @@ class PPOTrainer(RolloutStepsMixin, ParentFixesMixin, PPOCheckpointMixin, Atomic
         kl_coef: float | None = None, token_normalizer: torch.Tensor | None = None,
     ) -> MicroBatchOutput:
         """Loss of one micro-batch: `pg_loss + vf_coef * vf_loss` (+ KL and entropy terms of the objective,
-        :func:`trl_ext.ppo.objectives.objective_terms`; + `ptx_coef * lm_loss` in joint ptx mode). `kl_coef`: the
+        :func:`trl_ext.ppo.objective.objectives.objective_terms`; + `ptx_coef * lm_loss` in joint ptx mode). `kl_coef`: the
         update's (default: the controller's); `token_normalizer`: the mini-batch's (`global_token_mean`)."""
         args = self.args
         context_length = rollout.context_length
@@ -532,7 +532,7 @@ class PPOTrainer(RolloutStepsMixin, ParentFixesMixin, PPOCheckpointMixin, Atomic
         return self.ptx.next_batch()
 
     def compute_ptx_loss(self, batch: dict) -> torch.Tensor:
-        """The policy's LM loss on a ptx batch (:func:`trl_ext.ppo.losses.ptx_lm_loss`)."""
+        """The policy's LM loss on a ptx batch (:func:`trl_ext.ppo.objective.losses.ptx_lm_loss`)."""
         policy = self.accelerator.unwrap_model(self.model).policy
         return self.ptx.lm_loss(policy, batch, self.accelerator.device)
 

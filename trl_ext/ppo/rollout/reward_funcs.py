@@ -19,11 +19,11 @@ import torch
 from torch import nn
 from transformers import DataCollatorWithPadding
 
-from ..errors import UserInputError
-from ..models.scalar_heads import scalar_model_outputs
-from ..rewards.columns import ColumnsCollator, batch_columns
-from ..rewards.metrics import reward_metrics
-from ..rewards.scoring import RewardScorer, build_reward_list
+from ...errors import UserInputError
+from ...models.scalar_heads import scalar_model_outputs
+from ...rewards.columns import ColumnsCollator, batch_columns
+from ...rewards.metrics import reward_metrics
+from ...rewards.scoring import RewardScorer, build_reward_list
 
 __all__ = ["NoRewardModel", "RewardFunctionScoring", "attach_reward_scorer", "prepare_reward_funcs"]
 
@@ -65,7 +65,7 @@ def prepare_reward_funcs(args, processing_class, reward_model, reward_funcs, dat
             warnings.warn("reward_num_workers is ignored: the run has no reward_funcs", stacklevel=3)
         return reward_model, data_collator, None
     rewards = build_reward_list(reward_model, reward_funcs, args.reward_weights)  # (rewards, weights, names)
-    from ..rewards.resolve import check_reward_func
+    from ...rewards.resolve import check_reward_func
 
     for func, name in zip(*rewards[::2]):  # each function's signature against the train dataset's columns
         if not isinstance(func, nn.Module):

@@ -1,6 +1,6 @@
 """``rollout_engine``: sample the rollout with ``model.generate`` or with transformers' continuous batching.
 
-``generate`` (the default, TRL's path, :mod:`trl_ext.ppo.rollout_logprobs`) runs each chunk of
+``generate`` (the default, TRL's path, :mod:`trl_ext.ppo.rollout.logprobs`) runs each chunk of
 ``local_rollout_forward_batch_size`` prompts until its longest response stops: with responses of uneven length (a
 short wrong answer beside a long derivation) most rows of the chunk wait, padded, for the longest one.
 ``continuous_batching`` hands every prompt of the update to transformers' continuous-batching engine
@@ -17,7 +17,7 @@ What this module adds to transformers' engine, and why:
   ``chunk`` sequences of ``longest prompt + response_length`` tokens (``num_blocks`` pages of ``page_size`` tokens),
   at most ``chunk`` sequences per forward (so the ``(rows, vocab)`` logits are those of one chunk) and
   ``max_batch_tokens`` new tokens per forward. ``chunk`` is the trainer's ``local_rollout_forward_batch_size``: with
-  ``"auto"`` the chunk whose budget fits ``max_memory_gib`` (:mod:`trl_ext.ppo.rollout_chunk`), so the engine's KV
+  ``"auto"`` the chunk whose budget fits ``max_memory_gib`` (:mod:`trl_ext.ppo.rollout.chunk`), so the engine's KV
   cache is the budget's ``rollout: KV cache (one chunk)`` line up to one page per sequence. The manager is created on
   the first rollout and kept (a stopped manager keeps its batch processor, hence its cache; the library allows
   it). It is not cached on the model (transformers' own persistence puts a thread-owning object on the module;
@@ -34,7 +34,7 @@ What this module adds to transformers' engine, and why:
   pads finished rows with (the generation config's ``pad_token_id``, else its first EOS), to the longest response of
   the batch. Log-prob positions after a response's end hold 0 (``score_rollouts`` masks them with
   ``INVALID_LOGPROB``, as for ``generate``). Each response goes to the reward-function workers (the trainer's
-  ``submit_rollout_chunk``, :mod:`trl_ext.ppo.reward_funcs`) as soon as it is done, while the others generate.
+  ``submit_rollout_chunk``, :mod:`trl_ext.ppo.rollout.reward_funcs`) as soon as it is done, while the others generate.
 * **Old log-probs from the engine when they are the trainer's.** The engine returns
   ``log(softmax(processed scores)[token])`` per sampled token. When its processors are exactly the trainer's
   temperature (``TemperatureLogitsWarper(temperature + 1e-7)``, sampling), that is the distribution the training
@@ -62,8 +62,8 @@ import torch
 from transformers import GenerationConfig
 from trl.trainer.utils import selective_log_softmax
 
-from ..errors import UserInputError
-from .rollout_logprobs import _effective_config, sequence_logits
+from ...errors import UserInputError
+from .logprobs import _effective_config, sequence_logits
 
 __all__ = [
     "AUTO_MIN_RESPONSE_LENGTH",
@@ -155,7 +155,7 @@ def build_rollout_engine(trainer) -> ContinuousBatchingRollout | None:
     """Called once by :class:`trl_ext.PPOTrainer` when it is built (after ``local_rollout_forward_batch_size:
     auto`` is resolved): resolves ``auto``, prints the choice once, keeps it in ``trainer.rollout_engine_choice`` and
     returns the engine (None for ``generate``: the trainer's own path, unchanged)."""
-    from ..runtime.engines import zero3_enabled
+    from ...runtime.engines import zero3_enabled
 
     args = trainer.args
     stop_token_set = bool(args.stop_token) or args.stop_token_id is not None

@@ -1,6 +1,6 @@
 """The dataclasses of a recipe that are the pipeline's own: :class:`PipelineArguments` (the recipe keys beyond TRL's
 and the trainer's config) and :class:`Recipe` (a validated, resolved recipe), with the key lists the loader
-(:mod:`trl_ext.recipes.loader`) checks them against."""
+(:mod:`trl_ext.recipe_loader.loader`) checks them against."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .losses import PolicyLoss, ValueLoss
+from ..objective.losses import PolicyLoss, ValueLoss
 
 
 @dataclass
@@ -43,9 +43,9 @@ class Rollout:
     scores_clipfrac: torch.Tensor | None = None
     """Fraction of this process's scores clipped by `reward_clip` (set by ``clip_scores``; None when it is off)."""
     estimator_stats: dict = field(default_factory=dict)
-    """Critic-free estimators' per-process quantities for the metrics (:mod:`trl_ext.ppo.critic_free`)."""
+    """Critic-free estimators' per-process quantities for the metrics (:mod:`trl_ext.ppo.objective.critic_free`)."""
     sampling: dict | None = None
-    """`dynamic_sampling`'s metrics of this update (:mod:`trl_ext.ppo.dynamic_sampling`), reduced over processes."""
+    """`dynamic_sampling`'s metrics of this update (:mod:`trl_ext.ppo.rollout.dynamic_sampling`), reduced over processes."""
     reward_scores: object | None = None
     """With ``reward_funcs``: every reward of every completion (:class:`trl_ext.rewards.scoring.RewardScores`)."""
 
@@ -86,7 +86,7 @@ class UpdateStats:
     kl_losses: list = field(default_factory=list)
     """Every KL loss term of the update (``kl_in="loss"``: one per micro-batch)."""
     objective: dict = field(default_factory=dict)
-    """Objective statistics by metric name, one value per micro-batch (:mod:`trl_ext.ppo.objectives`)."""
+    """Objective statistics by metric name, one value per micro-batch (:mod:`trl_ext.ppo.objective.objectives`)."""
 
     def __post_init__(self):
         for name in ("approxkl", "pg_clipfrac", "pg_loss", "vf_loss", "vf_clipfrac", "entropy", "ratio"):

@@ -32,7 +32,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from ..rewards.metrics import all_equal_groups
+from ...rewards.metrics import all_equal_groups
 from .sequences import INVALID_LOGPROB
 
 __all__ = ["DynamicSampling", "concat_rollouts", "informative_groups", "select_rows"]

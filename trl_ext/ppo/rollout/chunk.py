@@ -3,7 +3,7 @@
 The rollout generates, and the scoring passes (reference log-probs, values, scores) run, in chunks of
 ``local_rollout_forward_batch_size`` sequences. A larger chunk makes fewer, larger calls: on a GPU a generation step
 costs about the same at 8 or 64 sequences (per-call overhead; ``../shared/notes/gpu.md``), so the largest chunk that
-fits is the fastest. What a chunk costs comes from :func:`trl_ext.ppo.memory_budget.ppo_memory_budget`: its rollout
+fits is the fastest. What a chunk costs comes from :func:`trl_ext.ppo.rollout.memory_budget.ppo_memory_budget`: its rollout
 phase (KV cache and streamed log-probs of one chunk) and scoring phase (the reference logits and one layer's
 activations of one chunk) grow with the chunk; the training phase and what stays all run do not. So the peak
 ``persistent + max(rollout(c), scoring(c), training) + overhead`` never decreases with ``c``, and the choice is
@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..errors import UserInputError
+from ...errors import UserInputError
 from .memory_budget import GIB, LINEAR_MODULES, MemoryBudget, ModelShape, PPOShape, ppo_memory_budget
 
 __all__ = [
@@ -157,7 +157,7 @@ def run_shape_from_models(policy, args, prompt_length: int) -> tuple[ModelShape,
     peft_config = getattr(policy, "peft_config", None)
     if not peft_config:
         raise UserInputError(
-            "local_rollout_forward_batch_size: 'auto' needs a LoRA policy (trl_ext.ppo.memory_budget models LoRA "
+            "local_rollout_forward_batch_size: 'auto' needs a LoRA policy (trl_ext.ppo.rollout.memory_budget models LoRA "
             "runs); give an integer for a policy trained in full"
         )
     lora = peft_config[getattr(policy, "active_adapter", None) or next(iter(peft_config))]

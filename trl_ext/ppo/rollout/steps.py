@@ -10,9 +10,9 @@ import torch
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import selective_log_softmax
 
-from ..models.scalar_heads import scalar_model_outputs
-from .rollout import Rollout
-from .rollout_logprobs import generate_with_full_scores, generate_with_logprobs, sampling_plan, sequence_logits
+from ...models.scalar_heads import scalar_model_outputs
+from .containers import Rollout
+from .logprobs import generate_with_full_scores, generate_with_logprobs, sampling_plan, sequence_logits
 from .sequences import INVALID_LOGPROB, first_true_indices, truncate_response
 
 __all__ = ["RolloutStepsMixin"]
@@ -24,7 +24,7 @@ class RolloutStepsMixin:
     def generate_rollouts(self, queries: torch.Tensor) -> Rollout:
         """Sample one response per query with the policy; keep their log-probs under the sampling distribution.
 
-        The log-probs are taken as the tokens are sampled (:mod:`trl_ext.ppo.rollout_logprobs`): peak memory holds
+        The log-probs are taken as the tokens are sampled (:mod:`trl_ext.ppo.rollout.logprobs`): peak memory holds
         one step's `(batch, vocab)` scores, not TRL's `(batch, response_length, vocab)` tensor; the numbers are
         TRL's. Generation configs that module cannot rebuild keep TRL's path (with a one-time warning).
         """
@@ -38,7 +38,7 @@ class RolloutStepsMixin:
         ) as unwrapped_model:
             plan = sampling_plan(unwrapped_model.policy, self.generation_config)
             pad_token_id, chunk = self.processing_class.pad_token_id, args.local_rollout_forward_batch_size
-            if self.rollout_engine is not None:  # continuous batching (trl_ext.ppo.rollout_engine)
+            if self.rollout_engine is not None:  # continuous batching (trl_ext.ppo.rollout.engine)
                 query_responses, logprobs = self.rollout_engine.generate(self, unwrapped_model.policy, queries)
             elif plan is not None:
                 query_responses, logprobs = generate_with_logprobs(

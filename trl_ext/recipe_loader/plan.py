@@ -1,11 +1,11 @@
 """``trl-ext plan RECIPE [--gpu-memory GIB] [--prompt-length N] [--key value ...]``: a PPO recipe's memory budget.
 
 Reads the recipe and only the checkpoints' ``config.json`` (no weights, no data, no network; a Hub id that is not a
-local directory is refused in one line), and prints what :func:`trl_ext.ppo.memory_budget.ppo_memory_budget` gives
+local directory is refused in one line), and prints what :func:`trl_ext.ppo.rollout.memory_budget.ppo_memory_budget` gives
 for the run per component, whether it fits ``--gpu-memory`` (GiB, whole process), and the fastest settings that do:
 
 1. the rollout chunk (``local_rollout_forward_batch_size``): the largest that fits
-   (:func:`trl_ext.ppo.rollout_chunk.largest_fitting_chunk`, what ``auto`` chooses). It changes which random numbers
+   (:func:`trl_ext.ppo.rollout.chunk.largest_fitting_chunk`, what ``auto`` chooses). It changes which random numbers
    go to which sequence, not the distribution of the samples;
 2. only if no chunk fits at the recipe's micro-batch: a smaller training micro-batch
    (``per_device_train_batch_size``, with ``gradient_accumulation_steps`` raised to keep the episodes per update).
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import UserInputError
 from ..models.paths import looks_local
-from ..ppo.memory_budget import GIB, LINEAR_MODULES, MemoryBudget, ModelShape, PPOShape, ppo_memory_budget
-from ..ppo.rollout_chunk import AUTO, largest_fitting_chunk
+from ..ppo.rollout.memory_budget import GIB, LINEAR_MODULES, MemoryBudget, ModelShape, PPOShape, ppo_memory_budget
+from ..ppo.rollout.chunk import AUTO, largest_fitting_chunk
 
 DEFAULT_PROMPT_LENGTH = 512
 PLAN_OPTIONS = {"--gpu-memory": ("gpu_memory", float), "--prompt-length": ("prompt_length", int)}

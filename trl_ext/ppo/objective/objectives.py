@@ -4,7 +4,7 @@ asymmetric, dual and two-sided clipping, token or sequence ratios, loss aggregat
 :class:`ObjectiveConfig` holds the `PPOConfig` keys these read (built once, `trainer.objective`); the trainer's loss
 step calls :func:`rollout_objective` (:func:`objective_terms` on a micro-batch of the rollout), ``optimize`` calls
 :func:`mini_batch_token_normalizer` per mini-batch, ``compute_rewards`` calls :func:`kl_penalty` and
-``update_metrics`` :func:`objective_metrics`. Dynamic sampling: :mod:`trl_ext.ppo.dynamic_sampling`. Per-token tensors
+``update_metrics`` :func:`objective_metrics`. Dynamic sampling: :mod:`trl_ext.ppo.rollout.dynamic_sampling`. Per-token tensors
 are ``(batch, T)`` and ``mask`` is True on the tokens that count. With every key at its default the arithmetic is
 that of trl-ext 0.1's PPO clipped surrogate and GRPO's k3 KL loss (same operations, same order: bit for bit; the
 references are kept in tests/ppo/loss_references.py). TRL's `GRPOTrainer._compute_loss` gives the same losses and
@@ -297,7 +297,7 @@ def objective_terms(cfg: ObjectiveConfig, new_logprobs, old_logprobs, advantages
 
 def rollout_objective(cfg: ObjectiveConfig, rollout, inds, new_logprobs, logits, kl_coef: float,
                       token_normalizer: torch.Tensor | None = None) -> ObjectiveTerms:
-    """:func:`objective_terms` of the micro-batch ``inds`` of a :class:`~trl_ext.ppo.rollout.Rollout` (old and
+    """:func:`objective_terms` of the micro-batch ``inds`` of a :class:`~trl_ext.ppo.rollout.containers.Rollout` (old and
     reference log-probs, advantages, :func:`loss_mask`) under the current policy's ``new_logprobs`` and ``logits``,
     with this update's ``kl_coef`` and the current mini-batch's ``token_normalizer`` (the trainer's loss step)."""
     mask = loss_mask(rollout.padding_mask[inds], rollout.contain_eos_token[inds], cfg)
@@ -321,7 +321,7 @@ def objective_metrics(rollout, stats, cfg: ObjectiveConfig, accelerator) -> dict
     `sampling/*` metrics of `dynamic_sampling`."""
     gather = accelerator.gather_for_metrics
     metrics = {name: gather(torch.stack(values).mean()).mean().item() for name, values in stats.objective.items()}
-    metrics.update(rollout.sampling or {})  # dynamic_sampling (trl_ext.ppo.dynamic_sampling)
+    metrics.update(rollout.sampling or {})  # dynamic_sampling (trl_ext.ppo.rollout.dynamic_sampling)
     if cfg.mask_truncated_completions:
         metrics["objective/frac_truncated"] = gather((~rollout.contain_eos_token).float().mean()).mean().item()
     return metrics

@@ -1,5 +1,5 @@
 """Recipe values as the command-line tokens TRL's parser reads (:func:`to_argv`), and resolved values back as plain
-YAML (:func:`plain`): the loader's two conversions (:mod:`trl_ext.recipes.loader`)."""
+YAML (:func:`plain`): the loader's two conversions (:mod:`trl_ext.recipe_loader.loader`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """PPO loss terms, as pure functions of tensors: value loss (3 clip modes), ptx LM loss, and the policy loss's result
-type (the policy objectives themselves: :mod:`trl_ext.ppo.objectives`).
+type (the policy objectives themselves: :mod:`trl_ext.ppo.objective.objectives`).
 
 Shapes: ``(batch, response_length)`` per-token tensors and a boolean ``mask`` that is True on tokens that count.
 ``masked_mean(x, mask) = sum(x * mask) / sum(mask)`` (TRL's, reused). With their defaults these functions do the
@@ -36,7 +36,7 @@ class PolicyLoss(NamedTuple):
     approxkl: torch.Tensor
     """``0.5 * mean((log pi_new - log pi_old)^2)`` over all positions, as TRL logs it (no grad)."""
     stats: dict | None = None
-    """Further statistics by metric name (:func:`trl_ext.ppo.objectives.clip_statistics`), no grad."""
+    """Further statistics by metric name (:func:`trl_ext.ppo.objective.objectives.clip_statistics`), no grad."""
 
 
 def value_loss(

@@ -6,7 +6,7 @@
   :func:`repeat_prompts` repeating each prompt `k` times (the k samples of a prompt are consecutive rows of the
   rollout: groups stay together through scoring and advantages; `optimize` then shuffles episodes freely).
 * :class:`CriticFree`, the feature's one object in the trainer (built once from the config): the estimators of
-  :mod:`trl_ext.ppo.advantages` on a scored rollout, the zero value loss, and :func:`critic_free_metrics` (group
+  :mod:`trl_ext.ppo.objective.advantages` on a scored rollout, the zero value loss, and :func:`critic_free_metrics` (group
   and estimator metrics; the value-model ones, `loss/value_avg` and `val/*`, go).
 
 The batch arithmetic is the parent's: `local_batch_size = per_device_train_batch_size * gradient_accumulation_steps`
@@ -21,8 +21,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..errors import UserInputError
-from ..rewards.metrics import all_equal_groups
+from ...errors import UserInputError
+from ...rewards.metrics import all_equal_groups
 from .advantages import (
     grpo_advantages,
     reinforce_pp_advantages,

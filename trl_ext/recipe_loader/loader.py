@@ -343,7 +343,7 @@ def _argv_of(ctx: _Resolution, keys) -> list[str]:
 
 def _parse(ctx: _Resolution) -> None:
     """Type checks as TRL's CLI would parse them, with one-line errors; then nullability, choices and ranges
-    (trl_ext.config_rules: by the trainer's config itself, by trl_ext.recipes.validation for the other keys), before the libraries' own checks in the dataclasses' __post_init__ (an error
+    (trl_ext.config_rules: by the trainer's config itself, by trl_ext.recipe_loader.validation for the other keys), before the libraries' own checks in the dataclasses' __post_init__ (an error
     there names the recipe key at fault). `check` on a machine without a GPU validates a GPU precision as fp32."""
     ctx.specs = validation.key_specs(ctx.types)
     ctx.argv = _argv_of(ctx, ctx.merged)

@@ -101,6 +101,6 @@ def build_kl_controller(name: str, init_kl_coef: float, target: float = 6.0, hor
         return AdaptiveKLController(init_kl_coef, target, horizon)
     if name == "doubling":
         return DoublingKLController(init_kl_coef, target)
-    from ..errors import UserInputError
+    from ...errors import UserInputError
 
     raise UserInputError(f"kl_controller: unknown value {name!r}; use one of {', '.join(KL_CONTROLLERS)}")
