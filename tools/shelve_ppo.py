@@ -142,12 +142,25 @@ def move_files(dry: bool) -> dict[str, str]:
             if not dry:
                 (ROOT / new).parent.mkdir(parents=True, exist_ok=True)
                 git("mv", old, new)
+        elif (ROOT / old).exists():
+            print(f"CONFLICT: {old} and {new} both exist (a merge kept the old file); merge it into {new} by hand")
         moved[old] = new
     for old, new in PACKAGE_RENAMES.items():
         if (ROOT / old).is_dir() and not any((ROOT / new).rglob("*.py")):
             print(f"git mv {old} {new}")
             if not dry:
                 git("mv", old, new)
+        elif (ROOT / old).is_dir():  # a merged branch added files under the old name: each joins the new package
+            for path in sorted(p for p in (ROOT / old).rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+                rel = path.relative_to(ROOT).as_posix()
+                target = new + rel[len(old):]
+                if (ROOT / target).exists():
+                    print(f"CONFLICT: {rel} and {target} both exist; merge them by hand")
+                    continue
+                print(f"git mv {rel} {target}")
+                if not dry:
+                    (ROOT / target).parent.mkdir(parents=True, exist_ok=True)
+                    git("mv", rel, target)
         for path in (ROOT / new).rglob("*.py") if (ROOT / new).exists() else []:
             rel = path.relative_to(ROOT).as_posix()
             moved[old + rel[len(new):]] = rel
