@@ -31,10 +31,6 @@ LAYERS = {
 KNOWN_LONG_FUNCTIONS = {
     # TRL 1.12's PPOTrainer.__init__, kept statement for statement (the parity of the base with TRL's is tested)
     "trl_ext/ppo/base_trainer.py:PPOBaseTrainer.__init__",
-    # predate the rule; still to be split
-    "trl_ext/models/loaders.py:load_scalar_model",
-    "trl_ext/models/shared_base.py:add_scalar_adapter",
-    "trl_ext/recipe_loader/plan.py:make_plan",
 }
 
 

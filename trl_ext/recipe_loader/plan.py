@@ -151,6 +151,24 @@ def read_model_config(path: str, key: str):
     return AutoConfig.from_pretrained(local, local_files_only=True)
 
 
+def _scalar_model_notes(args, pipeline, shape: ModelShape, has_reward_model: bool, critic: bool) -> list[str]:
+    """Separate reward/value models are budgeted with the policy's shape: say so where theirs differs or is not
+    readable here."""
+    notes = []
+    paths = [("reward_model_path", args.reward_model_path)] if has_reward_model else []
+    if critic:
+        paths.append(("value_model_path", pipeline.value_model_path))
+    for key, path in paths:
+        try:
+            other = ModelShape.from_config(read_model_config(path, key), name=shape.name) if path else None
+        except UserInputError:
+            other = None
+            notes.append(f"{key} '{path}' is not readable locally: budgeted with the policy's shape")
+        if other is not None and other != shape:
+            notes.append(f"{key} '{path}' has another shape than the policy; the budget uses the policy's")
+    return notes
+
+
 def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memory: float = 24.0,
               prompt_length: int = DEFAULT_PROMPT_LENGTH) -> Plan:
     """The :class:`Plan` of a PPO recipe (see the module docstring)."""
@@ -168,22 +186,10 @@ def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memor
         run = replace(run, lora_modules=tuple(m for m in LINEAR_MODULES if m in targets) or None)
     shared = bool(pipeline.shared_base)
     critic = not args.critic_free  # a critic-free advantage_estimator: no value model to budget
-    notes = []
     has_reward_model = bool(merged_reward_model_path(recipe_path, overrides))
-    if not has_reward_model:
-        notes.append("no reward model (reward_funcs only): none budgeted")
+    notes = [] if has_reward_model else ["no reward model (reward_funcs only): none budgeted"]
     if not shared:
-        paths = [("reward_model_path", args.reward_model_path)] if has_reward_model else []
-        if critic:
-            paths.append(("value_model_path", pipeline.value_model_path))
-        for key, path in paths:
-            try:
-                other = ModelShape.from_config(read_model_config(path, key), name=shape.name) if path else None
-            except UserInputError:
-                other = None
-                notes.append(f"{key} '{path}' is not readable locally: budgeted with the policy's shape")
-            if other is not None and other != shape:
-                notes.append(f"{key} '{path}' has another shape than the policy; the budget uses the policy's")
+        notes += _scalar_model_notes(args, pipeline, shape, has_reward_model, critic)
     target = int(gpu_memory * GIB)
     chunk = args.local_rollout_forward_batch_size
     mini = run.batch // max(getattr(args, "num_mini_batches", 1), 1)  # episodes per optimizer step per device
