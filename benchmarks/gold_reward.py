@@ -106,8 +106,8 @@ def train(recipe: str, overrides: dict) -> tuple[object, float]:
     The trainer's console output goes to ``<output_dir>.log``."""
     from contextlib import redirect_stderr, redirect_stdout
 
-    from trl_ext.recipes import resolve_recipe
-    from trl_ext.recipes.pipeline import run
+    from trl_ext.recipe_loader import resolve_recipe
+    from trl_ext.recipe_loader.pipeline import run
 
     argv = []
     for key, value in overrides.items():

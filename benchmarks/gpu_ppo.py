@@ -20,14 +20,14 @@ each variant in its own process:
 * ``engine``: ``fast`` plus ``rollout_engine: continuous_batching`` (transformers' continuous batching, its cache sized
   like the auto chunk's; ``docs/rollout-engine.md``).
 
-Models load through :func:`trl_ext.recipes.pipeline.load_ppo_models`, the code ``trl-ext train`` runs, from the
+Models load through :func:`trl_ext.recipe_loader.pipeline.load_ppo_models`, the code ``trl-ext train`` runs, from the
 variant's recipe; CUDA children set ``PYTORCH_CUDA_ALLOC_CONF`` as ``trl-ext train`` does. Each result records the
 settings the run used, read back from the trainer and the model (chunk, LoRA dropout as loaded, residual dtype,
 engine, tokenizer class). For each variant: peak reserved and allocated GPU memory and the whole-process peak
 (reserved plus what lies outside the caching allocator, ``total - free - reserved`` at the end: the CUDA context and
 library workspaces; assumes the GPU runs nothing else), seconds per update (wall, from a callback) and per phase
 (trl-ext's ``time/*`` metrics; TRL 1.12 logs none), rollout tokens per second, the share of responses ending in EOS,
-the first update's metrics, and what ``trl_ext.ppo.memory_budget`` predicts. The JSON and the markdown table are
+the first update's metrics, and what ``trl_ext.ppo.rollout.memory_budget`` predicts. The JSON and the markdown table are
 rewritten after each variant.
 
 ``--smoke`` runs the same code on CPU with a tiny Llama and a tiny Qwen2 (4-bit through bitsandbytes' CPU path,
@@ -278,13 +278,13 @@ def trl112_config(recipe):
 
 def load_variant(a, s: dict):
     """The variant's recipe, tokenizer, prompts and models, loaded by the code `trl-ext train` runs
-    (:func:`trl_ext.recipes.pipeline.load_ppo_models`)."""
+    (:func:`trl_ext.recipe_loader.pipeline.load_ppo_models`)."""
     import transformers
     import yaml
 
-    from trl_ext.recipes import pipeline
-    from trl_ext.recipes.data import tokenize_prompts
-    from trl_ext.recipes.loader import resolve_recipe
+    from trl_ext.recipe_loader import pipeline
+    from trl_ext.recipe_loader.data import tokenize_prompts
+    from trl_ext.recipe_loader.loader import resolve_recipe
 
     keys = recipe_keys(a, a.variant)
     recipe_file = Path(a.workdir) / f"{a.variant}.yaml"
@@ -394,8 +394,8 @@ def variant_child(a):
 
 def predicted_budget(variant, recipe, policy, trainer, train_ds) -> dict:
     """What memory_budget predicts for the variant's run (the loaded policy's shape, the chunk that ran)."""
-    from trl_ext.ppo.memory_budget import DEVICE_OVERHEAD_BYTES, ppo_memory_budget
-    from trl_ext.ppo.rollout_chunk import run_shape_from_models
+    from trl_ext.ppo.rollout.memory_budget import DEVICE_OVERHEAD_BYTES, ppo_memory_budget
+    from trl_ext.ppo.rollout.chunk import run_shape_from_models
 
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     peft_policy = getattr(unwrapped, "policy", policy)
@@ -412,8 +412,8 @@ def predicted_budget(variant, recipe, policy, trainer, train_ds) -> dict:
 
 
 def budget_only() -> str:
-    from trl_ext.ppo.memory_budget import LLAMA_3_8B, PPOShape, budget_table, ppo_memory_budget
-    from trl_ext.ppo.rollout_chunk import largest_fitting_chunk
+    from trl_ext.ppo.rollout.memory_budget import LLAMA_3_8B, PPOShape, budget_table, ppo_memory_budget
+    from trl_ext.ppo.rollout.chunk import largest_fitting_chunk
 
     s = SHAPES["llama-3-8b"]
     run = PPOShape(batch=s["micro"] * s["accumulation"], micro_batch=s["micro"], rollout_chunk=s["chunk"],

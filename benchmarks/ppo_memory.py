@@ -1,14 +1,14 @@
 """PPO memory (issue 11): (a) rollout log-probs without the (batch, length, vocab) tensor, vs TRL's rollout.
 
 (a) `rollout`: peak memory of the rollout phase (generation and the sampling log-probs) at response lengths 32, 128
-    and 512, trl_ext's rollout (`trl_ext.ppo.rollout_logprobs.generate_with_logprobs`, what `PPOTrainer.
+    and 512, trl_ext's rollout (`trl_ext.ppo.rollout.logprobs.generate_with_logprobs`, what `PPOTrainer.
     generate_rollouts` runs) vs TRL's (`batch_generation` with `output_scores`, then `selective_log_softmax` per
     chunk, as TRL 1.12's PPO loop does). A random-initialised Llama with Qwen2.5's real vocabulary (151,936 tokens)
     and a few small layers, built in each child; 32-token random prompts, TRL's rollout sampling config
     (temperature 0.7 + 1e-7, top_k 0, top_p 1) and no stop token, so every response has the full length. Each
     (implementation, length) runs in its own child process; the child builds the model, warms generation up, hands
     freed heap back (glibc malloc_trim), resets the kernel's peak RSS (VmHWM) and reads it after the rollout:
-    growth = peak - RSS before. Reported with what the formulas of `trl_ext.ppo.memory_budget` predict: TRL's
+    growth = peak - RSS before. Reported with what the formulas of `trl_ext.ppo.rollout.memory_budget` predict: TRL's
     stacked scores (`B*T*V*4` bytes, held twice at its peak) and the KV cache, which grows with T in both.
 
 (b) `shared`: a whole PPO run (trainer construction and `--updates` updates, models already loaded), 4-bit nf4 LoRA
@@ -24,7 +24,7 @@
     process on a smaller model (`--timing-hidden`, `--timing-layers`), `--repeats` times; the time spent switching
     adapters is also counted directly.
 
-(c) `budget`: the memory budget of `trl_ext.ppo.memory_budget` for Llama-3-8B and Qwen2.5-7B at the Qwen2.5-0.5B
+(c) `budget`: the memory budget of `trl_ext.ppo.rollout.memory_budget` for Llama-3-8B and Qwen2.5-7B at the Qwen2.5-0.5B
     recipe's batch and lengths, today's design vs the shared base, and its formulas checked against (a) and (b).
 
 Children run with `MALLOC_MMAP_THRESHOLD_=131072` (a fixed glibc threshold: freed large buffers go back to the OS,
@@ -95,7 +95,7 @@ def rollout_child(a):
             try:  # TRL 1.10-1.12
                 from trl.experimental.ppo.ppo_trainer import batch_generation
             except ImportError:  # TRL 1.13+: trl-ext's copy of it (equal to TRL 1.12's: tests/ppo/test_ppo_base.py)
-                from trl_ext.ppo.sequences import batch_generation
+                from trl_ext.ppo.rollout.sequences import batch_generation
             from trl.trainer.utils import selective_log_softmax
 
             query_responses, logitss = batch_generation(model, queries, a.batch, pad, config(length))
@@ -105,7 +105,7 @@ def rollout_child(a):
                 logprobs.append(selective_log_softmax(logitss[i : i + a.batch], response))
             del logitss
             return query_responses, torch.cat(logprobs, 0)
-        from trl_ext.ppo.rollout_logprobs import generate_with_logprobs, sampling_plan
+        from trl_ext.ppo.rollout.logprobs import generate_with_logprobs, sampling_plan
 
         plan = sampling_plan(model, config(length))
         assert plan is not None
@@ -125,7 +125,7 @@ def rollout_child(a):
 
 
 def run_rollout(a):
-    from trl_ext.ppo.memory_budget import ModelShape, kv_cache_bytes, rollout_scores_bytes
+    from trl_ext.ppo.rollout.memory_budget import ModelShape, kv_cache_bytes, rollout_scores_bytes
 
     lengths = [32, 128] if a.quick else [32, 128, 512]
     cfg = ModelShape.from_config(rollout_model_config(a))
@@ -193,7 +193,7 @@ def load_design(root: Path, design: str, tokenizer):
 
     from trl_ext.models import load_policy
     from trl_ext.models.shared_base import add_scalar_adapter
-    from trl_ext.recipes.pipeline import load_scalar_checkpoint
+    from trl_ext.recipe_loader.pipeline import load_scalar_checkpoint
 
     adapter = root / "reward_adapter"
     policy = load_policy(ModelConfig(model_name_or_path=str(root / "policy"), **LORA, **NF4), tokenizer=tokenizer)
@@ -239,7 +239,7 @@ def shared_child(a):
     policy, reward, value = load_design(root, a.design, tokenizer)
     trim_heap()
     loaded = rss_parts_mb()
-    from trl_ext.ppo.memory_budget import held_weight_bytes
+    from trl_ext.ppo.rollout.memory_budget import held_weight_bytes
 
     weights = held_weight_bytes(policy, reward, value)
     timer = UpdateTimer()
@@ -324,7 +324,7 @@ def run_shared(a):
         parameters = build_shared_models(Path(tmp) / "big", a.shared_hidden, a.shared_layers)
         from transformers import AutoConfig
 
-        from trl_ext.ppo.memory_budget import ModelShape
+        from trl_ext.ppo.rollout.memory_budget import ModelShape
 
         shape = vars(ModelShape.from_config(AutoConfig.from_pretrained(Path(tmp) / "big" / "policy")))
         common = ["--model-dir", str(Path(tmp) / "big"), "--threads", str(a.threads), "--updates", str(a.updates),
@@ -375,7 +375,7 @@ local_rollout_forward_batch_size 8."""
 def run_budget(a, results):
     from dataclasses import replace
 
-    from trl_ext.ppo.memory_budget import (
+    from trl_ext.ppo.rollout.memory_budget import (
         LLAMA_3_8B,
         QWEN2_5_7B,
         STREAMING_STEP_COPIES,

@@ -8,7 +8,7 @@ geometric spread) while the other tokens stay near-uniform. Two workloads, 32 pr
 at temperature 1: **uneven** (EOS stops responses, up to 192 new tokens) and **fixed** (no stop token: every response
 runs to 96 tokens, what TRL's PPO does without `stop_token`). Variants: `generate` on the whole batch (chunk 32),
 `generate` in chunks of 8, continuous batching with the cache of one chunk of 32 and of 8
-(:func:`trl_ext.ppo.rollout_engine.engine_cache_plan`), each with and without a LoRA adapter (r 16 on q/k/v/o).
+(:func:`trl_ext.ppo.rollout.engine.engine_cache_plan`), each with and without a LoRA adapter (r 16 on q/k/v/o).
 
 - **tokens/s**: response tokens up to and including the stop token (what the trainer keeps) per second of rollout,
   in one process, variants alternating (A B C D, B C D A, ...; `_common.alternate`) after one warm-up call each;
@@ -114,7 +114,7 @@ def generation_config(response_length, stop, temperature=1.0, **extra):
 def kept_tokens(query_responses, context_length, stop=True):
     """Response tokens the trainer keeps: before the first pad, after truncating at the first EOS if `stop` (with no
     stop token TRL's PPO keeps every token)."""
-    from trl_ext.ppo.sequences import first_true_indices, truncate_response
+    from trl_ext.ppo.rollout.sequences import first_true_indices, truncate_response
 
     responses = query_responses[:, context_length:]
     if stop:
@@ -124,8 +124,8 @@ def kept_tokens(query_responses, context_length, stop=True):
 
 def rollout_fn(model, queries, engine, chunk, config):
     """A zero-argument rollout of `queries` with `engine` ('generate' or 'cb'): (query_responses, logprobs)."""
-    from trl_ext.ppo.rollout_engine import ContinuousBatchingRollout, engine_cache_plan
-    from trl_ext.ppo.rollout_logprobs import generate_with_logprobs, sampling_plan
+    from trl_ext.ppo.rollout.engine import ContinuousBatchingRollout, engine_cache_plan
+    from trl_ext.ppo.rollout.logprobs import generate_with_logprobs, sampling_plan
 
     if engine == "generate":
         plan = sampling_plan(model, config)
@@ -233,9 +233,9 @@ def tolerance(args) -> dict:
     """Max |log-prob - teacher-forced log-prob| (kept positions), engine and generate, per setting."""
     import torch
 
-    from trl_ext.ppo.rollout_engine import ContinuousBatchingRollout, engine_cache_plan, teacher_forced_logprobs
-    from trl_ext.ppo.rollout_logprobs import generate_with_logprobs, sampling_plan
-    from trl_ext.ppo.sequences import first_true_indices, truncate_response
+    from trl_ext.ppo.rollout.engine import ContinuousBatchingRollout, engine_cache_plan, teacher_forced_logprobs
+    from trl_ext.ppo.rollout.logprobs import generate_with_logprobs, sampling_plan
+    from trl_ext.ppo.rollout.sequences import first_true_indices, truncate_response
 
     def kept(query_responses, context_length):
         responses = truncate_response(EOS, PAD, query_responses[:, context_length:])

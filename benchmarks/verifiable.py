@@ -5,7 +5,7 @@ Task (recipes/verifiable/README.md): two-digit addition, ``"4 7 + 3 5 ="`` -> ``
 and a random tiny Llama (hidden 64, 2 layers); 4000 training problems, 500 disjoint held-out ones. The pipeline, in
 this process: data and base model (recipes/verifiable/make_data.py), the SFT warm start (recipes/verifiable/sft.yaml,
 1000 steps: it stops with about a third of the held-out sums right), then RL from the SFT model with
-``reward_funcs=[exact_match_reward]`` (trl_ext/rewards/arithmetic_task.py) and each estimator, at the same number of
+``reward_funcs=[exact_match_reward]`` (recipes/verifiable/arithmetic_task.py) and each estimator, at the same number of
 generated completions (``--updates`` x 64) and the same KL coefficient, 3 training seeds:
 
 * GAE with a value model (initialised from the SFT model with a fresh scalar head), 64 prompts per update;
@@ -62,8 +62,8 @@ def sft(work: Path, max_steps: int | None = None) -> tuple[Path, float]:
     model folder, seconds). The recipe's console output goes to ``<work>/sft.log``."""
     from make_data import make_data
 
-    from trl_ext.recipes import resolve_recipe
-    from trl_ext.recipes.pipeline import run
+    from trl_ext.recipe_loader import resolve_recipe
+    from trl_ext.recipe_loader.pipeline import run
 
     make_data(work)
     argv = ["--model_name_or_path", str(work / "base"), "--dataset_name", str(work / "data" / "train.jsonl"),
@@ -97,7 +97,7 @@ def make_rl_trainer(sft_dir: Path, train_rows: list[dict], out: Path, *, updates
     )
 
     import trl_ext
-    from trl_ext.rewards.arithmetic_task import exact_match_reward
+    from arithmetic_task import exact_match_reward
 
     tokenizer = AutoTokenizer.from_pretrained(sft_dir, padding_side="left")
     torch.manual_seed(seed)

@@ -128,7 +128,7 @@ def run_ours(sft_dir, train_rows, out, updates, seed):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import trl_ext
-    from trl_ext.rewards.arithmetic_task import exact_match_reward
+    from arithmetic_task import exact_match_reward
 
     tokenizer = AutoTokenizer.from_pretrained(sft_dir, padding_side="left")
     torch.manual_seed(seed)
@@ -146,7 +146,7 @@ def run_trl(sft_dir, train_rows, out, updates, seed):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
-    from trl_ext.rewards.arithmetic_task import exact_match_reward
+    from arithmetic_task import exact_match_reward
 
     tokenizer = AutoTokenizer.from_pretrained(sft_dir, padding_side="left")
     torch.manual_seed(seed)

@@ -39,7 +39,7 @@ EXPECTED = {"trl112": (2, 2, 0.05, "float32", "generate"), "separate": (2, 2, 0.
 @pytest.mark.parametrize("shape, workload, tokenizer", [("smoke-llama", "full", "TokenizersBackend"),
                                                         ("smoke-qwen2", "uneven", "Qwen2Tokenizer")])
 def test_smoke_every_variant_on_cpu(gpu_ppo, tmp_path, shape, workload, tokenizer):
-    from trl_ext.ppo.memory_budget import GIB
+    from trl_ext.ppo.rollout.memory_budget import GIB
 
     a = gpu_ppo.parse_args(["--smoke", "--shape", shape, "--workload", workload, "--updates", "1",
                             "--workdir", str(tmp_path)])
@@ -77,7 +77,7 @@ def test_smoke_every_variant_on_cpu(gpu_ppo, tmp_path, shape, workload, tokenize
 def test_the_trl112_config_passes_only_keys_the_recipe_sets(gpu_ppo, tmp_path):
     """TRL 1.12's PPOConfig refuses trl-ext's default ``kl_estimator: None``: the variant passes the recipe's own
     keys only (here checked on the key set; the run itself is in the test above under TRL 1.12)."""
-    from trl_ext.recipes.loader import resolve_recipe
+    from trl_ext.recipe_loader.loader import resolve_recipe
 
     import yaml
 

@@ -179,16 +179,16 @@ def test_local_links_resolve(doc):
 
 def test_models_do_not_depend_on_the_trainer_packages():
     """trl_ext.models loads models for every trainer: it imports none of them (PPO's helpers it shares live in
-    trl_ext.models.positions; trl_ext.ppo.sequences.first_true_indices still imports)."""
+    trl_ext.models.positions; trl_ext.ppo.rollout.sequences.first_true_indices still imports)."""
     import ast
 
     for path in sorted((ROOT / "trl_ext" / "models").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 module = "." * node.level + (node.module or "")
-                assert not module.startswith(("..ppo", "..preference", "..sft", "..recipes", "trl_ext.ppo")), (
+                assert not module.startswith(("..ppo", "..preference", "..sft", "..recipes", "..recipe_loader", "trl_ext.ppo")), (
                     f"{path.name} imports {module}")
     from trl_ext.models.positions import first_true_indices
-    from trl_ext.ppo.sequences import first_true_indices as old_path
+    from trl_ext.ppo.rollout.sequences import first_true_indices as old_path
 
     assert old_path is first_true_indices

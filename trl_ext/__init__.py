@@ -2,15 +2,25 @@
 
 The package, one subpackage per role (each ``__init__.py`` says what it holds):
 
-* :mod:`trl_ext.ppo`: ``PPOTrainer``/``PPOConfig`` and their math (losses, GAE, KL controllers) and data streams.
+* :mod:`trl_ext.ppo`: ``PPOTrainer``/``PPOConfig``; its rooms ``ppo/rollout/`` (sampling and scoring) and
+  ``ppo/objective/`` (losses, advantages, KL controllers).
 * :mod:`trl_ext.sft`: ``SFTTrainer`` (TRL's, with the run safety of :mod:`trl_ext.runtime`) and ``SFTConfig``.
 * :mod:`trl_ext.preference`: ``RewardTrainer``/``RewardConfig``, ``DPOTrainer``/``DPOConfig``, preference losses,
   ranked data, reward centering.
-* :mod:`trl_ext.models`: loading tokenizer, policy and reward/value models (quantization, LoRA, scalar heads).
-* :mod:`trl_ext.recipes`: YAML recipes, their data, the pipeline that runs them and the ``trl-ext`` command.
-* :mod:`trl_ext.runtime`: atomic checkpoints, interruption, NaN guards: what every trainer shares.
-* ``errors.py`` (:class:`~trl_ext.errors.UserInputError`, used everywhere) and ``testing.py`` (tiny offline models
-  for tests, the demo and the benchmarks).
+* :mod:`trl_ext.rewards`: rewards computed by programs (TRL GRPO's reward-function contract, the scorer, worker
+  pools, remote rewards, their metrics and recipe entries).
+* :mod:`trl_ext.models`: loading tokenizer, policy and reward/value models (quantization, LoRA, scalar heads,
+  reward/value adapters on the policy's base).
+* :mod:`trl_ext.runtime`: atomic checkpoints, interruption, NaN guards, devices and engines: what every trainer
+  shares.
+* :mod:`trl_ext.recipe_loader`: YAML recipes: load, check, resolve, run (the pipeline), plan and plot.
+* :mod:`trl_ext.export`: after training: export a run's models, sample from its policy, score data.
+* ``cli.py``: the ``trl-ext`` command (``__main__.py``: ``python -m trl_ext``).
+* ``config_rules.py``: each config field's nullability, choices and range, checked when any trl-ext config is built.
+* ``errors.py``: :class:`~trl_ext.errors.UserInputError`, the one exception for bad input (used everywhere).
+* ``testing.py``: tiny offline models for tests, the demo and the benchmarks.
+* ``_moved_modules.py``: old module paths that still import (0.1's flat modules, formerly ``trl_ext.recipes``,
+  ``ppo/``'s modules before its rooms).
 
 Heavy imports (torch, transformers, trl) are deferred until a trainer or config is first used, so that
 ``import trl_ext`` and ``trl-ext --help`` stay fast.

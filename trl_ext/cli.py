@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .recipes.loader import resolve_recipe
+    from .recipe_loader.loader import resolve_recipe
 
     if args.command in ("export", "sample", "score"):  # trl_ext/export/{export_models,sample,score}.py
         import importlib
@@ -175,7 +175,7 @@ def _run(args: argparse.Namespace) -> int:
         importlib.import_module(".export.run_dir", __package__).quiet_libraries()
         return importlib.import_module(f".export.{module}", __package__).main(args)
     if args.command == "plot":
-        from .recipes.plots import plot_runs
+        from .recipe_loader.plots import plot_runs
 
         out = args.out if args.out is not None else Path(args.runs[0]) / "plots"  # beside the (first) run
         for path in plot_runs(args.runs, out, smoothing=args.smoothing):
@@ -183,7 +183,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     overrides = [tok for tok in args.overrides if tok != "--"]
     if args.command == "plan":
-        from .recipes.plan import run_plan
+        from .recipe_loader.plan import run_plan
 
         return run_plan(args.recipe, overrides, gpu_memory=args.gpu_memory, prompt_length=args.prompt_length)
     if args.command == "check":
@@ -191,8 +191,8 @@ def _run(args: argparse.Namespace) -> int:
     recipe = resolve_recipe(args.recipe, overrides)
     from .runtime.interruption import TrainingInterrupted
     from .runtime.nonfinite import NonFiniteError
-    from .recipes.pipeline import run
-    from .recipes.summary import PPO_LEGEND, run_summary
+    from .recipe_loader.pipeline import run
+    from .recipe_loader.summary import PPO_LEGEND, run_summary
 
     if recipe.trainer == "ppo" and os.environ.get("RANK", "0") == "0":
         print(PPO_LEGEND, flush=True)  # `eps` & co. explained where they are printed
@@ -205,32 +205,32 @@ def _run(args: argparse.Namespace) -> int:
     except NonFiniteError as err:
         _print_once(f"trl-ext: error: {err}")
         return EXIT_NONFINITE
-    if os.environ.get("RANK", "0") == "0":  # where it all went and what to run next (trl_ext/recipes/summary.py)
+    if os.environ.get("RANK", "0") == "0":  # where it all went and what to run next (trl_ext/recipe_loader/summary.py)
         print(run_summary(recipe, trainer.state.log_history, time.monotonic() - start), flush=True)
     return 0
 
 
 def _check(args: argparse.Namespace, overrides: list[str]) -> int:
     """`trl-ext check`: validate without loading a model; print notes, what was not checked and the recipe."""
-    from .recipes.loader import resolve_recipe
+    from .recipe_loader.loader import resolve_recipe
 
     recipe = resolve_recipe(args.recipe, overrides, for_check=True)
-    from .recipes.data_rows import check_local_data
+    from .recipe_loader.data_rows import check_local_data
 
     check_local_data(recipe)  # local data: columns, rows and prompt lengths too (no network, no model)
-    from .recipes.lora_targets import check_recipe_lora_targets
+    from .recipe_loader.lora_targets import check_recipe_lora_targets
 
     notes = recipe.notes + check_recipe_lora_targets(recipe)  # models built on the meta device, no weights
     print(f"# {args.recipe}: OK ({recipe.trainer} recipe, {type(recipe.training_args).__name__})")
     for note in notes:
         print(f"# note: {note}")
-    from .recipes.recipe_paths import hub_names
+    from .recipe_loader.recipe_paths import hub_names
 
     for what, name in hub_names(recipe):  # check never goes online: say what it could not see
         print(f"# not checked: {what} '{name}' is a Hub name (check works offline; train downloads it and checks "
               "it then)")
     if recipe.trainer == "ppo" and recipe.pipeline.shared_base:
-        from .recipes.loader import shared_value_is_fresh
+        from .recipe_loader.loader import shared_value_is_fresh
 
         base = recipe.model_args.model_name_or_path
         value = "none (critic-free advantage_estimator)"

@@ -4,8 +4,8 @@
 * **Answer** (the dataset's ``answer`` column): the sum as a plain number, ``"82"`` (0..198).
 * **Completion** the model should write: the sum's digits separated by spaces, ``" 8 2"``, then the end-of-sequence
   token: at most 3 digits + eos, so RL's ``response_length`` is 5 (room for one token of junk).
-* **Checker**: :func:`trl_ext.rewards.arithmetic_task.exact_match_reward` (1.0 when the completion's leading digits
-  read as the right number, else 0.0), :func:`~trl_ext.rewards.arithmetic_task.parse_answer`.
+* **Checker**: :func:`arithmetic_task.exact_match_reward` (1.0 when the completion's leading digits
+  read as the right number, else 0.0), :func:`~arithmetic_task.parse_answer`.
 
 There are 10,000 problems. :func:`split` shuffles them with a seed and cuts a held-out set (500) and a training set
 (4,000) that share no problem. A tiny Llama (hidden 64, 2 layers) trained with SFT on the training problems learns

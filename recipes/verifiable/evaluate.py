@@ -6,7 +6,7 @@
 For every held-out problem the model answers once greedily (``greedy``: the accuracy the tables report) and
 ``--samples`` times at temperature 1 with no top-k/top-p, as RL samples (``sampled``: the mean reward RL sees on
 problems it never trained on). Each answer is at most ``RESPONSE_LENGTH`` tokens, stopped at the end-of-sequence
-token, decoded without special tokens and scored by ``trl_ext.rewards.arithmetic_task.exact_match_reward``, the
+token, decoded without special tokens and scored by ``arithmetic_task.exact_match_reward``, the
 reward function RL trains on.
 """
 
@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import addition_task
 
-from trl_ext.rewards.arithmetic_task import exact_match_reward
+from arithmetic_task import exact_match_reward
 
 
 @torch.no_grad()

@@ -5,7 +5,7 @@ Usage: engine_script.py TINY_MODELS_DIR OUT_DIR RUN[,RUN...] [--gpu] with runs f
 smoothing), `dpo` (cDPO), `ppo` (LoRA policy, adaptive KL, joint ptx; 3 updates, checkpoint at update 2) and
 `ppo_resumed` (PPO resumed from that checkpoint by a fresh trainer), in that order, `ppo_reward_funcs` (GRPO with a
 reward function and no reward model, as in ddp_script.py), and `ppo_recipe` (the PPO demo
-recipe through trl_ext.recipes.pipeline, as `trl-ext train` runs it: a full policy, whose reference TRL copies, 2
+recipe through trl_ext.recipe_loader.pipeline, as `trl-ext train` runs it: a full policy, whose reference TRL copies, 2
 updates, fp32; needs TRL_EXT_TINY_DIR and the repository as working directory). The settings are those of
 tests/runtime/ddp_script.py, so a DDP launch of this script gives the reference numbers. `--gpu` (used by
 benchmarks/engine_matrix.py) trains on the GPUs: `use_cpu=False` (on CPU the recipes' `use_cpu: true` is kept).
@@ -163,8 +163,8 @@ def run_ppo(tiny, out, resume=None):
 
 
 def run_ppo_recipe(out):
-    from trl_ext.recipes import resolve_recipe
-    from trl_ext.recipes.pipeline import run
+    from trl_ext.recipe_loader import resolve_recipe
+    from trl_ext.recipe_loader.pipeline import run
 
     overrides = ["--output_dir", str(out / "ppo_recipe"), "--reward_model_path", "tiny://reward",
                  "--total_episodes", "32", "--bf16", "false", *(["--use_cpu", "false"] if ON_GPU else [])]

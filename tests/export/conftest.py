@@ -19,8 +19,8 @@ def tiny_env(tiny_models):
 
 
 def train(recipe, *overrides):
-    from trl_ext.recipes import resolve_recipe
-    from trl_ext.recipes.pipeline import run
+    from trl_ext.recipe_loader import resolve_recipe
+    from trl_ext.recipe_loader.pipeline import run
 
     return run(resolve_recipe(recipe, [str(o) for o in overrides]))
 

@@ -74,7 +74,7 @@ def test_loaded_parameters_follow_the_rule_and_run_without_autocast(bf16_checkpo
 def test_trl_bfloat16_cast_is_undone_with_the_very_same_values(bf16_checkpoints, tokenizer):
     """TRL's RewardTrainer casts a quantized model's trainables to bfloat16; trl-ext's gets its own tensors back."""
     from trl_ext import RewardConfig, RewardTrainer
-    from trl_ext.recipes.data import open_split
+    from trl_ext.recipe_loader.data import open_split
 
     args = ModelConfig(model_name_or_path=bf16_checkpoints["policy"], dtype="float16", load_in_4bit=True, **LORA)
     model = load_scalar_model(args, tokenizer=tokenizer)
@@ -123,8 +123,8 @@ def recipe_keys(trainer, paths, out, *, quant, dtype):
 
 
 def run_recipe(tmp_path, keys):
-    from trl_ext.recipes import resolve_recipe
-    from trl_ext.recipes.pipeline import run
+    from trl_ext.recipe_loader import resolve_recipe
+    from trl_ext.recipe_loader.pipeline import run
 
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(keys))

@@ -197,7 +197,7 @@ def test_4bit_shared_base_scores_like_a_4bit_reward_model(tiny_models, reward_ad
 
     from trl_ext.models import load_policy
     from trl_ext.models.shared_base import add_scalar_adapter
-    from trl_ext.recipes.pipeline import load_scalar_checkpoint
+    from trl_ext.recipe_loader.pipeline import load_scalar_checkpoint
 
     common = dict(load_in_4bit=True, bnb_4bit_quant_type="nf4", dtype="float32")
     policy = load_policy(ModelConfig(model_name_or_path=str(tiny_models.policy), use_peft=True, lora_r=4,

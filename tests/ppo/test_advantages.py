@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trl_ext.ppo.advantages import (
+from trl_ext.ppo.objective.advantages import (
     gae_advantages,
     group_mean_baseline,
     grpo_advantages,
@@ -15,7 +15,7 @@ from trl_ext.ppo.advantages import (
     rloo_advantages,
     sequence_advantages_to_tokens,
 )
-from trl_ext.ppo.losses import kl_loss_k3
+from trl_ext.ppo.objective.losses import kl_loss_k3
 
 # two groups of k = 4: unequal rewards, then all equal
 REWARDS = torch.tensor([1.0, 2.0, 3.0, 6.0, 5.0, 5.0, 5.0, 5.0])

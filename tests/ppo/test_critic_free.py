@@ -35,13 +35,13 @@ def make(tiny_models, tok, data, out, trainer_cls=None, value_model=None, **over
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (dict(advantage_estimator="ppo"), "advantage_estimator: unknown value 'ppo'; use one of gae, rloo"),
+    (dict(advantage_estimator="ppo"), "advantage_estimator: invalid choice 'ppo' \\(valid: one of gae, rloo"),
     (dict(advantage_estimator="grpo"), "num_samples_per_prompt: advantage_estimator 'grpo' compares the samples"),
     (dict(advantage_estimator="rloo", num_samples_per_prompt=3), "num_samples_per_prompt: 3 does not divide the "
      "episodes per update and process, per_device_train_batch_size \\* gradient_accumulation_steps = 4"),
-    (dict(num_samples_per_prompt=0), "num_samples_per_prompt: must be a positive integer, got 0"),
+    (dict(num_samples_per_prompt=0), "num_samples_per_prompt: 0 is out of range \\(valid: an integer >= 1\\)"),
     (dict(kl_in="loss"), "kl_in: 'loss' needs a critic-free advantage_estimator"),
-    (dict(advantage_estimator="reinforce_pp", kl_in="value"), "kl_in: unknown value 'value'"),
+    (dict(advantage_estimator="reinforce_pp", kl_in="value"), "kl_in: invalid choice 'value'"),
     (dict(advantage_estimator="reinforce_pp", whiten_rewards=True, per_device_train_batch_size=8),
      "whiten_rewards: applies to advantage_estimator 'gae' only"),
 ])
@@ -75,7 +75,7 @@ def test_value_model_must_match_the_estimator(tiny_models, tok, data, tmp_path):
 
 
 def test_gae_keeps_its_value_model_and_one_sample_per_prompt_keeps_the_batch():
-    from trl_ext.ppo.critic_free import check_value_model, repeat_prompts
+    from trl_ext.ppo.objective.critic_free import check_value_model, repeat_prompts
 
     value = object()
     assert check_value_model(SimpleNamespace(critic_free=False), value) is value
@@ -118,8 +118,8 @@ def recording_trainer():
 def test_groups_and_advantages_in_the_trainer(tiny_models, tok, data, tmp_path, estimator):
     """Each prompt sampled k = 2 times in consecutive rows; the advantages are the estimator's on the trainer's own
     scores and KL; no value model is trained, saved or logged."""
-    from trl_ext.ppo.advantages import grpo_advantages, reinforce_pp_advantages, rloo_advantages
-    from trl_ext.ppo.critic_free import NoValueModel
+    from trl_ext.ppo.objective.advantages import grpo_advantages, reinforce_pp_advantages, rloo_advantages
+    from trl_ext.ppo.objective.critic_free import NoValueModel
 
     cls = recording_trainer()
     trainer = make(tiny_models, tok, data, tmp_path, trainer_cls=cls, advantage_estimator=estimator,
@@ -136,7 +136,7 @@ def test_groups_and_advantages_in_the_trainer(tiny_models, tok, data, tmp_path, 
         assert torch.equal(rollout.queries[0::2], rollout.queries[1::2])  # groups: consecutive rows
         assert not torch.equal(rollout.queries[0], rollout.queries[2])
         mask = ~rollout.padding_mask
-        kl_coef = rollout.kl_coef if trainer.args.kl_in == "reward" else 0.0
+        kl_coef = trainer.args.kl_coef if trainer.args.kl_in == "reward" else 0.0  # the fixed controller's
         if estimator.startswith("reinforce_pp"):
             group_size = 2 if estimator == "reinforce_pp_baseline" else None
             expected = reinforce_pp_advantages(rollout.scores, rollout.kl, kl_coef, mask, group_size=group_size)
@@ -163,7 +163,7 @@ def test_groups_and_advantages_in_the_trainer(tiny_models, tok, data, tmp_path, 
 
 
 def test_group_metrics_count_groups_with_equal_scores():
-    from trl_ext.ppo.critic_free import critic_free_metrics
+    from trl_ext.ppo.objective.critic_free import critic_free_metrics
 
     metrics = {"loss/value_avg": 1.0, "val/clipfrac_avg": 0.0, "val/ratio": 1.0, "val/ratio_var": 0.0,
                "val/num_eos_tokens": 3}
@@ -171,8 +171,7 @@ def test_group_metrics_count_groups_with_equal_scores():
                               advantages=torch.tensor([[0.0, 0.0], [0.0, 0.0], [-1.0, -1.0], [1.0, 0.0]]),
                               padding_mask=torch.tensor([[False, False]] * 3 + [[False, True]]))
     stats = SimpleNamespace(kl_losses=[])
-    args = SimpleNamespace(num_samples_per_prompt=2)
-    critic_free_metrics(metrics, rollout, stats, args, SimpleNamespace(gather_for_metrics=lambda t: t))
+    critic_free_metrics(metrics, rollout, stats, 2, lambda t: t)
     assert metrics["objective/frac_groups_equal_scores"] == 0.5
     assert metrics["objective/group_scores_std"] == pytest.approx((0 + 2**-0.5) / 2)
     assert metrics["objective/advantages_abs"] == pytest.approx(3 / 7)
@@ -187,7 +186,7 @@ def test_group_metrics_count_groups_with_equal_scores():
 def test_kl_in_loss_follows_the_adaptive_controller(tiny_models, tok, data, tmp_path):
     """GRPO's k3 term in the loss, its coefficient from the adaptive controller: the coefficient moves by the
     controller's formula from the logged KL, and the loss term is 0 at the first micro-batch (policy = reference)."""
-    from trl_ext.ppo.kl_controllers import AdaptiveKLController
+    from trl_ext.ppo.objective.kl_controllers import AdaptiveKLController
 
     trainer = make(tiny_models, tok, data, tmp_path, advantage_estimator="grpo", total_episodes=12,
                    kl_controller="adaptive", kl_target=0.01, kl_horizon=8)

@@ -108,7 +108,7 @@ def test_auto_takes_the_largest_micro_batch_whose_training_phase_fits():
     from dataclasses import replace
 
     from trl_ext.errors import UserInputError
-    from trl_ext.ppo.memory_budget import GIB, LLAMA_3_8B, PPOShape, ppo_memory_budget
+    from trl_ext.ppo.rollout.memory_budget import GIB, LLAMA_3_8B, PPOShape, ppo_memory_budget
     from trl_ext.ppo.micro_batches import largest_fitting_micro_batch
 
     run = PPOShape(batch=64, micro_batch=2, rollout_chunk=8, prompt_length=512, response_length=64, lora_r=32,
@@ -145,7 +145,7 @@ def test_bad_values_name_the_key(value):
 def test_recipe_key(tmp_path):
     """The recipe loader maps the PPOConfig field: an integer, `auto`, and a wrong value refused in one line."""
     from trl_ext.errors import UserInputError
-    from trl_ext.recipes.loader import resolve_recipe
+    from trl_ext.recipe_loader.loader import resolve_recipe
 
     (tmp_path / "d.jsonl").write_text('{"prompt": "a b"}\n')
     for value, expected in (("3", 3), ("auto", "auto")):

@@ -1,4 +1,4 @@
-"""The policy objectives of trl_ext.ppo.objectives against hand-computed numbers: loss aggregation with unequal
+"""The policy objectives of trl_ext.ppo.objective.objectives against hand-computed numbers: loss aggregation with unequal
 lengths and masked tokens (and exactness over gradient accumulation), clipped / asymmetric / dual / two-sided / CISPO
 losses and their gradients at and beyond both clip edges, GSPO's sequence ratio, KL estimators, entropy, dynamic
 sampling's group filter, and the config's refusals."""
@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from trl_ext.ppo.objectives import (
+from trl_ext.ppo.objective.objectives import (
     ObjectiveConfig,
     aggregate,
     clipped_policy_loss,
@@ -184,7 +184,7 @@ def test_token_entropy_value_and_gradient():
 
 
 def test_defaults_are_todays_loss_bit_for_bit():
-    from trl_ext.ppo.losses import kl_loss_k3, policy_loss
+    from loss_references import kl_loss_k3, policy_loss
 
     gen = torch.Generator().manual_seed(0)
     new, old, ref = (torch.randn(4, 6, generator=gen) * 0.3 for _ in range(3))
@@ -219,7 +219,7 @@ def test_bias_corrected_kl_is_weighted_by_the_ratio():
 
 
 def test_groups_of_equal_scores_are_the_uninformative_ones():
-    from trl_ext.ppo.dynamic_sampling import informative_groups
+    from trl_ext.ppo.rollout.dynamic_sampling import informative_groups
 
     scores = torch.tensor([1.0, 1.0, 0.0, 1.0, 2.0, 2.0, -1.0, 3.0])
     assert informative_groups(scores, 2).tolist() == [False, True, False, True]
@@ -227,19 +227,19 @@ def test_groups_of_equal_scores_are_the_uninformative_ones():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (dict(loss_aggregation="sum"), "loss_aggregation: unknown value 'sum'; use one of token_mean, global_token_mean"),
-    (dict(kl_estimator="k4"), "kl_estimator: unknown value 'k4'; use one of k1, k2, k3, low_var_kl"),
-    (dict(ratio_level="group"), "ratio_level: unknown value 'group'"),
-    (dict(policy_loss="sapo"), "policy_loss: unknown value 'sapo'"),
-    (dict(cliprange_low=1.5), "cliprange_low: must be in \\[0, 1\\]"),
-    (dict(cliprange_high=-0.1), "cliprange_high: must not be negative"),
-    (dict(dual_clip=1.0), "dual_clip: must be greater than 1"),
+    (dict(loss_aggregation="sum"), "loss_aggregation: invalid choice 'sum' \\(valid: one of token_mean, global_token_mean"),
+    (dict(kl_estimator="k4"), "kl_estimator: invalid choice 'k4' \\(valid: one of k1, k2, k3, low_var_kl\\)"),
+    (dict(ratio_level="group"), "ratio_level: invalid choice 'group'"),
+    (dict(policy_loss="sapo"), "policy_loss: invalid choice 'sapo'"),
+    (dict(cliprange_low=1.5), "cliprange_low: 1.5 is out of range \\(valid: a number in \\[0, 1\\]\\)"),
+    (dict(cliprange_high=-0.1), "cliprange_high: -0.1 is out of range \\(valid: a number >= 0\\)"),
+    (dict(dual_clip=1.0), "dual_clip: 1.0 is out of range \\(valid: a number > 1\\)"),
     (dict(dual_clip=3.0, policy_loss="cispo"), "dual_clip: bounds the clipped surrogate; policy_loss 'cispo'"),
     (dict(delta=1.25, cliprange_high=0.28), "delta: must exceed 1 \\+ cliprange_high = 1.28"),
-    (dict(entropy_coef=-0.01), "entropy_coef: must not be negative"),
+    (dict(entropy_coef=-0.01), "entropy_coef: -0.01 is out of range \\(valid: a number >= 0\\)"),
     (dict(use_bias_correction_kl=True), "use_bias_correction_kl: corrects the KL term of the loss; kl_in is 'reward'"),
     (dict(mask_truncated_completions=True, stop_token=None), "mask_truncated_completions: needs a stop token"),
-    (dict(max_sampling_rounds=0), "max_sampling_rounds: must be a positive integer"),
+    (dict(max_sampling_rounds=0), "max_sampling_rounds: 0 is out of range \\(valid: an integer >= 1\\)"),
     (dict(dynamic_sampling=True), "dynamic_sampling: drops groups of equal scores, which needs a group "
      "advantage_estimator \\(rloo, grpo, reinforce_pp_baseline\\), not 'gae'"),
     (dict(dynamic_sampling=True, advantage_estimator="reinforce_pp"), "dynamic_sampling: .* not 'reinforce_pp'"),
@@ -405,9 +405,9 @@ def test_rounds_of_different_prompt_and_response_lengths_join_as_the_trainer_pad
     """Dynamic sampling joins rounds: queries left-padded to the longest context, responses and their per-token
     fields right-padded (pad token, INVALID_LOGPROB, value 0, padding masks True), per-episode lists and dicts kept
     in order, a per-process statistic averaged over the episodes."""
-    from trl_ext.ppo.dynamic_sampling import concat_rollouts
-    from trl_ext.ppo.rollout import Rollout
-    from trl_ext.ppo.sequences import INVALID_LOGPROB
+    from trl_ext.ppo.rollout.dynamic_sampling import concat_rollouts
+    from trl_ext.ppo.rollout.containers import Rollout
+    from trl_ext.ppo.rollout.sequences import INVALID_LOGPROB
 
     pad = 0
 

@@ -3,15 +3,16 @@
 import pytest
 import torch
 
-from trl_ext.ppo.kl_controllers import (
+from trl_ext.ppo.objective.kl_controllers import (
     AdaptiveKLController,
     DoublingKLController,
     FixedKLController,
     KLController,
     build_kl_controller,
 )
-from trl_ext.ppo.advantages import gae_advantages
-from trl_ext.ppo.losses import policy_loss, ptx_lm_loss, value_loss
+from loss_references import policy_loss
+from trl_ext.ppo.objective.advantages import gae_advantages
+from trl_ext.ppo.objective.losses import ptx_lm_loss, value_loss
 
 # Value loss, eps = 0.2. Token 0: V=1, V_old=0.5, R=0 -> V_clip=0.7, l1=1, l2=0.49 (unclipped error larger).
 # Token 1: V=2.5, V_old=2, R=3 -> V_clip=2.2, l1=0.25, l2=0.64 (clipping increases the error).

@@ -83,8 +83,8 @@ def nan_loss_trainer(first_bad_update: int, last_bad_update: int = 10**9):
     class NaNLoss(trl_ext.PPOTrainer):
         """Every micro-batch loss of updates `first_bad_update`..`last_bad_update` is NaN."""
 
-        def compute_micro_batch_loss(self, model, rollout, micro_batch_inds, ptx_batch=None):
-            out = super().compute_micro_batch_loss(model, rollout, micro_batch_inds, ptx_batch)
+        def compute_micro_batch_loss(self, model, rollout, micro_batch_inds, ptx_batch=None, **step):
+            out = super().compute_micro_batch_loss(model, rollout, micro_batch_inds, ptx_batch, **step)
             if first_bad_update <= self.state.global_step + 1 <= last_bad_update:
                 out.loss = out.loss * float("nan")
             return out

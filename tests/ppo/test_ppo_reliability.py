@@ -247,8 +247,8 @@ def test_nan_loss_after_an_optimizer_step_names_the_last_checkpoint(tiny_models,
     from trl_ext.runtime.nonfinite import NonFiniteError
 
     class NaNOnSecondStep(trl_ext.PPOTrainer):
-        def compute_micro_batch_loss(self, model, rollout, micro_batch_inds, ptx_batch=None):
-            out = super().compute_micro_batch_loss(model, rollout, micro_batch_inds, ptx_batch)
+        def compute_micro_batch_loss(self, model, rollout, micro_batch_inds, ptx_batch=None, **step):
+            out = super().compute_micro_batch_loss(model, rollout, micro_batch_inds, ptx_batch, **step)
             if self.state.global_step == 1 and self._optimizer_stepped:
                 out.loss = out.loss * float("nan")
             return out

@@ -1,4 +1,4 @@
-"""local_rollout_forward_batch_size: auto (trl_ext.ppo.rollout_chunk): the chosen chunk fits the memory target and the
+"""local_rollout_forward_batch_size: auto (trl_ext.ppo.rollout.chunk): the chosen chunk fits the memory target and the
 next larger one does not, on the budget's formulas and on a real trainer with tiny models."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 from ppo_helpers import config_kwargs, left_tokenizer, prompt_dataset, seed_all, update_logs
 from trl_ext.errors import UserInputError
-from trl_ext.ppo.memory_budget import GIB, ModelShape, PPOShape, ppo_memory_budget
-from trl_ext.ppo.rollout_chunk import largest_fitting_chunk, rollout_chunk_value
+from trl_ext.ppo.rollout.memory_budget import GIB, ModelShape, PPOShape, ppo_memory_budget
+from trl_ext.ppo.rollout.chunk import largest_fitting_chunk, rollout_chunk_value
 
 TINY = ModelShape(vocab_size=100, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=4, num_kv_heads=2,
                   head_dim=16)
@@ -73,7 +73,7 @@ def test_config_checks(tmp_path):
     kwargs = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none")
     with pytest.raises(UserInputError, match="'auto' on CPU .* needs max_memory_gib"):
         trl_ext.PPOConfig(local_rollout_forward_batch_size="auto", **kwargs)
-    with pytest.raises(UserInputError, match="max_memory_gib: must be positive"):
+    with pytest.raises(UserInputError, match=r"max_memory_gib: 0 is out of range \(valid: a number > 0\)"):
         trl_ext.PPOConfig(local_rollout_forward_batch_size="auto", max_memory_gib=0, **kwargs)
     args = trl_ext.PPOConfig(local_rollout_forward_batch_size="auto", max_memory_gib=1.5, **kwargs)
     assert (args.local_rollout_forward_batch_size, args.max_memory_gib) == ("auto", 1.5)
@@ -81,7 +81,7 @@ def test_config_checks(tmp_path):
 
 
 def test_recipe_key(tmp_path):
-    from trl_ext.recipes.loader import resolve_recipe
+    from trl_ext.recipe_loader.loader import resolve_recipe
 
     out = ["--output_dir", str(tmp_path / "out"), "--use_cpu", "true", "--reward_model_path", "tiny://reward"]
     recipe = resolve_recipe("recipes/demo/ppo.yaml", out + ["--local_rollout_forward_batch_size", "auto",
@@ -176,7 +176,7 @@ def test_shape_of_a_loaded_4bit_lora_policy(tiny_models, tokenizer, tmp_path):
 
     import trl_ext
     from trl_ext.models import load_policy
-    from trl_ext.ppo.rollout_chunk import run_shape_from_models
+    from trl_ext.ppo.rollout.chunk import run_shape_from_models
 
     policy = load_policy(ModelConfig(model_name_or_path=str(tiny_models.policy), load_in_4bit=True, dtype="bfloat16",
                                      use_bnb_nested_quant=True, use_peft=True, lora_r=8,

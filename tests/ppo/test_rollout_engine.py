@@ -1,4 +1,4 @@
-"""rollout_engine (trl_ext.ppo.rollout_engine): continuous batching gives generate's tokens on greedy decoding, the
+"""rollout_engine (trl_ext.ppo.rollout.engine): continuous batching gives generate's tokens on greedy decoding, the
 trainer's log-probs on sampling (or recomputes them when top-k/top-p reshape sampling), keeps the run's RNG and cache,
 trains (GAE on a shared base, RLOO), and what it cannot run is refused in one line."""
 
@@ -9,8 +9,8 @@ import torch
 
 from ppo_helpers import config_kwargs, left_tokenizer, prompt_dataset, seed_all, update_logs
 from trl_ext.errors import UserInputError
-from trl_ext.ppo.memory_budget import ModelShape, kv_cache_bytes
-from trl_ext.ppo.rollout_engine import (
+from trl_ext.ppo.rollout.memory_budget import ModelShape, kv_cache_bytes
+from trl_ext.ppo.rollout.engine import (
     AUTO_MIN_RESPONSE_LENGTH,
     LOGPROB_TOLERANCE,
     ContinuousBatchingRollout,
@@ -20,7 +20,7 @@ from trl_ext.ppo.rollout_engine import (
     has_continuous_batching,
     teacher_forced_logprobs,
 )
-from trl_ext.ppo.sequences import first_true_indices, truncate_response
+from trl_ext.ppo.rollout.sequences import first_true_indices, truncate_response
 
 if not has_continuous_batching():
     pytest.skip("transformers without the continuous batching trl-ext drives", allow_module_level=True)
@@ -80,8 +80,9 @@ def test_config_refusals_in_one_line(tmp_path, monkeypatch):
     assert trl_ext.PPOConfig(**kwargs).rollout_engine == "generate"
     with pytest.raises(UserInputError) as err:
         trl_ext.PPOConfig(rollout_engine="vllm", **kwargs)
-    assert str(err.value) == "rollout_engine: unknown value 'vllm'; use one of generate, continuous_batching, auto"
-    from trl_ext.recipes.loader import resolve_recipe
+    assert str(err.value) == ("rollout_engine: invalid choice 'vllm' (valid: one of generate, continuous_batching, "
+                              "auto)")
+    from trl_ext.recipe_loader.loader import resolve_recipe
 
     out = ["--output_dir", str(tmp_path / "out"), "--use_cpu", "true", "--reward_model_path", "tiny://reward"]
     recipe = resolve_recipe("recipes/demo/ppo.yaml", out + ["--rollout_engine", "auto"])
@@ -110,7 +111,7 @@ def test_cache_plan_is_one_generate_chunk():
 def test_greedy_gives_generates_tokens_and_the_cache_is_built_once(lora_policy, tok):
     from transformers import GenerationConfig
 
-    from trl_ext.ppo.rollout_logprobs import generate_with_logprobs, sampling_plan
+    from trl_ext.ppo.rollout.logprobs import generate_with_logprobs, sampling_plan
 
     q = queries(tok)
     config = GenerationConfig(max_new_tokens=12, do_sample=False)
@@ -279,7 +280,7 @@ def test_greedy_on_a_4bit_lora_policy(tiny_models, tok):
     from trl import ModelConfig
 
     from trl_ext.models import load_policy
-    from trl_ext.ppo.rollout_logprobs import generate_with_logprobs, sampling_plan
+    from trl_ext.ppo.rollout.logprobs import generate_with_logprobs, sampling_plan
 
     policy = load_policy(ModelConfig(model_name_or_path=str(tiny_models.policy), load_in_4bit=True, dtype="float32",
                                      use_peft=True, lora_r=4, lora_target_modules=["q_proj", "v_proj"]),

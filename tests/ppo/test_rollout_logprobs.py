@@ -1,4 +1,4 @@
-"""Rollout log-probs taken while sampling (trl_ext.ppo.rollout_logprobs) equal TRL's from the stacked scores."""
+"""Rollout log-probs taken while sampling (trl_ext.ppo.rollout.logprobs) equal TRL's from the stacked scores."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def trl_rollout(model, queries, chunk, pad, config):
     try:  # TRL 1.10-1.12
         from trl.experimental.ppo.ppo_trainer import batch_generation
     except ImportError:  # TRL 1.13+: trl-ext's copy of it (equal to TRL 1.12's: tests/ppo/test_ppo_base.py)
-        from trl_ext.ppo.sequences import batch_generation
+        from trl_ext.ppo.rollout.sequences import batch_generation
     from trl.trainer.utils import selective_log_softmax
 
     query_responses, logits = batch_generation(model, queries, chunk, pad, config)
@@ -41,7 +41,7 @@ def trl_rollout(model, queries, chunk, pad, config):
     ],
 )
 def test_logprobs_and_samples_equal_trls(setup, kwargs):
-    from trl_ext.ppo.rollout_logprobs import generate_with_logprobs, sampling_plan
+    from trl_ext.ppo.rollout.logprobs import generate_with_logprobs, sampling_plan
 
     model, tok, queries = setup
     # chunks of 2 of 5 queries, 24 new tokens; 1/16 of the vocabulary stops a sequence, so chunks stop early and
@@ -67,7 +67,7 @@ def test_capture_keeps_one_step_of_scores(setup):
     """The processor holds per-token log-probs and one (batch, vocab) step, never the stacked scores."""
     from transformers import LogitsProcessorList
 
-    from trl_ext.ppo.rollout_logprobs import SampledTokenLogprobs, sampling_plan
+    from trl_ext.ppo.rollout.logprobs import SampledTokenLogprobs, sampling_plan
 
     model, tok, queries = setup
     plan = sampling_plan(model, GenerationConfig(max_new_tokens=12, min_new_tokens=12, do_sample=True,
@@ -90,7 +90,7 @@ def test_capture_keeps_one_step_of_scores(setup):
 
 
 def test_unsupported_sampling_falls_back_to_trls_path(setup):
-    from trl_ext.ppo.rollout_logprobs import sampling_plan
+    from trl_ext.ppo.rollout.logprobs import sampling_plan
 
     model, _, _ = setup
     assert sampling_plan(model, GenerationConfig(do_sample=True, typical_p=0.9, top_k=0)) is None

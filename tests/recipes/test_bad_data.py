@@ -1,4 +1,4 @@
-"""Bad data found before training: one line naming the file, the row and the column (trl_ext/recipes/data_rows.py).
+"""Bad data found before training: one line naming the file, the row and the column (trl_ext/recipe_loader/data_rows.py).
 
 `trl-ext check` reads local datasets' rows; `trl-ext train` checks every split it opens before any model loads.
 In-process CLI calls on the tiny models.

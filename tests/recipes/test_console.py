@@ -117,8 +117,8 @@ def test_warning_filters_match_message_and_module_only():
 @pytest.mark.parametrize("row, prompts", [({"prompt": "1 + 1 =", "completion": " 2"}, "data.jsonl"),
                                           ({"text": "some text"}, "PROMPTS.jsonl")])
 def test_sft_summary_suggests_its_data_as_prompts_only_with_a_prompt_column(tmp_path, monkeypatch, row, prompts):
-    from trl_ext.recipes import resolve_recipe
-    from trl_ext.recipes.summary import next_commands
+    from trl_ext.recipe_loader import resolve_recipe
+    from trl_ext.recipe_loader.summary import next_commands
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data.jsonl").write_text(json.dumps(row) + "\n")

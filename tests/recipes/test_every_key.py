@@ -2,7 +2,7 @@
 nothing written.
 
 The wrong values are derived from each key's declared type, nullability, choices and range
-(:func:`trl_ext.recipes.validation.key_specs`), not from a hand list, so keys added later are walked too. In-process
+(:func:`trl_ext.recipe_loader.validation.key_specs`), not from a hand list, so keys added later are walked too. In-process
 ``trl-ext check`` (and ``train`` for the cases of issue 21): each case fails before any model loads.
 """
 
@@ -14,8 +14,8 @@ import yaml
 
 from trl_ext.models.paths import looks_local
 from trl_ext.cli import main
-from trl_ext.recipes.loader import _RecipeArgumentParser, _dataclass_types
-from trl_ext.recipes.validation import INT64_MAX, key_specs
+from trl_ext.recipe_loader.loader import _RecipeArgumentParser, _dataclass_types
+from trl_ext.recipe_loader.validation import INT64_MAX, key_specs
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_DATA = ROOT / "recipes" / "demo" / "data"
@@ -136,7 +136,7 @@ def walk(tmp_path, monkeypatch, capsys, tiny_models, reward_adapter):
 
 @pytest.mark.parametrize("recipe", SHIPPED, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_key_of_every_shipped_recipe_refuses_wrong_values(recipe, walk):
-    from trl_ext.recipes.reward_keys import portable_spec
+    from trl_ext.recipe_loader.reward_keys import portable_spec
 
     keys = yaml.safe_load(recipe.read_text())
     if keys.get("reward_funcs"):  # its file.py entries are relative to the recipe's folder; the walk writes elsewhere
@@ -234,7 +234,7 @@ def test_library_errors_name_the_key(tmp_path, monkeypatch, capsys):
 
 def test_ranges_table_names_real_keys():
     """A typo in RANGES would silently check nothing: every row names a numeric key of some trainer's recipes."""
-    from trl_ext.recipes.validation import RANGES, Bound
+    from trl_ext.recipe_loader.validation import RANGES, Bound
 
     specs = {}
     for trainer in ("sft", "reward", "dpo", "ppo"):

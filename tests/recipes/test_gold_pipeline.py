@@ -19,8 +19,8 @@ KL_TARGET = 0.5
 
 
 def train(recipe, **overrides):
-    from trl_ext.recipes import resolve_recipe
-    from trl_ext.recipes.pipeline import run
+    from trl_ext.recipe_loader import resolve_recipe
+    from trl_ext.recipe_loader.pipeline import run
 
     argv = [tok for key, value in overrides.items() for tok in (f"--{key}", str(value))]
     gc.collect()

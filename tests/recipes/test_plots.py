@@ -13,7 +13,7 @@ import pytest
 
 from trl_ext.errors import UserInputError
 from trl_ext.cli import main
-from trl_ext.recipes.plots import load_run, panels_for, series
+from trl_ext.recipe_loader.plots import load_run, panels_for, series
 
 ROOT = Path(__file__).resolve().parents[2]
 PPO_RUN = ROOT / "tests" / "data" / "v0_1_checkpoints" / "ppo"
@@ -21,8 +21,8 @@ PPO_RUN = ROOT / "tests" / "data" / "v0_1_checkpoints" / "ppo"
 
 @pytest.fixture(scope="module")
 def reward_run(tiny_models, tmp_path_factory):
-    from trl_ext.recipes import resolve_recipe
-    from trl_ext.recipes.pipeline import run
+    from trl_ext.recipe_loader import resolve_recipe
+    from trl_ext.recipe_loader.pipeline import run
 
     mp = pytest.MonkeyPatch()
     mp.setenv("TRL_EXT_TINY_DIR", str(tiny_models.root))

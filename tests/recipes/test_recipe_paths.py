@@ -12,7 +12,7 @@ import yaml
 
 from trl_ext.cli import main
 from trl_ext.errors import UserInputError
-from trl_ext.recipes import resolve_recipe
+from trl_ext.recipe_loader import resolve_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIRS = ROOT / "recipes" / "demo" / "data" / "preferences.jsonl"

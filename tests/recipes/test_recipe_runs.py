@@ -32,8 +32,8 @@ def tiny_env(tiny_models):
 
 
 def train(recipe, *overrides):
-    from trl_ext.recipes.pipeline import run
-    from trl_ext.recipes import resolve_recipe
+    from trl_ext.recipe_loader.pipeline import run
+    from trl_ext.recipe_loader import resolve_recipe
 
     return run(resolve_recipe(recipe, [str(o) for o in overrides]))
 
@@ -101,7 +101,7 @@ def test_ppo_rloo_demo_learns_without_a_value_model(demo_reward, tmp_path):
     first, last = sum(scores[:8]) / 8, sum(scores[-8:]) / 8
     assert first < -1.0 and last > 1.5, (first, last)
     assert not [key for key in logs[0] if key.startswith("val/")] and "objective/frac_groups_equal_scores" in logs[0]
-    from trl_ext.ppo.critic_free import NoValueModel
+    from trl_ext.ppo.objective.critic_free import NoValueModel
 
     assert isinstance(trainer.accelerator.unwrap_model(trainer.model).value_model, NoValueModel)
     assert "value_model" not in {p.name for p in out.iterdir()}
@@ -175,7 +175,7 @@ def test_ppo_with_a_lora_reward_checkpoint(tiny_env, tmp_path):
 
 
 def test_tiny_scheme_builds_models_on_the_fly(tmp_path, monkeypatch):
-    from trl_ext.recipes.pipeline import resolve_model_path
+    from trl_ext.recipe_loader.pipeline import resolve_model_path
 
     monkeypatch.setenv("TRL_EXT_TINY_DIR", str(tmp_path / "tiny"))
     path = resolve_model_path("tiny://policy")

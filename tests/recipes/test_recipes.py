@@ -11,7 +11,7 @@ import yaml
 
 from trl_ext.cli import main
 from trl_ext.errors import UserInputError
-from trl_ext.recipes import resolve_recipe, valid_keys
+from trl_ext.recipe_loader import resolve_recipe, valid_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "recipes" / "demo"
@@ -94,7 +94,7 @@ def test_new_config_fields_are_recipe_keys_automatically():
 
 
 def test_env_and_wandb_keys(tmp_path, monkeypatch):
-    from trl_ext.recipes.pipeline import apply_environment
+    from trl_ext.recipe_loader.pipeline import apply_environment
 
     for var in ("WANDB_PROJECT", "WANDB_TAGS", "TRL_EXT_TEST_VAR"):
         monkeypatch.delenv(var, raising=False)
@@ -277,7 +277,7 @@ def _jsonl(path, rows):
     ],
 )
 def test_missing_dataset_columns(tmp_path, trainer, rows, column):
-    from trl_ext.recipes.pipeline import open_datasets
+    from trl_ext.recipe_loader.pipeline import open_datasets
 
     data = _jsonl(tmp_path / "data.jsonl", rows)
     keys = ppo_keys(tmp_path) if trainer == "ppo" else reward_keys(tmp_path, trainer=trainer)
@@ -311,7 +311,7 @@ def sft_keys(tmp_path, data, **extra):
 )
 def test_sft_dataset_formats(tmp_path, rows, extra, ok):
     """SFT accepts TRL's formats (text, messages, prompt/completion, input_ids) and names what is missing."""
-    from trl_ext.recipes.pipeline import open_datasets
+    from trl_ext.recipe_loader.pipeline import open_datasets
 
     data = _jsonl(tmp_path / "data.jsonl", rows)
     recipe = resolve_recipe(write_recipe(tmp_path, **sft_keys(tmp_path, data, **extra)))
@@ -341,7 +341,7 @@ def test_sft_recipe_keys(tmp_path):
 def test_dataset_formats_and_splits(tmp_path):
     import datasets
 
-    from trl_ext.recipes.data import open_split
+    from trl_ext.recipe_loader.data import open_split
 
     rows = [{"prompt": "p", "chosen": "a", "rejected": "b"}] * 3
     ds = datasets.Dataset.from_list(rows)
@@ -349,7 +349,7 @@ def test_dataset_formats_and_splits(tmp_path):
     ds.to_csv(str(tmp_path / "d.csv"))
     ds.save_to_disk(str(tmp_path / "single"))
     datasets.DatasetDict({"train": ds, "test": ds.select([0])}).save_to_disk(str(tmp_path / "dict"))
-    from trl_ext.recipes.data import check_columns
+    from trl_ext.recipe_loader.data import check_columns
 
     streamed = ds.to_iterable_dataset().map(lambda x: x)  # features unknown after map: columns read from row 1
     check_columns(streamed, "dpo", name="streamed", split="train")
@@ -439,7 +439,7 @@ def shared(tmp_path, monkeypatch, tiny_models, reward_adapter):
 def test_shared_base_recipe_resolves(shared, tiny_models):
     recipe = resolve_recipe(shared(value_lora_r=8, value_model_path="tiny://policy"))
     assert recipe.pipeline.shared_base and recipe.value_model_args.lora_r == 8
-    from trl_ext.recipes.loader import shared_value_is_fresh
+    from trl_ext.recipe_loader.loader import shared_value_is_fresh
 
     assert shared_value_is_fresh(recipe.value_model_args.model_name_or_path, "tiny://policy")
     assert not shared_value_is_fresh(str(tiny_models.reward), "tiny://policy")
@@ -487,14 +487,14 @@ def test_critic_free_recipe_has_no_value_model_and_refuses_value_keys(tmp_path):
     assert error_of(write_recipe(tmp_path, **keys), ["--value_load_in_4bit", "true"]).startswith(
         "recipe: key 'value_load_in_4bit' configures the value model")
     message = error_of(write_recipe(tmp_path, **ppo_keys(tmp_path, advantage_estimator="rloo")))
-    assert message.startswith("num_samples_per_prompt: advantage_estimator 'rloo' compares the samples")
+    assert message.startswith("recipe: key 'num_samples_per_prompt': advantage_estimator 'rloo' compares the samples")
 
 
 def test_critic_free_shared_base_recipe_builds_no_value_adapter(shared, tiny_models):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from trl_ext.recipes.pipeline import shared_base_scalar_models
+    from trl_ext.recipe_loader.pipeline import shared_base_scalar_models
 
     recipe = resolve_recipe(shared(advantage_estimator="rloo", num_samples_per_prompt=2))
     assert recipe.value_model_args is None
@@ -508,7 +508,7 @@ def test_critic_free_shared_base_recipe_builds_no_value_adapter(shared, tiny_mod
 def test_grpo_config_keys_in_a_recipe(tmp_path):
     """chat_template_kwargs is a recipe key (a mapping, also as JSON on the command line); model_init_kwargs, for
     model ids given to PPOTrainer in Python, is refused by `train` before any model loads."""
-    from trl_ext.recipes.pipeline import train_ppo
+    from trl_ext.recipe_loader.pipeline import train_ppo
 
     path = write_recipe(tmp_path, **ppo_keys(tmp_path, chat_template_kwargs={"enable_thinking": False}))
     assert resolve_recipe(path).training_args.chat_template_kwargs == {"enable_thinking": False}

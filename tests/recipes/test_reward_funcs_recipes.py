@@ -1,4 +1,4 @@
-"""Recipes with `reward_funcs` (trl_ext.recipes.loader, trl_ext.rewards.resolve): what `trl-ext check` verifies before
+"""Recipes with `reward_funcs` (trl_ext.recipe_loader.loader, trl_ext.rewards.resolve): what `trl-ext check` verifies before
 any model loads (one line, exit 2), what the resolved recipe holds, and a short run on the tiny models."""
 
 import json
@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from trl_ext.cli import main
-from trl_ext.recipes.loader import resolve_recipe
+from trl_ext.recipe_loader.loader import resolve_recipe
 
 REWARDS_PY = '''
 def says_happy(completions, **kwargs):
@@ -139,7 +139,7 @@ def test_reward_weights_need_one_weight_per_reward(recipe_dir, capsys):
 def test_tokenized_prompts_keep_the_other_columns_for_reward_functions(tokenizer):
     import datasets
 
-    from trl_ext.recipes.data import tokenize_prompts
+    from trl_ext.recipe_loader.data import tokenize_prompts
 
     ds = datasets.Dataset.from_list([{"prompt": "tell me about the cat", "topic": "cat"}])
     kept = tokenize_prompts(ds, tokenizer, keep_columns=True)
@@ -152,7 +152,7 @@ def test_two_reward_functions_train_two_updates_without_a_reward_model(recipe_di
     """A function from a file next to the recipe that reads a dataset column, and trl.rewards' soft overlong
     punishment factory (5 tokens, a cache of 2: 0 up to 3 tokens, -1/2 per token beyond), weighted 1.0 and 0.5; GAE's
     value model starts from the policy (no reward model). Each completion's overlong value is that of its length."""
-    from trl_ext.recipes.pipeline import run
+    from trl_ext.recipe_loader.pipeline import run
 
     overlong = {"name": "trl.rewards.get_soft_overlong_punishment",
                 "kwargs": {"max_completion_len": 5, "soft_punish_cache": 2}}
@@ -182,7 +182,7 @@ def test_two_reward_functions_train_two_updates_without_a_reward_model(recipe_di
 def test_shared_base_without_a_reward_model_shares_only_a_fresh_value_adapter(recipe_dir, capsys):
     """shared_base, GAE, reward functions only: no reward adapter; the value adapter is fresh on the policy's base,
     trains, and is saved beside the policy (one update)."""
-    from trl_ext.recipes.pipeline import run
+    from trl_ext.recipe_loader.pipeline import run
 
     path = write(recipe_dir, shared_base=True, use_peft=True, lora_r=4, total_episodes=4,
                  reward_funcs=["my_rewards.py:topic_length"])
@@ -196,7 +196,7 @@ def test_shared_base_without_a_reward_model_shares_only_a_fresh_value_adapter(re
 
 
 def test_plan_reads_a_recipe_with_factory_entries_and_no_reward_model(recipe_dir):
-    from trl_ext.recipes.plan import make_plan
+    from trl_ext.recipe_loader.plan import make_plan
 
     plan = make_plan(str(write(recipe_dir, use_peft=True, lora_r=4)))
     assert any(note.startswith("no reward model (reward_funcs only)") for note in plan.notes)

@@ -47,8 +47,8 @@ SHORT = ["--max_steps", "6", "--logging_steps", "1", "--eval_strategy", "no", "-
 def test_cli_sigterm_then_resume(gold_data, tmp_path):
     """`trl-ext train` of an SFT recipe: SIGTERM after the first checkpoint exits 143 naming it; the resumed run
     finishes with the same numbers as an uninterrupted one and writes its output folder."""
-    from trl_ext.recipes import resolve_recipe
-    from trl_ext.recipes.pipeline import run
+    from trl_ext.recipe_loader import resolve_recipe
+    from trl_ext.recipe_loader.pipeline import run
 
     reference = tmp_path / "reference"
     run(resolve_recipe(GOLD / "sft.yaml", paths(gold_data, reference) + SHORT))
@@ -99,8 +99,8 @@ def test_wandb_offline_run_holds_the_sft_metrics(gold_data, tmp_path, monkeypatc
     import wandb
     from test_recipe_runs import wandb_run
 
-    from trl_ext.recipes import resolve_recipe
-    from trl_ext.recipes.pipeline import run
+    from trl_ext.recipe_loader import resolve_recipe
+    from trl_ext.recipe_loader.pipeline import run
 
     wandb.teardown()
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -1,4 +1,4 @@
-"""The verifiable addition task's checker (trl_ext/rewards/arithmetic_task.py) against hand cases, and its data
+"""The verifiable addition task's checker (recipes/verifiable/arithmetic_task.py) against hand cases, and its data
 generator (recipes/verifiable/addition_task.py): right answers, disjoint deterministic splits, tokenization."""
 
 from __future__ import annotations
@@ -7,14 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from trl_ext.rewards.arithmetic_task import (
-    exact_match_reward,
-    parse_answer,
-    reference_answer,
-)
+from recipe_modules import recipe_module
 
 TASK = Path(__file__).resolve().parents[2] / "recipes" / "verifiable"
+_checker = recipe_module("verifiable", "arithmetic_task")  # the demo task's checker lives with its recipes
+exact_match_reward, parse_answer, reference_answer = (
+    _checker.exact_match_reward, _checker.parse_answer, _checker.reference_answer)
 
 
 @pytest.mark.parametrize(("completion", "expected"), [

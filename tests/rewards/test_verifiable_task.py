@@ -11,8 +11,9 @@ import json
 from pathlib import Path
 
 import pytest
+from recipe_modules import recipe_module
 
-from trl_ext.rewards.arithmetic_task import exact_match_reward
+exact_match_reward = recipe_module("verifiable", "arithmetic_task").exact_match_reward
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = ROOT / "recipes" / "verifiable"
@@ -34,8 +35,8 @@ def task_modules():
 def sft_run(task_modules, tmp_path_factory):
     """make_data (16 training problems, 32 held out) and 60 SFT steps of recipes/verifiable/sft.yaml: the model
     learns most of its 16 training sums by heart, so RL on them sees mixed rewards (groups that differ)."""
-    from trl_ext.recipes import resolve_recipe
-    from trl_ext.recipes.pipeline import run
+    from trl_ext.recipe_loader import resolve_recipe
+    from trl_ext.recipe_loader.pipeline import run
 
     _, make_data, _ = task_modules
     work = tmp_path_factory.mktemp("verifiable")
@@ -164,8 +165,8 @@ def test_two_grpo_updates_with_the_reward_function_only(sft_run, tmp_path):
 
 def test_the_shipped_grpo_recipe_trains_from_the_reward_function(sft_run, tmp_path):
     """recipes/verifiable/grpo.yaml as shipped (reward_funcs: the checker, no reward model), 2 updates of 16."""
-    from trl_ext.recipes import resolve_recipe
-    from trl_ext.recipes.pipeline import run
+    from trl_ext.recipe_loader import resolve_recipe
+    from trl_ext.recipe_loader.pipeline import run
 
     work, _ = sft_run
     recipe = resolve_recipe(TASK / "grpo.yaml", [

@@ -30,7 +30,7 @@ def test_configure_sets_the_variable_for_cuda_only(monkeypatch):
 
 @pytest.mark.parametrize("value", ["true", "false"])
 def test_recipe_key(value, tmp_path):
-    from trl_ext.recipes.loader import resolve_recipe
+    from trl_ext.recipe_loader.loader import resolve_recipe
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"trainer: sft\nmodel_name_or_path: tiny://policy\ndataset_name: {tmp_path}/d.jsonl\n"

@@ -82,9 +82,9 @@ def test_skip_counts_consecutive_steps_and_stops_after_the_bound():
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("nonfinite_policy", "ignore", r"^nonfinite_policy: unknown value 'ignore'; use one of stop, skip$"),
-    ("max_consecutive_nonfinite_skips", 0, r"^max_consecutive_nonfinite_skips: must be an integer >= 1, got 0$"),
-    ("max_consecutive_nonfinite_skips", 2.5, r"^max_consecutive_nonfinite_skips: must be an integer >= 1, got 2.5$"),
+    ("nonfinite_policy", "ignore", r"^nonfinite_policy: invalid choice 'ignore' \(valid: one of stop, skip\)$"),
+    ("max_consecutive_nonfinite_skips", 0, r"^max_consecutive_nonfinite_skips: 0 is out of range \(valid: an integer >= 1\)$"),
+    ("max_consecutive_nonfinite_skips", 2.5, r"^max_consecutive_nonfinite_skips: 2.5 is not an integer \(valid: an integer >= 1\)$"),
 ])
 @pytest.mark.parametrize("config", ["SFTConfig", "RewardConfig", "DPOConfig", "PPOConfig"])
 def test_bad_policy_values_are_one_line_errors(tmp_path, config, key, value, message):

@@ -109,7 +109,7 @@ def _read_recipe(path: Path) -> dict:
 
 def _resolve_name(name: str) -> str:
     """``tiny://...`` to its directory; other names unchanged."""
-    from ..recipes.pipeline import resolve_model_path
+    from ..recipe_loader.pipeline import resolve_model_path
 
     return resolve_model_path(name)
 

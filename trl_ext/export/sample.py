@@ -2,7 +2,7 @@
 
 The policy is loaded as ``trl-ext export`` writes it (adapters merged into the unquantized base,
 :func:`~trl_ext.export.run_dir.load_merged`); a run, a checkpoint, an export or a plain causal-LM directory works.
-Prompts are tokenized as PPO tokenizes them (:func:`trl_ext.recipes.data.tokenize_prompts`: chat messages through
+Prompts are tokenized as PPO tokenizes them (:func:`trl_ext.recipe_loader.data.tokenize_prompts`: chat messages through
 the chat template with the generation prompt) and left-padded.
 
 Sampling settings: a PPO run's (or its export's) are the recipe's rollout settings
@@ -100,7 +100,7 @@ def main(args) -> int:
     """``trl-ext sample`` (parsed arguments from :mod:`trl_ext.cli`)."""
     from transformers import set_seed
 
-    from ..recipes.data import open_split, tokenize_prompts
+    from ..recipe_loader.data import open_split, tokenize_prompts
     from .run_dir import load_merged, load_run_tokenizer, open_run
 
     if os.path.exists(args.out) and not args.overwrite:

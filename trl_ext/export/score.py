@@ -194,7 +194,7 @@ def _print_function_means(name: str, rewards: dict[str, list[float]]) -> None:
 
 def main(args) -> int:
     """``trl-ext score`` (parsed arguments from :mod:`trl_ext.cli`)."""
-    from ..recipes.data import open_split
+    from ..recipe_loader.data import open_split
 
     specs = getattr(args, "reward_funcs", None)
     if not args.reward and not specs:

@@ -17,7 +17,7 @@
 Nothing here imports :mod:`trl_ext.ppo` or the other trainer packages.
 
 The trainers (:mod:`trl_ext.ppo`, :mod:`trl_ext.preference`) take models loaded here or anywhere else; the recipe
-pipeline (:mod:`trl_ext.recipes`) loads them here.
+pipeline (:mod:`trl_ext.recipe_loader`) loads them here.
 """
 
 from .loaders import load_policy, load_scalar_model, load_tokenizer, score_head_name, set_pad_token

@@ -346,6 +346,34 @@ def _is_centred_checkpoint(config) -> bool:
     return auto_map.get("AutoModelForSequenceClassification") == AUTO_MAP["AutoModelForSequenceClassification"]
 
 
+def _check_scalar_lora_targets(config, lora_config, trust_remote_code: bool) -> None:
+    """LoRA targets against a one-output sequence classifier of ``config`` built without weights."""
+    from transformers import AutoModelForSequenceClassification
+
+    skeleton_config = copy.deepcopy(config)
+    skeleton_config.num_labels = 1
+    skeleton = _empty_skeleton(AutoModelForSequenceClassification, skeleton_config, trust_remote_code)
+    if skeleton is not None:
+        check_lora_targets(skeleton, lora_config)
+
+
+def _scalar_model_class(config, init: dict):
+    """The class that loads a scalar checkpoint (``init``, its ``from_pretrained`` keywords, adjusted in place).
+
+    A checkpoint saved by reward centering has a biased score head; its loader is our own module, so it is loaded
+    from the package rather than asking the user for trust_remote_code (which would run the checkpoint's copy)."""
+    from transformers import AutoModelForSequenceClassification
+
+    if not _is_centred_checkpoint(config):
+        return AutoModelForSequenceClassification
+    from .biased_score_model import BiasedScoreForSequenceClassification
+
+    init.pop("num_labels", None)
+    init.pop("trust_remote_code", None)
+    init["config"] = config
+    return BiasedScoreForSequenceClassification
+
+
 def load_scalar_model(
     model_args,
     *,
@@ -379,8 +407,6 @@ def load_scalar_model(
     Raises:
         UserInputError: as :func:`load_policy`, and for a multi-output head without ``reinit_head``.
     """
-    from transformers import AutoModelForSequenceClassification
-
     if kwargs.get("num_labels", 1) != 1:
         raise UserInputError(
             f"num_labels={kwargs['num_labels']}: a scalar (reward/value) model has exactly one output; drop num_labels"
@@ -400,24 +426,10 @@ def load_scalar_model(
     labels = {} if keep_shape else {"num_labels": 1}
 
     lora_config = lora_config_for(model_args, task_type="SEQ_CLS")
-    if lora_config is not None:
-        skeleton_config = copy.deepcopy(config)
-        skeleton_config.num_labels = 1
-        skeleton = _empty_skeleton(AutoModelForSequenceClassification, skeleton_config, plan.trust_remote_code)
-        if skeleton is not None:
-            check_lora_targets(skeleton, lora_config)
-
+    if lora_config is not None:  # before any weight is read
+        _check_scalar_lora_targets(config, lora_config, plan.trust_remote_code)
     init = plan.init_kwargs(model_args, **labels)
-    model_class = AutoModelForSequenceClassification
-    if _is_centred_checkpoint(config):
-        # Saved by reward centering with a biased score head. Its loader is our own module, so load it from the
-        # package rather than asking the user for trust_remote_code (which would run the checkpoint's copy).
-        from .biased_score_model import BiasedScoreForSequenceClassification
-
-        model_class = BiasedScoreForSequenceClassification
-        init.pop("num_labels", None)
-        init.pop("trust_remote_code", None)
-        init["config"] = config
+    model_class = _scalar_model_class(config, init)
     with contextlib.nullcontext() if from_classifier else _quiet_causal_to_seqcls_load():
         model = model_class.from_pretrained(plan.path, **init)
     if reinit_head and from_classifier:

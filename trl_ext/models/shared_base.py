@@ -52,7 +52,6 @@ __all__ = [
     "adapter_switch",
     "add_scalar_adapter",
     "check_same_base",
-    "check_shared_base_roles",
     "policy_adapter_names",
     "read_scalar_adapter",
     "same_model_name",
@@ -452,6 +451,39 @@ def _policy_base_name(policy) -> str:
     return base or policy.get_base_model().name_or_path
 
 
+def _register_scalar_adapter(policy, adapter_name: str, trainable: bool, grads: dict) -> None:
+    """Record the new adapter on the policy and put back every parameter's ``requires_grad`` (``grads``: as before
+    peft's ``add_adapter``), the scalar adapters' LoRA weights following their own ``trainable``."""
+    registry = policy.__dict__.setdefault(_SCALAR_ADAPTERS_ATTR, {})
+    registry[adapter_name] = trainable
+    for name, param in policy.named_parameters():
+        owner = next((a for a in registry if re.search(rf"\.lora_[A-Za-z_]+\.{re.escape(a)}(\.|$)", name)), None)
+        param.requires_grad_(registry[owner] if owner is not None else grads.get(name, False))
+    adapter_switch(policy).refresh()
+
+
+def _new_score_head(policy, head_weights: dict | None, trainable: bool) -> torch.nn.Linear:
+    """A one-output score head on the policy's hidden size: ``head_weights`` (a saved head) or a new one,
+    ``normal(0, initializer_range)`` from torch's RNG."""
+    lm_head = policy.get_base_model().get_output_embeddings()
+    hidden = policy.get_base_model().config.get_text_config().hidden_size
+    reference = lm_head.weight if lm_head is not None else next(policy.get_base_model().parameters())
+    # a trained head is float32 (as LoRA weights: bfloat16 would lose AdamW's small updates); a frozen one has the
+    # residual stream's dtype; either casts what it reads to its own dtype (trl_ext.models.dtypes)
+    dtype = reference.dtype if reference.dtype.is_floating_point and not trainable else torch.float32
+    bias = head_weights is not None and "bias" in head_weights
+    score = torch.nn.Linear(hidden, 1, bias=bias, device=reference.device, dtype=dtype)
+    with torch.no_grad():
+        if head_weights is not None:
+            for name, tensor in head_weights.items():
+                getattr(score, name).copy_(tensor)
+        else:
+            std = getattr(policy.get_base_model().config, "initializer_range", 0.02)
+            score.weight.normal_(mean=0.0, std=std)
+    score.requires_grad_(trainable)
+    return score
+
+
 def add_scalar_adapter(
     policy,
     adapter_name: str,
@@ -527,29 +559,8 @@ def add_scalar_adapter(
     if source is not None:
         _set_adapter_weights(policy, lora_weights, adapter_name, found.path)
     disable_bnb_cpu_weight_repacking(policy)
-    registry = policy.__dict__.setdefault(_SCALAR_ADAPTERS_ATTR, {})
-    registry[adapter_name] = trainable
-    for name, param in policy.named_parameters():
-        owner = next((a for a in registry if re.search(rf"\.lora_[A-Za-z_]+\.{re.escape(a)}(\.|$)", name)), None)
-        param.requires_grad_(registry[owner] if owner is not None else grads.get(name, False))
-    adapter_switch(policy).refresh()
-
-    lm_head = policy.get_base_model().get_output_embeddings()
-    hidden = policy.get_base_model().config.get_text_config().hidden_size
-    reference = lm_head.weight if lm_head is not None else next(policy.get_base_model().parameters())
-    # a trained head is float32 (as LoRA weights: bfloat16 would lose AdamW's small updates); a frozen one has the
-    # residual stream's dtype; either casts what it reads to its own dtype (trl_ext.models.dtypes)
-    dtype = reference.dtype if reference.dtype.is_floating_point and not trainable else torch.float32
-    bias = head_weights is not None and "bias" in head_weights and not reinit_head
-    score = torch.nn.Linear(hidden, 1, bias=bias, device=reference.device, dtype=dtype)
-    with torch.no_grad():
-        if head_weights is not None and not reinit_head:
-            for name, tensor in head_weights.items():
-                getattr(score, name).copy_(tensor)
-        else:
-            std = getattr(policy.get_base_model().config, "initializer_range", 0.02)
-            score.weight.normal_(mean=0.0, std=std)
-    score.requires_grad_(trainable)
+    _register_scalar_adapter(policy, adapter_name, trainable, grads)
+    score = _new_score_head(policy, None if reinit_head else head_weights, trainable)
     cast_inputs_to_weight_dtype(score)
     float32_trainable_parameters(policy)  # the new adapter's LoRA weights (peft casts only its own adapters)
     return SharedBaseScalarModel(policy, adapter_name, score, head_name=head_name)
@@ -557,43 +568,6 @@ def add_scalar_adapter(
 
 # --------------------------------------------------------------------------------------------------------------
 # What the PPO trainer needs
-
-
-def check_shared_base_roles(model, reward_model, value_model, peft_config, args) -> bool:
-    """Validate reward/value models that share the policy's base before a trainer is built; True if any does.
-
-    Raises:
-        UserInputError: such a model sits on another model than ``model``, ``peft_config`` is given as well (the
-            policy must already carry its adapter), or the run uses DeepSpeed or FSDP (not supported with a
-            shared base).
-    """
-    shared = False
-    for role, scalar in (("reward_model", reward_model), ("value_model", value_model)):
-        if not isinstance(scalar, SharedBaseScalarModel):
-            continue
-        shared = True
-        if scalar.policy is not model:
-            raise UserInputError(
-                f"{role}: its adapter sits on another model's base than the policy passed as `model`; build it with "
-                "trl_ext.models.shared_base.add_scalar_adapter(policy, ...) on that same policy"
-            )
-    if not shared:
-        return False
-    if peft_config is not None:
-        raise UserInputError(
-            "peft_config: with reward/value adapters on the policy's base, the policy already is a peft model; pass "
-            "peft_config=None"
-        )
-    use_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" or bool(
-        getattr(args, "deepspeed", None)
-    )
-    use_fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" or bool(getattr(args, "fsdp", None))
-    if use_deepspeed or use_fsdp:
-        raise UserInputError(
-            "shared base: reward/value adapters on the policy's base are supported on one device or with DDP, not "
-            f"with {'DeepSpeed' if use_deepspeed else 'FSDP'}; load separate reward and value models instead"
-        )
-    return True
 
 
 @contextmanager

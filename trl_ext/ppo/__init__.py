@@ -1,33 +1,34 @@
-"""PPO: :class:`trl_ext.PPOTrainer` and :class:`trl_ext.PPOConfig`, with the math and data streams they run.
+"""PPO: :class:`trl_ext.PPOTrainer` and :class:`trl_ext.PPOConfig`, shelved by role: the trainer, its config and its
+base at this top, the sampling in ``rollout/``, the math in ``objective/`` (each says what it holds).
 
 * ``trainer.py``: the training loop as named, overridable steps (rollout, score, rewards, advantages, losses,
-  logging), checkpoints and resume. It orchestrates; the math lives in the modules below.
-* ``config.py``: ``PPOConfig``, TRL's PPO fields plus the extensions, validated in ``__post_init__``.
+  logging); builds each extension's object once (``build_features``). It orchestrates; the rest lives below.
+* ``config.py``: ``PPOConfig``, TRL's PPO fields plus the extensions; ``config_rules.py``: how its settings combine,
+  checked at construction (each field's range and choices: :mod:`trl_ext.config_rules`).
 * ``base.py``: what those two extend, depending on the installed TRL: TRL's ``experimental.ppo`` classes (TRL
   1.10-1.12) or trl-ext's own base, ``base_trainer.py`` and ``base_config.py`` (TRL 1.13+, which has no PPO).
-* ``losses.py`` (clipped policy loss, value loss in three clip modes, ptx LM loss, k3 KL loss), ``advantages.py``
-  (GAE, and the critic-free RLOO, GRPO/Dr. GRPO, REINFORCE++/-baseline), ``kl_controllers.py`` (fixed, adaptive,
-  doubling): pure functions and small classes, each with its source.
-* ``critic_free.py``: what the trainer's steps call for a critic-free ``advantage_estimator``: no value model,
-  ``num_samples_per_prompt`` groups, the estimators on a scored rollout, the group metrics.
-* ``sequences.py`` (sampling responses, truncation at the stop token, padded forward passes) and
-  ``masked_stats.py`` (masked mean, variance, whitening): the tensor helpers of the steps, the same on every TRL.
-* ``rollout.py``: the containers passed between the steps of one update; ``checkpointing.py``: what a PPO checkpoint
-  adds to HF's (value model, KL controller, stream positions), resume, and the state saved before a bad update.
-* ``rollout_logprobs.py``: the sampled tokens' log-probs taken while ``generate`` samples them (no
-  ``(batch, length, vocab)`` scores tensor; TRL's path with that tensor for the configs it cannot rebuild), and the
-  reference pass's logits without every layer's hidden states.
-* ``memory_budget.py``: the bytes each part of a PPO run holds (weights, adapters, optimizer, rollout, scoring,
-  training), from the model's shape and the run's settings; ``rollout_chunk.py``: ``local_rollout_forward_batch_size:
-  auto``, the largest rollout/scoring chunk whose budget fits ``max_memory_gib``, chosen once from the loaded models.
+* ``parent_fixes.py``: the parent's methods fixed for DDP/DeepSpeed wrappers, shared bases, critic-free runs.
+* ``checkpointing.py``: what a PPO checkpoint adds to HF's (value model, KL controller, stream positions), resume,
+  and the state saved before a bad update; ``accumulation_state.py``: accelerate's DataLoader state that decides
+  when TRL's PPO accumulates gradients, saved with each checkpoint.
+* ``ptx_data.py``: the pretraining mix (``PretrainingMix``: tokenized text, its resumable stream, the LM loss).
+* ``completions_log.py``: ``log_completions`` (``CompletionsLog``).
+* ``shared_base_roles.py``: the trainer's check of reward/value adapters on the policy's base.
+* ``micro_batches.py``: ``train_micro_batch_size``: the PPO epochs' forward/backward passes in micro-batches of their
+  own size inside unchanged mini-batches, each loss term weighted by its share of the mini-batch.
 * ``from_grpo.py`` (``PPOConfig.from_grpo_config``: TRL's ``GRPOConfig`` key by key), ``model_ids.py`` (models given
   as ids or paths, loaded as GRPOTrainer loads them) and ``prompt_dataset.py`` (``prompt`` datasets, text or chat,
   tokenized as GRPOTrainer tokenizes them): what lets a GRPOTrainer script run on ``PPOTrainer``.
-* ``prompt_stream.py`` and ``ptx_data.py``: endless, resumable prompt and pretraining-mix streams (built on
-  :mod:`trl_ext.runtime.epoch_stream`); ``accumulation_state.py``: accelerate's DataLoader state that decides when
-  TRL's PPO accumulates gradients, saved with each checkpoint.
+* ``rollout/``: ``containers.py`` (``Rollout``, what the steps pass along), ``steps.py`` (the sampling and scoring
+  steps), ``logprobs.py``, ``engine.py`` (continuous batching), ``chunk.py``, ``memory_budget.py`` and
+  ``allocator_margin.py`` (``local_rollout_forward_batch_size: auto``; CUDA's reserved over allocated bytes), ``sequences.py``, ``prompt_stream.py``, ``dynamic_sampling.py``,
+  ``reward_funcs.py`` (reward functions in the rollout).
+* ``objective/``: ``objectives.py`` (the policy objectives), ``losses.py``, ``advantages.py``, ``critic_free.py``,
+  ``kl_controllers.py``, ``masked_stats.py``.
 
-Scalar (reward/value) outputs come from :mod:`trl_ext.models.scalar_heads`, reward and value adapters on the
-policy's own base from :mod:`trl_ext.models.shared_base`; atomic checkpoints, interruption and
-NaN guards from :mod:`trl_ext.runtime`.
+Imports go down only: ``objective/`` imports nothing of ``rollout/`` or the top, ``rollout/`` nothing of the top
+(tests/test_layout.py). Scalar (reward/value) outputs come from :mod:`trl_ext.models.scalar_heads`, reward and value
+adapters on the policy's own base from :mod:`trl_ext.models.shared_base`; atomic checkpoints, interruption and NaN
+guards from :mod:`trl_ext.runtime`; the old paths (formerly ``trl_ext.ppo.losses``, ...) still import
+(:mod:`trl_ext._moved_modules`).
 """

@@ -50,7 +50,7 @@ from trl.trainer.utils import disable_dropout_in_model, log_table_to_comet_exper
 from ..models.activation_checkpointing import checkpointing_disable, checkpointing_enable, is_checkpointing
 from ..models.scalar_heads import scalar_model_outputs
 from .base_config import PPOBaseConfig
-from .sequences import batch_generation, truncate_response
+from .rollout.sequences import batch_generation, truncate_response
 
 __all__ = ["OnlineTrainerState", "PolicyAndValueWrapper", "PPOBaseTrainer"]
 

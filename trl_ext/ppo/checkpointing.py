@@ -21,7 +21,7 @@ from ..errors import UserInputError
 from ..runtime.checkpoints import load_weights_in_place
 from ..runtime.engines import gathered_parameters
 from .accumulation_state import dataloader_stack, restore_dataloader_stack
-from .kl_controllers import KLController
+from .objective.kl_controllers import KLController
 
 __all__ = ["PPOCheckpointMixin", "VALUE_MODEL_DIR", "ppo_state_file"]
 

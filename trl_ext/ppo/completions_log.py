@@ -19,9 +19,9 @@ import os
 import torch
 from accelerate.utils import gather_object
 
-from .masked_stats import masked_mean
+from .objective.masked_stats import masked_mean
 
-__all__ = ["COMPLETIONS_FILE", "completion_rows", "log_completions"]
+__all__ = ["COMPLETIONS_FILE", "CompletionsLog"]
 
 COMPLETIONS_FILE = "completions.jsonl"
 
@@ -32,55 +32,68 @@ def _plain(value):
     return value
 
 
-def completion_rows(trainer, rollout) -> list[dict]:
-    """This process's rows (see the module docstring)."""
-    mask = ~rollout.padding_mask
-    advantages = masked_mean(rollout.advantages, mask, axis=1).tolist()
-    scores = rollout.reward_scores
-    if scores is not None:
-        prompts, completions = scores.prompts, scores.completions
-        rewards = {name: scores.per_reward[:, i].tolist() for i, name in enumerate(scores.names)}
-        score = scores.score.tolist()
-        extras = scores.extra_columns
-    else:
-        tokenizer = trainer.processing_class
-        prompts = tokenizer.batch_decode(rollout.queries, skip_special_tokens=True)
-        completions = tokenizer.batch_decode(rollout.postprocessed_responses, skip_special_tokens=True)
-        rewards, score, extras = {}, rollout.scores.tolist(), {}
-        if trainer.args.missing_eos_penalty is not None:  # undo the penalty: the reward model's own score
-            score = [s + trainer.args.missing_eos_penalty * (not eos) for s, eos
-                     in zip(score, rollout.contain_eos_token.tolist())]
-    rows = []
-    for j in range(len(completions)):
-        row = {"step": trainer.state.global_step, "prompt": prompts[j], "completion": completions[j]}
-        row.update({name: values[j] for name, values in rewards.items()})
-        row["score"] = score[j]
-        row["advantage"] = advantages[j]
-        row.update({column: values[j] for column, values in extras.items() if j < len(values)})
-        rows.append({key: _plain(value) for key, value in row.items()})
-    return rows
+class CompletionsLog:
+    """The completions log of one trainer (see the module docstring), built once from its config when
+    ``log_completions`` is on; the trainer's step ``log_update`` calls :meth:`log` after each update's metrics.
 
+    Args:
+        args: the trainer's config (``output_dir``, ``report_to``, ``num_completions_to_print``,
+            ``missing_eos_penalty``).
+        tokenizer: decodes prompts and completions of a run without ``reward_funcs``.
+        accelerator: rows are gathered from every process; the main process writes them.
+    """
 
-def log_completions(trainer, rollout) -> None:
-    """Gather every process's rows and, on the main process, write, log and print them."""
-    with torch.no_grad():
-        rows = gather_object(completion_rows(trainer, rollout))
-    if not trainer.accelerator.is_main_process:
-        return
-    args = trainer.args
-    os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, COMPLETIONS_FILE), "a", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
-    if "wandb" in (args.report_to or []):
-        import wandb
+    def __init__(self, args, tokenizer, accelerator):
+        self.args, self.tokenizer, self.accelerator = args, tokenizer, accelerator
+        self.path = os.path.join(args.output_dir, COMPLETIONS_FILE)
 
-        if wandb.run is not None:
-            columns = list(rows[0]) if rows else []
-            table = wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])
-            wandb.log({"completions": table})  # no step=: HF's callback owns wandb's step (as TRL's GRPO logs it)
-    shown = rows if args.num_completions_to_print is None else rows[: args.num_completions_to_print]
-    for row in shown:
-        rewards = ", ".join(f"{key}={value:.3g}" if isinstance(value, float) else f"{key}={value}"
-                            for key, value in row.items() if key not in ("step", "prompt", "completion"))
-        print(f"[step {row['step']}] {row['prompt']!r} -> {row['completion']!r} | {rewards}", flush=True)
+    def rows(self, rollout, step: int) -> list[dict]:
+        """This process's rows of update ``step``."""
+        mask = ~rollout.padding_mask
+        advantages = masked_mean(rollout.advantages, mask, axis=1).tolist()
+        scores = rollout.reward_scores
+        if scores is not None:
+            prompts, completions = scores.prompts, scores.completions
+            rewards = {name: scores.per_reward[:, i].tolist() for i, name in enumerate(scores.names)}
+            score = scores.score.tolist()
+            extras = scores.extra_columns
+        else:
+            prompts = self.tokenizer.batch_decode(rollout.queries, skip_special_tokens=True)
+            completions = self.tokenizer.batch_decode(rollout.postprocessed_responses, skip_special_tokens=True)
+            rewards, score, extras = {}, rollout.scores.tolist(), {}
+            penalty = self.args.missing_eos_penalty
+            if penalty is not None:  # undo the penalty: the reward model's own score
+                score = [s + penalty * (not eos) for s, eos in zip(score, rollout.contain_eos_token.tolist())]
+        rows = []
+        for j in range(len(completions)):
+            row = {"step": step, "prompt": prompts[j], "completion": completions[j]}
+            row.update({name: values[j] for name, values in rewards.items()})
+            row["score"] = score[j]
+            row["advantage"] = advantages[j]
+            row.update({column: values[j] for column, values in extras.items() if j < len(values)})
+            rows.append({key: _plain(value) for key, value in row.items()})
+        return rows
+
+    def log(self, rollout, step: int) -> None:
+        """Gather every process's rows and, on the main process, write, log and print them."""
+        with torch.no_grad():
+            rows = gather_object(self.rows(rollout, step))
+        if not self.accelerator.is_main_process:
+            return
+        args = self.args
+        os.makedirs(args.output_dir, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+        if "wandb" in (args.report_to or []):
+            import wandb
+
+            if wandb.run is not None:
+                columns = list(rows[0]) if rows else []
+                table = wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])
+                wandb.log({"completions": table})  # no step=: HF's callback owns wandb's step (as TRL's GRPO)
+        shown = rows if args.num_completions_to_print is None else rows[: args.num_completions_to_print]
+        for row in shown:
+            rewards = ", ".join(f"{key}={value:.3g}" if isinstance(value, float) else f"{key}={value}"
+                                for key, value in row.items() if key not in ("step", "prompt", "completion"))
+            print(f"[step {row['step']}] {row['prompt']!r} -> {row['completion']!r} | {rewards}", flush=True)

@@ -1,33 +1,38 @@
 """Configuration of :class:`trl_ext.PPOTrainer`."""
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
+from typing import Literal, Optional, get_args
 
-from ..errors import UserInputError
+from ..config_rules import check_fields, help_from_docstring
 from ..rewards.config import RewardFunctionArgs
-from ..runtime.engines import DEEPSPEED, FSDP, EngineOnCPUArgsMixin, launched_engine
+from ..runtime.engines import EngineOnCPUArgsMixin
 from ..runtime.nonfinite import NonFinitePolicyArgs
-from .advantages import ADVANTAGE_ESTIMATORS, GROUP_ESTIMATORS
+from .objective.advantages import AdvantageEstimator
 from .base import ParentPPOConfig
-from .kl_controllers import KL_CONTROLLERS
-from .losses import VALUE_CLIP_MODES
-from .model_ids import ModelInitArgs
-from .objectives import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, RATIO_LEVELS
+from .config_rules import check_combinations, check_launch
 from .micro_batches import micro_batch_value
+from .model_ids import ModelInitArgs
+from .objective.kl_controllers import KLControllerName
+from .objective.losses import ValueClip
+from .objective.objectives import KLEstimator, LossAggregation, PolicyLossName, RatioLevel
 from .prompt_dataset import PromptArgs
-from .rollout_chunk import AUTO, rollout_chunk_value
-from .rollout_engine import check_rollout_engine
+from .rollout.chunk import rollout_chunk_value
+from .rollout.engine import RolloutEngineName
 
-PTX_MODES = ("joint", "separate")
-KL_IN = ("reward", "loss")
+PTXMode = Literal["joint", "separate"]
+KLIn = Literal["reward", "loss"]
+PTX_MODES, KL_IN = get_args(PTXMode), get_args(KLIn)
 
 
+@help_from_docstring
 @dataclass
 class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, ModelInitArgs, PromptArgs, NonFinitePolicyArgs,
                 ParentPPOConfig):
     r"""Configuration for [`trl_ext.PPOTrainer`]: every field of TRL 1.12's `experimental.ppo.PPOConfig` (TRL's class
     on TRL 1.10-1.12, trl-ext's copy from 1.13 on, see :mod:`trl_ext.ppo.base`), plus the extensions below (all of
-    them default to TRL's behaviour).
+    them default to TRL's behaviour). Each field's command-line help is the first sentence of its entry here
+    (:func:`trl_ext.config_rules.help_from_docstring`). Every rule on the settings is checked at construction: each
+    field's range and choices (:mod:`trl_ext.config_rules`), then how they combine (:mod:`trl_ext.ppo.config_rules`).
 
     Parameters:
         value_clip (`str`, *optional*, defaults to `"max"`):
@@ -70,9 +75,9 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, ModelInitArgs, PromptA
         local_rollout_forward_batch_size (`int` or `"auto"`, *optional*, defaults to `64`):
             Per-device sequences per generation call and per scoring (reference, value, reward) forward pass, as in
             TRL. `"auto"`: the largest chunk, up to the per-device batch, whose memory budget
-            (:mod:`trl_ext.ppo.memory_budget`, from the loaded models' shapes, LoRA rank, quantization and the longest
+            (:mod:`trl_ext.ppo.rollout.memory_budget`, from the loaded models' shapes, LoRA rank, quantization and the longest
             prompt of the train set) fits `max_memory_gib`; chosen once when the trainer is built
-            (:mod:`trl_ext.ppo.rollout_chunk`), which then holds the number in `args`. Needs a LoRA policy. The chunk
+            (:mod:`trl_ext.ppo.rollout.chunk`), which then holds the number in `args`. Needs a LoRA policy. The chunk
             changes which random numbers go to which sequence: samples come from the same distribution, not the same
             samples (so a run with `auto` is not bit-identical to one with another chunk).
         max_memory_gib (`float`, *optional*):
@@ -101,7 +106,7 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, ModelInitArgs, PromptA
             `"gae"` (TRL: a value model, GAE, advantages whitened per process) or a critic-free estimator (no value
             model: pass `value_model=None`): `"rloo"` (leave-one-out baseline), `"grpo"` (group mean and std),
             `"reinforce_pp"` (REINFORCE++: returns-to-go whitened over the global batch) or `"reinforce_pp_baseline"`
-            (group mean subtracted first). Formulas: :mod:`trl_ext.ppo.advantages`; guide: `docs/critic-free.md`.
+            (group mean subtracted first). Formulas: :mod:`trl_ext.ppo.objective.advantages`; guide: `docs/critic-free.md`.
         num_samples_per_prompt (`int`, *optional*, defaults to `1`):
             `k`: each prompt is sampled `k` times per update. The episodes per update and process stay
             `per_device_train_batch_size * gradient_accumulation_steps` (`local_batch_size`), of which
@@ -116,7 +121,7 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, ModelInitArgs, PromptA
         grpo_scale_by_std (`bool`, *optional*, defaults to `True`):
             `grpo` only: divide by the group's std. `False` is Dr. GRPO (Liu et al. 2025): `A_i = r_i - mean`.
 
-        > Policy objective (formulas: :mod:`trl_ext.ppo.objectives`; TRL `GRPOConfig` names: `docs/ppo.md`). Every
+        > Policy objective (formulas: :mod:`trl_ext.ppo.objective.objectives`; TRL `GRPOConfig` names: `docs/ppo.md`). Every
         > key works with every `advantage_estimator`, GAE included; the defaults are the objective above.
 
         loss_aggregation (`str`, *optional*, defaults to `"token_mean"`):
@@ -203,124 +208,41 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, ModelInitArgs, PromptA
             With `"skip"`: consecutive skipped steps allowed before training stops.
     """
 
-    local_rollout_forward_batch_size: rollout_chunk_value = field(
-        default=64,
-        metadata={"help": "Per rank no grad forward pass in the rollout phase: sequences per chunk, or 'auto' (the "
-                  "largest that fits max_memory_gib)."},
-    )
-    max_memory_gib: float | None = field(
-        default=None,
-        metadata={"help": "Memory target (GiB) of local_rollout_forward_batch_size: auto; default (CUDA): free memory."},
-    )
-    train_micro_batch_size: micro_batch_value = field(
-        default=None,
-        metadata={"help": "Sequences per forward/backward of the PPO epochs, or 'auto' (the largest that fits the "
-                  "memory target); default: per_device_train_batch_size."},
-    )
-    rollout_engine: Literal["generate", "continuous_batching", "auto"] = field(
-        default="generate",
-        metadata={"help": "Rollout sampling: 'generate' (TRL), 'continuous_batching' (transformers' engine, for uneven "
-                  "response lengths) or 'auto' (continuous batching with a stop token and response_length >= 64)."},
-    )
+    local_rollout_forward_batch_size: rollout_chunk_value = 64
+    max_memory_gib: Optional[float] = None
+    train_micro_batch_size: micro_batch_value = None
+    rollout_engine: RolloutEngineName = "generate"
 
-    value_clip: Literal["max", "mean", "none"] = field(
-        default="max",
-        metadata={"help": "Value loss clipping: 'max' (TRL), 'mean' of clipped and unclipped errors, or 'none'."},
-    )
-    kl_controller: Literal["fixed", "adaptive", "doubling"] = field(
-        default="fixed",
-        metadata={"help": "KL coefficient control: 'fixed' (TRL), 'adaptive' (Ziegler 2019), 'doubling' (PPO paper)."},
-    )
-    kl_target: float = field(
-        default=6.0, metadata={"help": "Target KL of the adaptive and doubling KL controllers."}
-    )
-    kl_horizon: int = field(
-        default=10000, metadata={"help": "Horizon (episodes) of the adaptive KL controller."}
-    )
-    ptx_coef: float = field(
-        default=0.0,
-        metadata={"help": "Weight of the pretraining LM loss (PPO-ptx); 0 disables it, > 0 needs a ptx_dataset."},
-    )
-    ptx_mode: Literal["joint", "separate"] = field(
-        default="joint",
-        metadata={"help": "'joint': ptx loss added to each PPO micro-batch loss; 'separate': its own optimizer step."},
-    )
-    ptx_batch_size: int | None = field(
-        default=None,
-        metadata={"help": "Per-device ptx micro-batch size; defaults to per_device_train_batch_size."},
-    )
-    ptx_max_length: int = field(
-        default=512, metadata={"help": "Maximum length in tokens of a ptx sequence (longer texts are truncated)."}
-    )
+    value_clip: ValueClip = "max"
+    kl_controller: KLControllerName = "fixed"
+    kl_target: float = 6.0
+    kl_horizon: int = 10000
+    ptx_coef: float = 0.0
+    ptx_mode: PTXMode = "joint"
+    ptx_batch_size: Optional[int] = None
+    ptx_max_length: int = 512
 
-    reward_clip: float | None = field(
-        default=None,
-        metadata={"help": "Clip reward-model scores to [-reward_clip, reward_clip]; None = no clipping."},
-    )
+    reward_clip: Optional[float] = None
+    sync_with_dataloader: bool = True
 
-    sync_with_dataloader: bool = field(
-        default=True,
-        metadata={
-            "help": "TRL/accelerate default (True): no gradient accumulation in updates where the last opened "
-            "DataLoader is at its end. False: always accumulate gradient_accumulation_steps micro-batches."
-        },
-    )
+    advantage_estimator: AdvantageEstimator = "gae"
+    num_samples_per_prompt: int = 1
+    kl_in: Optional[KLIn] = None
+    grpo_scale_by_std: bool = True
 
-    advantage_estimator: Literal["gae", "rloo", "grpo", "reinforce_pp", "reinforce_pp_baseline"] = field(
-        default="gae",
-        metadata={"help": "'gae' (value model) or a critic-free one: 'rloo', 'grpo', 'reinforce_pp', "
-                  "'reinforce_pp_baseline'."},
-    )
-    num_samples_per_prompt: int = field(
-        default=1, metadata={"help": "Samples per prompt in each update (k); must divide the per-process batch."}
-    )
-    kl_in: Literal["reward", "loss"] | None = field(
-        default=None,
-        metadata={"help": "KL as a penalty in the 'reward' or a k3 term in the 'loss' (default: loss for grpo, "
-                  "reward otherwise)."},
-    )
-    grpo_scale_by_std: bool = field(
-        default=True, metadata={"help": "grpo: divide by the group std (False = Dr. GRPO)."}
-    )
-
-    loss_aggregation: Literal["token_mean", "global_token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = (
-        field(default="token_mean", metadata={"help": "Per-token losses to a loss: 'token_mean' (TRL PPO, bnpo), "
-              "'global_token_mean' (DAPO), 'seq_mean_token_mean' (GRPO), 'seq_mean_token_sum_norm' (Dr. GRPO)."}))
-    cliprange_low: float | None = field(
-        default=None, metadata={"help": "Lower ratio clip (1 - eps_low); default: cliprange."}
-    )
-    cliprange_high: float | None = field(
-        default=None, metadata={"help": "Upper ratio clip (1 + eps_high, DAPO clip-higher); default: cliprange."}
-    )
-    dual_clip: float | None = field(
-        default=None, metadata={"help": "Dual clip c > 1: loss <= -c*A for A < 0 (Ye et al. 2020)."}
-    )
-    delta: float | None = field(
-        default=None, metadata={"help": "Two-sided clip (INTELLECT-2): ratio capped at delta > 1 + cliprange_high."}
-    )
-    ratio_level: Literal["token", "sequence"] = field(
-        default="token", metadata={"help": "'token' ratios (PPO) or one 'sequence' ratio (GSPO)."}
-    )
-    policy_loss: Literal["clipped", "cispo"] = field(
-        default="clipped", metadata={"help": "'clipped' PPO surrogate or 'cispo' (clipped IS weight, MiniMax-M1)."}
-    )
-    entropy_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient (0: off)."})
-    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] | None = field(
-        default=None, metadata={"help": "KL estimator of the reward and the loss; default: k1 in the reward, k3 in "
-                                "the loss."}
-    )
-    use_bias_correction_kl: bool = field(
-        default=False, metadata={"help": "kl_in loss: the KL term times the ratio (DeepSeek-V3.2; TRL's key)."}
-    )
-    mask_truncated_completions: bool = field(
-        default=False, metadata={"help": "Completions without the stop token leave the policy loss (DAPO)."}
-    )
-    dynamic_sampling: bool = field(
-        default=False, metadata={"help": "Drop groups of equal scores and sample more prompts (DAPO)."}
-    )
-    max_sampling_rounds: int = field(
-        default=3, metadata={"help": "dynamic_sampling: generation rounds per update at most."}
-    )
+    loss_aggregation: LossAggregation = "token_mean"
+    cliprange_low: Optional[float] = None
+    cliprange_high: Optional[float] = None
+    dual_clip: Optional[float] = None
+    delta: Optional[float] = None
+    ratio_level: RatioLevel = "token"
+    policy_loss: PolicyLossName = "clipped"
+    entropy_coef: float = 0.0
+    kl_estimator: Optional[KLEstimator] = None
+    use_bias_correction_kl: bool = False
+    mask_truncated_completions: bool = False
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 3
 
     @classmethod
     def from_grpo_config(cls, grpo_config, **overrides) -> "PPOConfig":
@@ -337,125 +259,9 @@ class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, ModelInitArgs, PromptA
         return self.advantage_estimator != "gae"
 
     def __post_init__(self):
-        # engine limits first: before accelerate's state is set up for that engine
-        check_rollout_engine(self)
-        if launched_engine() == FSDP:
-            raise UserInputError(
-                "PPO does not run under FSDP: TRL's PPO generates with the policy inside the sharded model without "
-                "gathering its FSDP2 shards (RuntimeError: aten.embedding.default got mixed torch.Tensor and DTensor); "
-                "launch PPO with a DeepSpeed config (recipes/accelerate/zero2.yaml or zero3.yaml) or DDP"
-            )
-        if self.ptx_mode == "separate" and self.ptx_coef > 0 and launched_engine() == DEEPSPEED:
-            raise UserInputError(
-                "ptx_mode: 'separate' is not supported under DeepSpeed: ZeRO steps every parameter of the policy and "
-                "value model together, so the separate ptx step would also move the value model (Adam momentum on "
-                "zero gradients); use ptx_mode 'joint'"
-            )
+        check_fields(self)  # each field's range and choices (trl_ext.config_rules)
+        check_launch(self)  # engine limits: before accelerate's state is set up for that engine
         super().__post_init__()
         self.local_rollout_forward_batch_size = rollout_chunk_value(self.local_rollout_forward_batch_size)
         self.train_micro_batch_size = micro_batch_value(self.train_micro_batch_size)
-        if self.train_micro_batch_size is not None and launched_engine() == DEEPSPEED:
-            raise UserInputError("train_micro_batch_size: not supported under DeepSpeed (its engine counts the "
-                                 "accumulation steps); use per_device_train_batch_size and gradient_accumulation_steps")
-        if self.train_micro_batch_size == AUTO and self.max_memory_gib is None and self.use_cpu:
-            raise UserInputError("train_micro_batch_size: 'auto' on CPU (use_cpu: true) needs max_memory_gib")
-        if self.max_memory_gib is not None and not self.max_memory_gib > 0:
-            raise UserInputError(f"max_memory_gib: must be positive (GiB), got {self.max_memory_gib!r}")
-        if self.local_rollout_forward_batch_size == AUTO and self.max_memory_gib is None and self.use_cpu:
-            raise UserInputError(
-                "local_rollout_forward_batch_size: 'auto' on CPU (use_cpu: true) needs max_memory_gib, the memory "
-                "target in GiB (only on CUDA does it default to the device's free memory)"
-            )
-        if self.value_clip not in VALUE_CLIP_MODES:
-            raise UserInputError(
-                f"value_clip: unknown value {self.value_clip!r}; use one of {', '.join(VALUE_CLIP_MODES)}"
-            )
-        if self.kl_controller not in KL_CONTROLLERS:
-            raise UserInputError(
-                f"kl_controller: unknown value {self.kl_controller!r}; use one of {', '.join(KL_CONTROLLERS)}"
-            )
-        if self.ptx_mode not in PTX_MODES:
-            raise UserInputError(f"ptx_mode: unknown value {self.ptx_mode!r}; use one of {', '.join(PTX_MODES)}")
-        for name in ("kl_target", "kl_horizon", "ptx_max_length"):
-            if not getattr(self, name) > 0:
-                raise UserInputError(f"{name}: must be positive, got {getattr(self, name)!r}")
-        if self.reward_clip is not None and not self.reward_clip > 0:
-            raise UserInputError(f"reward_clip: must be positive (or None for no clipping), got {self.reward_clip!r}")
-        if self.ptx_batch_size is not None and not self.ptx_batch_size > 0:
-            raise UserInputError(f"ptx_batch_size: must be positive, got {self.ptx_batch_size!r}")
-        for name in ("kl_coef", "vf_coef", "ptx_coef", "cliprange", "cliprange_value"):
-            if getattr(self, name) < 0:
-                raise UserInputError(f"{name}: must not be negative, got {getattr(self, name)!r}")
-        self._check_advantage_estimator()
-        self._check_objective()
-
-    def _check_advantage_estimator(self) -> None:
-        """The critic-free keys: known values and combinations that make sense (before any model is loaded)."""
-        estimator, k = self.advantage_estimator, self.num_samples_per_prompt
-        if estimator not in ADVANTAGE_ESTIMATORS:
-            raise UserInputError(
-                f"advantage_estimator: unknown value {estimator!r}; use one of {', '.join(ADVANTAGE_ESTIMATORS)}"
-            )
-        if not (isinstance(k, int) and k >= 1):
-            raise UserInputError(f"num_samples_per_prompt: must be a positive integer, got {k!r}")
-        local_batch = self.per_device_train_batch_size * self.gradient_accumulation_steps
-        if local_batch % k:
-            raise UserInputError(
-                f"num_samples_per_prompt: {k} does not divide the episodes per update and process, "
-                f"per_device_train_batch_size * gradient_accumulation_steps = {local_batch}; use a divisor of it"
-            )
-        if estimator in GROUP_ESTIMATORS and k < 2:
-            raise UserInputError(
-                f"num_samples_per_prompt: advantage_estimator {estimator!r} compares the samples of a prompt and needs "
-                f"at least 2, got {k}"
-            )
-        if self.kl_in is None:
-            self.kl_in = "loss" if estimator == "grpo" else "reward"
-        if self.kl_in not in KL_IN:
-            raise UserInputError(f"kl_in: unknown value {self.kl_in!r}; use one of {', '.join(KL_IN)}")
-        if estimator == "gae" and self.kl_in != "reward":
-            raise UserInputError("kl_in: 'loss' needs a critic-free advantage_estimator; gae takes 'reward'")
-        if self.critic_free and self.whiten_rewards:
-            raise UserInputError(
-                f"whiten_rewards: applies to advantage_estimator 'gae' only, not {estimator!r}; set it to false"
-            )
-
-    def _check_objective(self) -> None:
-        """The objective keys (:mod:`trl_ext.ppo.objectives`): known values, ranges and combinations."""
-        for name, valid in (("loss_aggregation", LOSS_AGGREGATIONS), ("ratio_level", RATIO_LEVELS),
-                            ("policy_loss", POLICY_LOSSES), ("kl_estimator", (None, *KL_ESTIMATORS))):
-            if getattr(self, name) not in valid:
-                raise UserInputError(f"{name}: unknown value {getattr(self, name)!r}; use one of "
-                                     f"{', '.join(v for v in valid if v)}")
-        low, high = self.cliprange_low, self.cliprange_high
-        if low is not None and not 0 <= low <= 1:
-            raise UserInputError(f"cliprange_low: must be in [0, 1] (the ratio's floor is 1 - cliprange_low), got "
-                                 f"{low!r}")
-        if high is not None and not high >= 0:
-            raise UserInputError(f"cliprange_high: must not be negative, got {high!r}")
-        for name in ("dual_clip", "delta"):
-            value = getattr(self, name)
-            if value is not None and not value > 1:
-                raise UserInputError(f"{name}: must be greater than 1 (or None for off), got {value!r}")
-            if value is not None and self.policy_loss == "cispo":
-                raise UserInputError(f"{name}: bounds the clipped surrogate; policy_loss 'cispo' has none (its "
-                                     "weight is capped at 1 + cliprange_high); set it to null")
-        upper = 1 + (self.cliprange if high is None else high)
-        if self.delta is not None and not self.delta > upper:
-            raise UserInputError(f"delta: must exceed 1 + cliprange_high = {upper} (below it the two-sided clip cuts "
-                                 f"inside the clip range), got {self.delta!r}")
-        if not self.entropy_coef >= 0:
-            raise UserInputError(f"entropy_coef: must not be negative, got {self.entropy_coef!r}")
-        if self.use_bias_correction_kl and self.kl_in != "loss":
-            raise UserInputError(f"use_bias_correction_kl: corrects the KL term of the loss; kl_in is {self.kl_in!r} "
-                                 "(set kl_in: loss, or leave use_bias_correction_kl false)")
-        if self.mask_truncated_completions and self.stop_token is None and self.stop_token_id is None:
-            raise UserInputError("mask_truncated_completions: needs a stop token (stop_token: eos or stop_token_id): "
-                                 "without one every completion runs to response_length")
-        if not (isinstance(self.max_sampling_rounds, int) and self.max_sampling_rounds >= 1):
-            raise UserInputError(f"max_sampling_rounds: must be a positive integer, got {self.max_sampling_rounds!r}")
-        if self.dynamic_sampling and self.advantage_estimator not in GROUP_ESTIMATORS:
-            raise UserInputError(
-                f"dynamic_sampling: drops groups of equal scores, which needs a group advantage_estimator "
-                f"({', '.join(GROUP_ESTIMATORS)}), not {self.advantage_estimator!r}"
-            )
+        check_combinations(self)  # how the settings combine (trl_ext.ppo.config_rules)

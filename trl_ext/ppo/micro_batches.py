@@ -6,7 +6,7 @@ gradient_accumulation_steps`` sequences, each in ``gradient_accumulation_steps``
 exactly as those keys define them; only the forward/backward passes inside a mini-batch change: micro-batches of
 ``train_micro_batch_size`` sequences (the last one smaller when it does not divide the mini-batch), whose gradients
 accumulate into the mini-batch's one optimizer step (:func:`optimize_in_micro_batches`). ``"auto"`` takes the largest
-micro-batch whose :mod:`trl_ext.ppo.memory_budget` training peak fits the memory target beside the persistent memory
+micro-batch whose :mod:`trl_ext.ppo.rollout.memory_budget` training peak fits the memory target beside the persistent memory
 (:func:`largest_fitting_micro_batch`).
 
 So that the update does not depend on the micro-batch, every loss term is weighted by its share of the mini-batch
@@ -15,7 +15,7 @@ So that the update does not depend on the micro-batch, every loss term is weight
 * sequence-level aggregations (``seq_mean_token_mean``, ``seq_mean_token_sum_norm``): micro-batch ``j``'s
   sequence mean times ``m_j / M``, which sums to the mean over the mini-batch's sequences;
 * ``global_token_mean``: the token sum of micro-batch ``j`` over the mini-batch's token count (summed over the
-  processes), the normaliser of :func:`trl_ext.ppo.objectives.global_token_normalizer` with one micro-batch step;
+  processes), the normaliser of :func:`trl_ext.ppo.objective.objectives.global_token_normalizer` with one micro-batch step;
 * ``token_mean``: with ``train_micro_batch_size`` set its normaliser is the mini-batch's token count (the same as
   ``global_token_mean``), not each micro-batch's (TRL's per-micro-batch mean, whose update moves with the
   micro-batch); documented in ``docs/ppo-memory.md``;
@@ -35,9 +35,9 @@ import numpy as np
 import torch
 
 from ..errors import UserInputError
-from .allocator_margin import allocator_margin, expandable_segments_on
-from .memory_budget import DEVICE_OVERHEAD_BYTES, GIB, ppo_memory_budget
-from .objectives import global_token_normalizer, loss_mask
+from .rollout.allocator_margin import allocator_margin, expandable_segments_on
+from .rollout.memory_budget import DEVICE_OVERHEAD_BYTES, GIB, ppo_memory_budget
+from .objective.objectives import global_token_normalizer, loss_mask
 from .rollout import UpdateStats
 
 __all__ = ["AUTO", "MicroBatchWeights", "largest_fitting_micro_batch", "micro_batch_value", "micro_batch_weights",
@@ -74,7 +74,7 @@ def largest_fitting_micro_batch(shape, run, target_bytes: int, *, shared: bool, 
                                 margin: float = 1.0) -> int:
     """The largest micro-batch in ``1..run.batch`` (one mini-batch) whose budget of the training phase plus the
     persistent memory and the device overhead (:func:`ppo_memory_budget` with ``micro_batch`` = it; the allocator's
-    part times ``margin``, :mod:`trl_ext.ppo.allocator_margin`) is ``<= target_bytes``. Raises UserInputError
+    part times ``margin``, :mod:`trl_ext.ppo.rollout.allocator_margin`) is ``<= target_bytes``. Raises UserInputError
     (naming ``target_name``) when even 1 does not fit."""
 
     def need(micro: int) -> int:
@@ -98,7 +98,7 @@ def resolve_train_micro_batch(trainer) -> int:
     kept in ``trainer.train_micro_batch``). Under several processes each takes the smallest of their choices."""
     if getattr(trainer, "train_micro_batch", None):
         return trainer.train_micro_batch
-    from .rollout_chunk import memory_target_bytes, run_shape_from_models
+    from .rollout.chunk import memory_target_bytes, run_shape_from_models
 
     args, accelerator = trainer.args, trainer.accelerator
     if accelerator.distributed_type.value == "DEEPSPEED":

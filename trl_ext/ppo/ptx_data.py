@@ -1,5 +1,5 @@
-"""Pretraining-mix (PPO-ptx): tokenization, an endless, resumable, independently seeded batch stream, and the
-separate ptx optimizer step."""
+"""Pretraining-mix (PPO-ptx): tokenization, an endless, resumable, independently seeded batch stream, and
+:class:`PretrainingMix`, the feature's one object in the trainer (LM loss, the separate ptx step's backward)."""
 
 from __future__ import annotations
 
@@ -92,23 +92,51 @@ def _pad_right(rows, pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
-def separate_ptx_step(trainer) -> torch.Tensor:
-    """DeepSpeed-Chat's separate ptx step of `ptx_mode="separate"`: backward of `ptx_coef * lm_loss` on the
-    trainer's next ptx batch, then an optimizer step; returns the LM loss (detached).
+class PretrainingMix:
+    """PPO-ptx of one trainer (InstructGPT eq. 2): the tokenized text, its stream and the policy's LM loss on it,
+    built once when the trainer gets a ``ptx_dataset`` with ``ptx_coef > 0``. The trainer's steps call it:
+    ``next_ptx_batch`` (:meth:`next_batch`), ``compute_ptx_loss`` (:meth:`lm_loss`) and, with
+    ``ptx_mode="separate"``, ``ptx_step`` (:meth:`backward_separate`).
 
-    Runs right after a PPO optimizer step. Only the policy gets gradients (the value head's stay None, so the
-    optimizer leaves it alone). Under several processes the policy gradients are averaged by hand, because this
-    forward does not go through the DistributedDataParallel wrapper.
+    Args:
+        dataset: the ptx texts (see :func:`tokenize_ptx_dataset`).
+        tokenizer: the policy's tokenizer.
+        args: the trainer's config (``ptx_coef``, ``ptx_mode``, ``ptx_max_length``, ``ptx_batch_size``, ``seed``).
+        accelerator: the process's rank and count (each process streams its own shard).
     """
-    accelerator = trainer.accelerator
-    lm_loss = trainer.compute_ptx_loss(trainer.next_ptx_batch())
-    trainer.step_guard.observe(lm_loss, "loss/ptx")
-    # accelerator.backward divides by gradient_accumulation_steps; this is one whole step, so undo it.
-    accelerator.backward(trainer.args.ptx_coef * lm_loss * accelerator.gradient_accumulation_steps)
-    if accelerator.num_processes > 1:
-        for param in accelerator.unwrap_model(trainer.model).policy.parameters():
-            if param.grad is not None:
-                param.grad = accelerator.reduce(param.grad, reduction="mean")
-    trainer.optimizer_step()
-    trainer.optimizer.zero_grad()
-    return lm_loss.detach()
+
+    def __init__(self, dataset, tokenizer, args, accelerator):
+        self.coef, self.mode = args.ptx_coef, args.ptx_mode
+        self.dataset = tokenize_ptx_dataset(dataset, tokenizer, args.ptx_max_length)
+        self.stream = PtxStream(self.dataset, tokenizer, batch_size=args.ptx_batch_size or
+                                args.per_device_train_batch_size, seed=args.seed,
+                                num_replicas=accelerator.num_processes, rank=accelerator.process_index)
+
+    def next_batch(self) -> dict:
+        """The next ptx micro-batch (its own data order, cycled)."""
+        return next(self.stream)
+
+    @staticmethod
+    def lm_loss(policy, batch: dict, device) -> torch.Tensor:
+        """The policy's LM loss on a ptx batch (:func:`trl_ext.ppo.objective.losses.ptx_lm_loss`)."""
+        from .objective.losses import ptx_lm_loss
+
+        input_ids = batch["input_ids"].to(device)
+        attention_mask = batch["attention_mask"].to(device)
+        position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+        logits = policy(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).logits
+        return ptx_lm_loss(logits, input_ids, attention_mask)
+
+    def backward_separate(self, lm_loss: torch.Tensor, accelerator, policy) -> None:
+        """DeepSpeed-Chat's separate ptx step of ``ptx_mode="separate"``, before its optimizer step: backward of
+        ``ptx_coef * lm_loss``. Runs right after a PPO optimizer step. Only the policy gets gradients (the value
+        head's stay None, so the optimizer leaves it alone). Under several processes the policy gradients are
+        averaged by hand, because this forward does not go through the DistributedDataParallel wrapper."""
+        # accelerator.backward divides by gradient_accumulation_steps; this is one whole step, so undo it.
+        accelerator.backward(self.coef * lm_loss * accelerator.gradient_accumulation_steps)
+        if accelerator.num_processes > 1:
+            for param in policy.parameters():
+                if param.grad is not None:
+                    param.grad = accelerator.reduce(param.grad, reduction="mean")

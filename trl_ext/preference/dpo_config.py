@@ -1,9 +1,10 @@
 """Configuration of :class:`trl_ext.DPOConfig`."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from trl import DPOConfig as _TRLDPOConfig
 
+from ..config_rules import check_fields, check_steps, help_from_docstring
 from ..errors import UserInputError
 from ..runtime.engines import EngineOnCPUArgsMixin
 from ..runtime.nonfinite import NonFinitePolicyArgs
@@ -13,6 +14,7 @@ from ..runtime.nonfinite import NonFinitePolicyArgs
 LABEL_SMOOTHING_LOSS_TYPES = ("sigmoid", "robust", "exo_pair", "aot", "aot_unpaired")
 
 
+@help_from_docstring
 @dataclass
 class DPOConfig(EngineOnCPUArgsMixin, NonFinitePolicyArgs, _TRLDPOConfig):
     r"""Configuration for [`trl_ext.DPOTrainer`]: every field of TRL's `DPOConfig`; one field changes meaning.
@@ -36,23 +38,13 @@ class DPOConfig(EngineOnCPUArgsMixin, NonFinitePolicyArgs, _TRLDPOConfig):
             With `"skip"`: consecutive skipped steps allowed before training stops.
     """
 
-    label_smoothing: float = field(
-        default=0.0,
-        metadata={
-            "help": "Probability that a preference label is wrong. With loss_type 'sigmoid' it gives conservative "
-            "DPO (cDPO): -(1-eps)*logsigmoid(beta*d) - eps*logsigmoid(-beta*d). For 'robust', 'exo_pair', 'aot' "
-            "and 'aot_unpaired' it keeps TRL's meaning. Must lie in [0.0, 0.5)."
-        },
-    )
+    label_smoothing: float = 0.0  # its range, [0, 0.5): trl_ext.config_rules.RANGES
 
     def __post_init__(self):
+        check_fields(self)  # each field's range and choices (trl_ext.config_rules)
+        check_steps(self)
         super().__post_init__()
         eps = self.label_smoothing
-        if not 0.0 <= eps < 0.5:
-            raise UserInputError(
-                f"label_smoothing={eps} is out of range: it must lie in [0.0, 0.5) "
-                "(the probability that a preference label is wrong)"
-            )
         if eps > 0.0:
             users = [t for t in self.loss_type if t in LABEL_SMOOTHING_LOSS_TYPES]
             if not users:

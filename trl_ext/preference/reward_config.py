@@ -1,14 +1,15 @@
 """Configuration of :class:`trl_ext.RewardTrainer`."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from trl import RewardConfig as _TRLRewardConfig
 
-from ..errors import UserInputError
+from ..config_rules import check_fields, check_steps, help_from_docstring
 from ..runtime.engines import EngineOnCPUArgsMixin
 from ..runtime.nonfinite import NonFinitePolicyArgs
 
 
+@help_from_docstring
 @dataclass
 class RewardConfig(EngineOnCPUArgsMixin, NonFinitePolicyArgs, _TRLRewardConfig):
     r"""Configuration for [`trl_ext.RewardTrainer`]: every field of TRL's `RewardConfig`, plus the extensions
@@ -42,27 +43,10 @@ class RewardConfig(EngineOnCPUArgsMixin, NonFinitePolicyArgs, _TRLRewardConfig):
             With `"skip"`: consecutive skipped steps allowed before training stops.
     """
 
-    label_smoothing: float = field(
-        default=0.0,
-        metadata={
-            "help": "Probability that a preference label is wrong: each pair contributes "
-            "`-(1-eps)*logsigmoid(d) - eps*logsigmoid(-d)`, `d = r_better - r_worse - margin`. Must lie in "
-            "[0.0, 0.5); 0.0 is TRL's loss."
-        },
-    )
-    center_rewards_after_training: bool = field(
-        default=False,
-        metadata={
-            "help": "After training, subtract the mean reward on a reference dataset (default: the chosen/best "
-            "responses of the train set) from the score head's bias, so the saved model gives mean-zero rewards "
-            "there. The offset is logged as `reward/center_offset`."
-        },
-    )
+    label_smoothing: float = 0.0  # its range, [0, 0.5): trl_ext.config_rules.RANGES
+    center_rewards_after_training: bool = False
 
     def __post_init__(self):
+        check_fields(self)  # each field's range and choices (trl_ext.config_rules)
+        check_steps(self)
         super().__post_init__()
-        if not 0.0 <= self.label_smoothing < 0.5:
-            raise UserInputError(
-                f"label_smoothing={self.label_smoothing} is out of range: it must lie in [0.0, 0.5) "
-                "(the probability that a preference label is wrong)"
-            )

@@ -9,9 +9,8 @@
 * ``metrics.py``: ``rewards/<name>/mean``, ``reward``, ``completions/*`` and the rest, in TRL's names;
 * ``pool.py``: worker processes for slow verifiers (timeouts, errors counted, the run goes on);
 * ``remote.py``: a reward served over HTTP (OpenRLHF's remote reward contract);
-* ``arithmetic_task.py``: the checker of the verifiable addition task (recipes/verifiable): ``exact_match_reward``;
 * ``resolve.py``: recipe entries (``module:function``, ``file.py:function``, factories, URLs) -> functions.
 
-The trainer's side (which step calls what) is :mod:`trl_ext.ppo.reward_funcs`; the guide is
+The trainer's side (which step calls what) is :mod:`trl_ext.ppo.rollout.reward_funcs`; the guide is
 ``docs/reward-functions.md``.
 """

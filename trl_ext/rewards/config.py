@@ -73,19 +73,10 @@ class RewardFunctionArgs:
             ):
                 raise UserInputError(f"reward_weights: expected a list of finite numbers, got {weights!r}")
             self.reward_weights = [float(w) for w in weights]
-        workers = self.reward_num_workers
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-            raise UserInputError(f"reward_num_workers: must be an integer >= 0, got {workers!r}")
-        if self.reward_timeout_s is not None:
-            if not self.reward_timeout_s > 0:
-                raise UserInputError(f"reward_timeout_s: must be positive seconds (or None), got "
-                                     f"{self.reward_timeout_s!r}")
-            if workers == 0:
-                raise UserInputError(
-                    "reward_timeout_s: needs reward_num_workers > 0 (a call in the training process cannot be "
-                    "stopped safely); set reward_num_workers, or remove reward_timeout_s"
-                )
-        if self.num_completions_to_print is not None and self.num_completions_to_print < 0:
-            raise UserInputError(f"num_completions_to_print: must be >= 0 (or None for all), got "
-                                 f"{self.num_completions_to_print!r}")
+        # ranges of reward_num_workers, reward_timeout_s, num_completions_to_print: trl_ext.config_rules
+        if self.reward_timeout_s is not None and self.reward_num_workers == 0:
+            raise UserInputError(
+                "reward_timeout_s: needs reward_num_workers > 0 (a call in the training process cannot be "
+                "stopped safely); set reward_num_workers, or remove reward_timeout_s"
+            )
         super().__post_init__()

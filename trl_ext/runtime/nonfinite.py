@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import torch
 
 from ..errors import UserInputError
 
-NONFINITE_POLICIES = ("stop", "skip")
+NonFinitePolicy = Literal["stop", "skip"]
+NONFINITE_POLICIES = get_args(NonFinitePolicy)
 
 
 class NonFiniteCounts:
@@ -105,7 +107,8 @@ def count_nonfinite(tensor: torch.Tensor, accelerator=None) -> NonFiniteCounts:
 def check_policy(policy: str) -> None:
     """Raise a one-line :class:`UserInputError` unless ``policy`` is one of :data:`NONFINITE_POLICIES`."""
     if policy not in NONFINITE_POLICIES:
-        raise UserInputError(f"nonfinite_policy: unknown value {policy!r}; use one of {', '.join(NONFINITE_POLICIES)}")
+        raise UserInputError(f"nonfinite_policy: invalid choice {policy!r} (valid: one of "
+                             f"{', '.join(NONFINITE_POLICIES)})")
 
 
 @dataclass
@@ -128,11 +131,10 @@ class NonFinitePolicyArgs:
             (the next non-finite one stops it). The loss scaler's own skips under `fp16: true` do not count.
     """
 
-    nonfinite_policy: str = field(
+    nonfinite_policy: NonFinitePolicy = field(
         default="stop",
         metadata={"help": "What a NaN/inf loss or gradient does: 'stop' (error, exit code 3) or 'skip' (no optimizer "
-                          "or scheduler step for that batch, counted in nonfinite/skipped_steps).",
-                  "choices": list(NONFINITE_POLICIES)},
+                          "or scheduler step for that batch, counted in nonfinite/skipped_steps)."},
     )
     max_consecutive_nonfinite_skips: int = field(
         default=10,
@@ -140,12 +142,7 @@ class NonFinitePolicyArgs:
     )
 
     def __post_init__(self):
-        check_policy(self.nonfinite_policy)
-        if isinstance(self.max_consecutive_nonfinite_skips, bool) or not (
-            isinstance(self.max_consecutive_nonfinite_skips, int) and self.max_consecutive_nonfinite_skips >= 1
-        ):
-            raise UserInputError(f"max_consecutive_nonfinite_skips: must be an integer >= 1, got "
-                                 f"{self.max_consecutive_nonfinite_skips!r}")
+        # each field's choices and range: trl_ext.config_rules.check_fields, first thing in every trl-ext config
         from .engines import DEEPSPEED, launched_engine
 
         if self.nonfinite_policy == "skip" and launched_engine() == DEEPSPEED:

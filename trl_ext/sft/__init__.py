@@ -6,6 +6,6 @@
 * ``config.py``: :class:`~trl_ext.sft.config.SFTConfig`, TRL's ``SFTConfig`` plus the non-finite policy
   (``nonfinite_policy``, ``max_consecutive_nonfinite_skips``, :mod:`trl_ext.runtime.nonfinite`).
 
-The recipe stage ``trainer: sft`` (:mod:`trl_ext.recipes`) runs it: SFT -> reward model -> PPO or DPO, all from
+The recipe stage ``trainer: sft`` (:mod:`trl_ext.recipe_loader`) runs it: SFT -> reward model -> PPO or DPO, all from
 recipes.
 """

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 from trl import SFTConfig as _TRLSFTConfig
 
+from ..config_rules import check_fields, check_steps
 from ..runtime.nonfinite import NonFinitePolicyArgs
 
 __all__ = ["SFTConfig"]
@@ -23,3 +24,8 @@ class SFTConfig(NonFinitePolicyArgs, _TRLSFTConfig):
         max_consecutive_nonfinite_skips (`int`, *optional*, defaults to `10`):
             With `"skip"`: consecutive skipped steps allowed before training stops.
     """
+
+    def __post_init__(self):
+        check_fields(self)  # each field's range and choices (trl_ext.config_rules)
+        check_steps(self)
+        super().__post_init__()

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .losses import PolicyLoss, ValueLoss
+from ..objective.losses import PolicyLoss, ValueLoss
 
 
 @dataclass
@@ -18,7 +18,8 @@ class Rollout:
     ``sequence_lengths``, ``contain_eos_token``, ``padding_mask`` (True after the last response token) and
     ``padding_mask_p1`` (same, one token later, for values); ``compute_rewards`` sets ``kl``, ``non_score_reward``,
     ``rewards``; ``compute_advantages`` sets ``advantages`` and ``returns``; ``clip_scores`` clips ``scores`` and sets
-    ``scores_clipfrac`` when ``reward_clip`` is on.
+    ``scores_clipfrac`` when ``reward_clip`` is on. Per-step values (the update's KL coefficient, a mini-batch's
+    token normaliser) are not kept here: the steps pass them as arguments.
     """
 
     queries: torch.Tensor
@@ -41,14 +42,10 @@ class Rollout:
     returns: torch.Tensor | None = None
     scores_clipfrac: torch.Tensor | None = None
     """Fraction of this process's scores clipped by `reward_clip` (set by ``clip_scores``; None when it is off)."""
-    kl_coef: float | None = None
-    """The KL coefficient of this update (set by ``compute_rewards``; the loss uses it when ``kl_in="loss"``)."""
     estimator_stats: dict = field(default_factory=dict)
-    """Critic-free estimators' per-process quantities for the metrics (:mod:`trl_ext.ppo.critic_free`)."""
-    token_normalizer: torch.Tensor | None = None
-    """`global_token_mean`: the current mini-batch's `N / (G * P)` (set by ``optimize`` before its micro-batches)."""
+    """Critic-free estimators' per-process quantities for the metrics (:mod:`trl_ext.ppo.objective.critic_free`)."""
     sampling: dict | None = None
-    """`dynamic_sampling`'s metrics of this update (:mod:`trl_ext.ppo.dynamic_sampling`), reduced over processes."""
+    """`dynamic_sampling`'s metrics of this update (:mod:`trl_ext.ppo.rollout.dynamic_sampling`), reduced over processes."""
     reward_scores: object | None = None
     """With ``reward_funcs``: every reward of every completion (:class:`trl_ext.rewards.scoring.RewardScores`)."""
 
@@ -89,7 +86,7 @@ class UpdateStats:
     kl_losses: list = field(default_factory=list)
     """Every KL loss term of the update (``kl_in="loss"``: one per micro-batch)."""
     objective: dict = field(default_factory=dict)
-    """Objective statistics by metric name, one value per micro-batch (:mod:`trl_ext.ppo.objectives`)."""
+    """Objective statistics by metric name, one value per micro-batch (:mod:`trl_ext.ppo.objective.objectives`)."""
 
     def __post_init__(self):
         for name in ("approxkl", "pg_clipfrac", "pg_loss", "vf_loss", "vf_clipfrac", "entropy", "ratio"):

@@ -1,4 +1,4 @@
-"""Run a resolved :class:`~trl_ext.recipes.Recipe`: open the data, load the models, build the trainer, train, save.
+"""Run a resolved :class:`~trl_ext.recipe_loader.Recipe`: open the data, load the models, build the trainer, train, save.
 
 One function per trainer kind (:func:`train_sft`, :func:`train_reward`, :func:`train_dpo`, :func:`train_ppo`);
 :func:`run` picks one.
@@ -90,7 +90,7 @@ def open_datasets(recipe: Recipe):
 
 
 def check_lengths(recipe: Recipe, tokenizer, *datasets, model_config=None) -> None:
-    """Refuse a prompt that alone reaches the length limit (:mod:`trl_ext.recipes.data_rows`), before models load.
+    """Refuse a prompt that alone reaches the length limit (:mod:`trl_ext.recipe_loader.data_rows`), before models load.
     ``datasets``: the train and eval splits (None skipped)."""
     s = recipe.script_args
     limit = prompt_length_limit(recipe.trainer, recipe.training_args, model_config)

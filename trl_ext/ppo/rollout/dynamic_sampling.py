@@ -3,7 +3,8 @@
 
 With a group estimator (RLOO, GRPO, REINFORCE++-baseline) a group whose `k` scores are all equal has advantage 0
 (up to the KL in the reward): it costs a generation and a backward for no policy gradient. With
-`PPOConfig.dynamic_sampling`, :func:`resample_groups` (called by the trainer after the first round is scored)
+`PPOConfig.dynamic_sampling`, :class:`DynamicSampling` (built once by the trainer; its step ``resample_groups``
+calls :meth:`DynamicSampling.resample` after the first round is scored)
 
 1. keeps the groups with unequal scores (:func:`informative_groups`);
 2. while some process has fewer than `local_batch_size / k` of them and fewer than `max_sampling_rounds` rounds ran,
@@ -31,10 +32,10 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from ..rewards.metrics import all_equal_groups
+from ...rewards.metrics import all_equal_groups
 from .sequences import INVALID_LOGPROB
 
-__all__ = ["concat_rollouts", "informative_groups", "resample_groups", "select_rows"]
+__all__ = ["DynamicSampling", "concat_rollouts", "informative_groups", "select_rows"]
 
 _RIGHT_PAD = {"responses": "pad", "postprocessed_responses": "pad", "logprobs": INVALID_LOGPROB,
               "ref_logprobs": INVALID_LOGPROB, "values": 0.0, "padding_mask": True, "padding_mask_p1": True}
@@ -123,46 +124,59 @@ def _group_rows(groups: torch.Tensor, k: int) -> torch.Tensor:
     return (groups.unsqueeze(1) * k + torch.arange(k, device=groups.device)).reshape(-1)
 
 
-def resample_groups(trainer, rollout):
-    """The update's rollout under `dynamic_sampling` (see the module docstring); ``rollout`` unchanged when off.
+class DynamicSampling:
+    """DAPO's dynamic sampling of one trainer (see the module docstring), built once from its config when
+    ``dynamic_sampling`` is on; the trainer's step ``resample_groups`` calls :meth:`resample` after the first round
+    is scored.
 
-    ``rollout`` is the first round, scored and clipped. Later rounds go through the trainer's own steps
-    (`next_prompt_batch`, then `sample_and_score`: the same steps as the first round); a round whose scores are not
-    finite is dropped whole under `nonfinite_policy: skip`.
+    Args:
+        args: the trainer's :class:`~trl_ext.PPOConfig` (``num_samples_per_prompt``, ``local_batch_size``,
+            ``max_sampling_rounds``).
+        accelerator: the trainer's accelerator (the rounds and the metrics are agreed over processes).
+        pad_token_id: the tokenizer's pad id (rounds of different prompt lengths are joined with it).
     """
-    args = trainer.args
-    if not args.dynamic_sampling:
-        return rollout
-    accelerator, k = trainer.accelerator, args.num_samples_per_prompt
-    wanted = args.local_batch_size // k
-    kept, dropped, generated, rounds = [], [], [rollout.responses.shape[0]], 1
 
-    def split(part):
-        informative = informative_groups(part.scores, k)
-        groups = torch.arange(informative.shape[0], device=informative.device)
-        if informative.any():
-            kept.append(_subset(part, _group_rows(groups[informative], k)))
-        if (~informative).any():
-            dropped.append(_subset(part, _group_rows(groups[~informative], k)))
+    def __init__(self, args, accelerator, pad_token_id: int):
+        self.group_size = args.num_samples_per_prompt
+        self.groups_wanted = args.local_batch_size // self.group_size
+        self.max_rounds = args.max_sampling_rounds
+        self.accelerator = accelerator
+        self.pad_token_id = pad_token_id
 
-    def count(parts):
-        return sum(p.responses.shape[0] for p in parts) // k
+    def resample(self, rollout, sample_round):
+        """The update's rollout: ``rollout`` (the first round, scored and clipped) and as many more rounds as it
+        takes; ``sample_round(where)`` draws, generates and scores the next prompt batch through the trainer's own
+        steps and returns ``(rollout, scored, _)``; a round whose scores are not finite is dropped whole under
+        ``nonfinite_policy: skip``."""
+        accelerator, k, wanted = self.accelerator, self.group_size, self.groups_wanted
+        kept, dropped, generated, rounds = [], [], [rollout.responses.shape[0]], 1
 
-    split(rollout)
-    while rounds < args.max_sampling_rounds:
-        short = torch.tensor(float(wanted - min(count(kept), wanted)), device=accelerator.device)
-        if accelerator.gather(short.reshape(1)).max().item() == 0:
-            break
-        rounds += 1
-        part, scored, _ = trainer.sample_and_score(trainer.next_prompt_batch(), where=f" (sampling round {rounds})")
-        generated.append(part.responses.shape[0])
-        if scored:
-            split(part)
-    refill = max(0, wanted - count(kept))
-    joined = concat_rollouts(kept + dropped, trainer.processing_class.pad_token_id)
-    out = _subset(joined, torch.arange(wanted * k, device=joined.responses.device))
-    totals = accelerator.gather(torch.tensor([[float(count(dropped) - refill), float(refill), float(sum(generated))]],
-                                             device=accelerator.device)).sum(0)
-    out.sampling = {"sampling/rounds": rounds, "sampling/groups_dropped": totals[0].item(),
-                    "sampling/groups_refilled": totals[1].item(), "sampling/completions": totals[2].item()}
-    return out
+        def split(part):
+            informative = informative_groups(part.scores, k)
+            groups = torch.arange(informative.shape[0], device=informative.device)
+            if informative.any():
+                kept.append(_subset(part, _group_rows(groups[informative], k)))
+            if (~informative).any():
+                dropped.append(_subset(part, _group_rows(groups[~informative], k)))
+
+        def count(parts):
+            return sum(p.responses.shape[0] for p in parts) // k
+
+        split(rollout)
+        while rounds < self.max_rounds:
+            short = torch.tensor(float(wanted - min(count(kept), wanted)), device=accelerator.device)
+            if accelerator.gather(short.reshape(1)).max().item() == 0:
+                break
+            rounds += 1
+            part, scored, _ = sample_round(f" (sampling round {rounds})")
+            generated.append(part.responses.shape[0])
+            if scored:
+                split(part)
+        refill = max(0, wanted - count(kept))
+        joined = concat_rollouts(kept + dropped, self.pad_token_id)
+        out = _subset(joined, torch.arange(wanted * k, device=joined.responses.device))
+        totals = accelerator.gather(torch.tensor([[float(count(dropped) - refill), float(refill),
+                                                   float(sum(generated))]], device=accelerator.device)).sum(0)
+        out.sampling = {"sampling/rounds": rounds, "sampling/groups_dropped": totals[0].item(),
+                        "sampling/groups_refilled": totals[1].item(), "sampling/completions": totals[2].item()}
+        return out

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import enum
 import json
 import os
 import re
@@ -33,173 +32,21 @@ from ..errors import UserInputError
 from ..models.paths import looks_local
 from .recipe_paths import resolve_recipe_paths
 from . import validation
+from .arguments import (  # re-exported: the loader's public names
+    INHERITED_MODEL_KEYS,
+    PATH_KEYS,
+    TRAINERS,
+    UNSUPPORTED_KEYS,
+    PipelineArguments,
+    Recipe,
+)
+from .argv import plain, to_argv
 from .reward_keys import check_no_reward_model, portable_spec, resolve_reward_keys
 
-TRAINERS = ("sft", "reward", "dpo", "ppo")
 RECIPE_FILENAME = "trl_ext_recipe.yaml"
 TINY_SCHEME = "tiny://"
 TINY_NAMES = ("tokenizer", "policy", "reward")
 TINY_DIR_ENV = "TRL_EXT_TINY_DIR"
-
-# Keys of TRL's ModelConfig that the reward and value models inherit from the policy when not set with a prefix.
-INHERITED_MODEL_KEYS = ("model_revision", "dtype", "attn_implementation")
-# Trainer-config fields that trl-ext's pipeline does not use (it loads the policy from ``model_name_or_path``).
-UNSUPPORTED_KEYS = {"sft_model_path": "set model_name_or_path to the policy (SFT) checkpoint instead"}
-# Keys whose value, when it looks like a local path, must exist.
-PATH_KEYS = (
-    "model_name_or_path", "dataset_name", "reward_model_path", "value_model_path", "ptx_dataset_name",
-    "chat_template_path", "deepspeed",
-)
-
-
-@dataclass
-class PipelineArguments:
-    """Recipe keys of the trl-ext pipeline beyond TRL's ScriptArguments, ModelConfig and the trainer config.
-
-    Parameters:
-        trainer (`str`):
-            Which trainer to run: `"sft"`, `"reward"`, `"dpo"` or `"ppo"`.
-        overwrite_output_dir (`bool`, *optional*, defaults to `False`):
-            Train into an existing non-empty `output_dir`. Without it such a run is refused.
-        reinit_score_head (`bool`, *optional*, defaults to `False`):
-            Reward training: start from a fresh one-output score head even if the checkpoint has a head with more
-            outputs (passed to `trl_ext.models.load_scalar_model(reinit_head=...)`).
-        cuda_expandable_segments (`bool`, *optional*, defaults to `True`):
-            CUDA runs: set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` before CUDA allocates, unless the
-            environment already sets `PYTORCH_CUDA_ALLOC_CONF` (the user's value wins); logged. Less memory reserved
-            beyond what tensors use (`trl_ext.runtime.cuda_memory`, `docs/ppo-memory.md`). `false` leaves it unset.
-        upcast_non_quantized (`bool`, *optional*, defaults to `True`):
-            Quantized (4/8-bit) models: `True` makes the weights that stay unquantized (embeddings, LM head, norms)
-            float32, as peft's `prepare_model_for_kbit_training` does, so activations and the KV cache are
-            float32; `False` keeps them in `dtype` (the 4-bit compute dtype, e.g. bfloat16): about half the memory
-            for those weights and the activations, faster. Norms compute in float32 inside either way; LoRA weights,
-            score heads that train and their optimizer states stay float32. Applies to every model of the run
-            (policy, reference, reward, value, shared base). See `docs/dtypes.md`.
-        reward_funcs (`list`, *optional*):
-            PPO: reward functions beside (or instead of) the reward model, called as TRL's `GRPOTrainer` calls them.
-            Each entry is `"module:function"` (or dotted `"module.function"`), `"path/to/file.py:function"` (relative
-            to the recipe's folder), a factory `{name: FACTORY, kwargs: {...}}` whose call returns the function, or
-            a remote reward `{url: http://host:port/path, timeout_s: 30, retries: 2, label_column: label}`
-            (`trl_ext.rewards.resolve`). With it `reward_model_path` is optional; `reward_weights` has one weight
-            per reward, the reward model's first. See `docs/reward-functions-recipes.md`.
-        value_model_path (`str`, *optional*):
-            PPO: checkpoint of the value model. Defaults to `reward_model_path`; without a reward model
-            (`reward_funcs` only) to the policy's `model_name_or_path` with a fresh one-output head.
-        value_reinit_score_head (`bool`, *optional*, defaults to `False`):
-            PPO: as `reinit_score_head`, for the value model.
-        shared_base (`bool`, *optional*, defaults to `False`):
-            PPO: one base for policy, reference, reward and value. The reward and value models become LoRA adapters,
-            each with its own score head, on the policy's base (quantized or not; needs `use_peft: true`):
-            `reward_model_path` must be the LoRA adapter directory a reward recipe with `use_peft` writes, trained
-            on the policy's `model_name_or_path`; the value adapter starts from `value_model_path` (an adapter
-            directory on the same base; default: the reward adapter) or, when `value_model_path` is the policy's
-            `model_name_or_path`, fresh (the policy's LoRA settings, overridden by `value_lora_*` keys). The reward
-            adapter is frozen. Without a reward model (`reward_funcs` only) only the value adapter shares the base,
-            fresh unless `value_model_path` names an adapter; a critic-free run without a reward model has nothing
-            to share and is refused. `reward_*` keys and `value_*` keys other than LoRA settings do not apply.
-        ptx_dataset_name (`str`, *optional*):
-            PPO-ptx: hub name, local file or `save_to_disk` directory of the pretraining-mix text.
-        ptx_dataset_config (`str`, *optional*):
-            PPO-ptx: dataset configuration name.
-        ptx_dataset_split (`str`, *optional*, defaults to `"train"`):
-            PPO-ptx: split to use.
-        ptx_text_column (`str`, *optional*, defaults to `"text"`):
-            PPO-ptx: column holding the plain text (a tokenized `input_ids` column is used as is).
-        allow_empty_responses (`bool`, *optional*, defaults to `False`):
-            Accept empty or whitespace-only responses (`chosen`, `rejected`, `responses`, `completion`) in the data,
-            e.g. sampled responses that ended at once, as "saying nothing" examples. Without it such a row is
-            refused before training (`trl-ext check` for local data). Empty prompts are always refused.
-        wandb_project (`str`, *optional*):
-            Weights & Biases project (sets `WANDB_PROJECT`); used with `report_to: wandb`.
-        wandb_entity (`str`, *optional*):
-            Weights & Biases entity (sets `WANDB_ENTITY`).
-        wandb_group (`str`, *optional*):
-            Weights & Biases run group (sets `WANDB_RUN_GROUP`).
-        wandb_tags (`list[str]`, *optional*):
-            Weights & Biases run tags (sets `WANDB_TAGS`).
-    """
-
-    trainer: str = field(default=None, metadata={"help": "Trainer to run.", "choices": list(TRAINERS)})
-    overwrite_output_dir: bool = field(
-        default=False, metadata={"help": "Train into an existing non-empty output_dir."}
-    )
-    reinit_score_head: bool = field(
-        default=False, metadata={"help": "Reward training: re-initialise the score head with one output."}
-    )
-    cuda_expandable_segments: bool = field(
-        default=True,
-        metadata={"help": "CUDA runs: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True unless the user set it."},
-    )
-    upcast_non_quantized: bool = field(
-        default=True,
-        metadata={"help": "Quantized models: float32 embeddings, LM head, norms (peft's upcast); false keeps dtype."},
-    )
-    reward_funcs: Optional[list[str]] = field(
-        default=None,
-        metadata={"help": "PPO: reward functions ('module:function', 'file.py:function', {name:, kwargs:}, {url:})."},
-    )
-    value_model_path: Optional[str] = field(
-        default=None, metadata={"help": "PPO: value model checkpoint (defaults to reward_model_path)."}
-    )
-    value_reinit_score_head: bool = field(
-        default=False, metadata={"help": "PPO: re-initialise the value model's score head with one output."}
-    )
-    shared_base: bool = field(
-        default=False,
-        metadata={"help": "PPO: reward and value models as LoRA adapters with their own heads on the policy's base."},
-    )
-    ptx_dataset_name: Optional[str] = field(default=None, metadata={"help": "PPO-ptx: pretraining-mix dataset."})
-    ptx_dataset_config: Optional[str] = field(default=None, metadata={"help": "PPO-ptx: dataset config name."})
-    ptx_dataset_split: str = field(default="train", metadata={"help": "PPO-ptx: dataset split."})
-    ptx_text_column: str = field(default="text", metadata={"help": "PPO-ptx: text column."})
-    allow_empty_responses: bool = field(
-        default=False, metadata={"help": "Accept empty or whitespace-only responses in the data."}
-    )
-    wandb_project: Optional[str] = field(default=None, metadata={"help": "W&B project (WANDB_PROJECT)."})
-    wandb_entity: Optional[str] = field(default=None, metadata={"help": "W&B entity (WANDB_ENTITY)."})
-    wandb_group: Optional[str] = field(default=None, metadata={"help": "W&B run group (WANDB_RUN_GROUP)."})
-    wandb_tags: Optional[list[str]] = field(default=None, metadata={"help": "W&B run tags (WANDB_TAGS)."})
-
-
-@dataclass
-class Recipe:
-    """A validated, resolved recipe.
-
-    Attributes:
-        path: the YAML file it came from.
-        trainer: `"sft"`, `"reward"`, `"dpo"` or `"ppo"`.
-        script_args: TRL `ScriptArguments` (dataset keys).
-        model_args: TRL `ModelConfig` of the trained model (the policy for SFT/DPO/PPO, the reward model for reward).
-        training_args: the trainer's config (`trl_ext.SFTConfig`, `RewardConfig`, `DPOConfig` or `PPOConfig`).
-        pipeline: :class:`PipelineArguments`.
-        reward_model_args / value_model_args: PPO only, `ModelConfig`s of the reward and value models (None when
-            the run has none: `reward_funcs` only, or a critic-free `advantage_estimator`).
-        reward_funcs: PPO only, the callables of `reward_funcs` (imported, factories called), in order.
-        reward_func_entries: how messages name each of them (`recipe: key 'reward_funcs' entry N '...'`).
-        explicit: the keys the recipe and the command line set, with their resolved values.
-        notes: remarks for the user (printed by `trl-ext check`).
-        env: the recipe's `env` mapping (environment variables).
-    """
-
-    path: Path
-    trainer: str
-    script_args: Any
-    model_args: Any
-    training_args: Any
-    pipeline: PipelineArguments
-    reward_model_args: Any = None
-    value_model_args: Any = None
-    reward_funcs: list = field(default_factory=list)
-    reward_func_entries: list = field(default_factory=list)
-    explicit: dict = field(default_factory=dict)
-    notes: list = field(default_factory=list)
-    env: dict = field(default_factory=dict)
-
-    def to_yaml(self) -> str:
-        """The resolved recipe as YAML: `trl-ext train` accepts it again."""
-        import yaml
-
-        return yaml.safe_dump(self.explicit, sort_keys=False, default_flow_style=None)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -291,7 +138,10 @@ class _RecipeArgumentParser:
                 message = re.sub(r"argument --(\w+)(/--[\w-]+)*", r"key '\1'", message)
                 raise UserInputError(f"recipe: {message}")
 
-        return Parser(dataclass_types, allow_abbrev=False)
+        parser = Parser(dataclass_types, allow_abbrev=False)
+        for action in parser._actions:  # choices are checked by trl_ext.config_rules, with the configs' messages
+            action.choices = None
+        return parser
 
 
 @functools.lru_cache(maxsize=None)
@@ -318,40 +168,6 @@ def valid_keys(trainer: str) -> list[str]:
 
 # ----------------------------------------------------------------------------------------------------------------
 # Resolution
-
-
-def _to_argv(key: str, value: Any, action) -> list[str]:
-    if key in STRUCTURED_LIST_KEYS:  # mappings in the list travel as JSON text
-        entries = value if isinstance(value, (list, tuple)) else [value]
-        return [f"--{key}", *(json.dumps(v) if isinstance(v, (dict, list)) else _scalar_str(key, v) for v in entries)]
-    if isinstance(value, (list, tuple)):
-        if action.nargs not in ("+", "*"):
-            raise UserInputError(f"recipe: key '{key}' takes one value, got a list {list(value)}")
-        return [f"--{key}", *(_scalar_str(key, v) for v in value)]
-    if isinstance(value, dict):
-        return [f"--{key}", json.dumps(value)]
-    return [f"--{key}", _scalar_str(key, value)]
-
-
-def _scalar_str(key: str, value: Any) -> str:
-    if isinstance(value, (dict, list)):
-        raise UserInputError(f"recipe: key '{key}' got a nested value {value!r}; give plain values")
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
-def _plain(value: Any) -> Any:
-    """A YAML-safe copy of a resolved value."""
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
 
 
 def _check_path(key: str, value: Optional[str]) -> None:
@@ -523,22 +339,24 @@ def _argv_of(ctx: _Resolution, keys) -> list[str]:
         elif value is True and key in ctx.cli and ctx.actions[key].nargs == "?":
             argv.append(f"--{key}")
         else:
-            argv += _to_argv(key, value, ctx.actions[key])
+            argv += to_argv(key, value, ctx.actions[key])
     return argv
 
 
 def _parse(ctx: _Resolution) -> None:
-    """Type and choice checks as TRL's CLI would parse them, with one-line errors; then nullability and ranges
-    (trl_ext.recipes.validation), before the libraries' own checks in the dataclasses' __post_init__ (an error
+    """Type checks as TRL's CLI would parse them, with one-line errors; then nullability, choices and ranges
+    (trl_ext.config_rules: by the trainer's config itself, by trl_ext.recipe_loader.validation for the other keys), before the libraries' own checks in the dataclasses' __post_init__ (an error
     there names the recipe key at fault). `check` on a machine without a GPU validates a GPU precision as fp32."""
     ctx.specs = validation.key_specs(ctx.types)
     ctx.argv = _argv_of(ctx, ctx.merged)
-    validation.check_namespace(ctx.parser.parse_known_args(ctx.argv)[0], ctx.merged, ctx.specs)
+    # the trainer's config (ctx.types[2]) checks its own fields when built; the other dataclasses' keys here
+    not_self_checked = validation.key_specs([t for i, t in enumerate(ctx.types) if i != 2])
+    validation.check_namespace(ctx.parser.parse_known_args(ctx.argv)[0], ctx.merged, not_self_checked)
     try:
         ctx.parsed = tuple(ctx.parser.parse_args_into_dataclasses(args=ctx.argv, look_for_args_file=False))
         return
-    except UserInputError:
-        raise
+    except UserInputError as err:
+        raise UserInputError(validation.recipe_message(str(err), ctx.actions)) from None
     except ValueError as err:
         msg = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
     precision = any(k in msg for k in ("bf16", "fp16", "gpu", "GPU"))
@@ -554,8 +372,8 @@ def _parse(ctx: _Resolution) -> None:
     ctx.argv += ["--bf16", "false", "--fp16", "false"]
     try:
         ctx.parsed = tuple(ctx.parser.parse_args_into_dataclasses(args=ctx.argv, look_for_args_file=False))
-    except UserInputError:
-        raise
+    except UserInputError as err2:
+        raise UserInputError(validation.recipe_message(str(err2), ctx.actions)) from None
     except ValueError as err2:
         raise _library_error(ctx, str(err2).strip().splitlines()[0]) from None
 
@@ -614,7 +432,6 @@ def _resolve_ppo_models(ctx: _Resolution) -> None:
         value_path = default_value_model_path(pipeline, training_args, model_args)
         ctx.value_args = _model_config_from_prefix(ctx.parsed[5], "value", model_args, value_path)
     _check_ptx(training_args, pipeline)
-    validation.check_ppo_batches(training_args)
     if pipeline.shared_base:
         _check_shared_base(ctx.merged, ctx.parsed, model_args, training_args, pipeline)
     else:
@@ -630,7 +447,6 @@ def _check_model_and_output(ctx: _Resolution) -> None:
         model_args.lora_task_type = "SEQ_CLS"  # the reward model is a sequence classifier
     validation.check_lora(model_args)
     validation.check_model_limits(ctx.trainer, training_args, _local_model_config(model_args.model_name_or_path))
-    validation.check_nothing_to_do(ctx.trainer, training_args)
     out = Path(training_args.output_dir)
     if out.is_dir() and any(out.iterdir()) and not pipeline.overwrite_output_dir and not ctx.resuming:
         raise UserInputError(
@@ -648,7 +464,7 @@ def _explicit_keys(ctx: _Resolution) -> dict:
             explicit[key] = [portable_spec(spec, Path(ctx.path).parent) for spec in ctx.pipeline.reward_funcs or []]
             continue
         owner = next(o for o in ctx.parsed if key in {f.name for f in dataclasses.fields(o)})
-        value = _plain(getattr(owner, key))
+        value = plain(getattr(owner, key))
         # Keep what the user wrote where TRL normalised it to something that would not parse back ([] for
         # `report_to: none`), and where `check` relaxed a GPU-only precision.
         explicit[key] = ctx.merged[key] if value == [] or (ctx.notes and key in ("bf16", "fp16")) else value
@@ -661,8 +477,6 @@ _PPO_ONLY = {
     f.name: f for f in dataclasses.fields(PipelineArguments)
     if f.name.startswith(("value_", "ptx_")) or f.name in ("shared_base", "reward_funcs")
 }
-# List keys whose entries may be mappings (passed to the parser as JSON text, parsed back in the pipeline step).
-STRUCTURED_LIST_KEYS = ("reward_funcs",)
 
 
 def default_value_model_path(pipeline, training_args, model_args) -> str:

@@ -1,4 +1,4 @@
-"""The caching allocator's margin: what a CUDA run RESERVES beyond the peak :mod:`trl_ext.ppo.memory_budget` predicts
+"""The caching allocator's margin: what a CUDA run RESERVES beyond the peak :mod:`trl_ext.ppo.rollout.memory_budget` predicts
 it ALLOCATES.
 
 Derivation (``docs/ppo-memory.md``; one H200, 8B QLoRA PPO, ``benchmarks/gpu_ppo.py``, default allocator settings):

@@ -2,8 +2,8 @@
 ``.jsonl``/``.json``/``.csv`` file whose bytes are not UTF-8, an empty file, or a ``.jsonl`` line that is not a JSON
 object, each as one line naming the file, row (line) and column.
 
-:func:`trl_ext.recipes.data.open_split` calls :func:`check_file_text` on every local file it opens; the row checks
-after parsing are in :mod:`trl_ext.recipes.data_rows`.
+:func:`trl_ext.recipe_loader.data.open_split` calls :func:`check_file_text` on every local file it opens; the row checks
+after parsing are in :mod:`trl_ext.recipe_loader.data_rows`.
 """
 
 from __future__ import annotations

@@ -4,26 +4,30 @@ asymmetric, dual and two-sided clipping, token or sequence ratios, loss aggregat
 :class:`ObjectiveConfig` holds the `PPOConfig` keys these read (built once, `trainer.objective`); the trainer's loss
 step calls :func:`rollout_objective` (:func:`objective_terms` on a micro-batch of the rollout), ``optimize`` calls
 :func:`mini_batch_token_normalizer` per mini-batch, ``compute_rewards`` calls :func:`kl_penalty` and
-``update_metrics`` :func:`objective_metrics`. Dynamic sampling: :mod:`trl_ext.ppo.dynamic_sampling`. Per-token tensors
+``update_metrics`` :func:`objective_metrics`. Dynamic sampling: :mod:`trl_ext.ppo.rollout.dynamic_sampling`. Per-token tensors
 are ``(batch, T)`` and ``mask`` is True on the tokens that count. With every key at its default the arithmetic is
-that of :func:`trl_ext.ppo.losses.policy_loss` and :func:`~trl_ext.ppo.losses.kl_loss_k3` (same operations, same
-order: bit for bit). TRL's `GRPOTrainer._compute_loss` gives the same losses and gradients for the shared cases
-(tests/ppo/test_objectives_trl_parity.py; name map in docs/ppo.md).
+that of trl-ext 0.1's PPO clipped surrogate and GRPO's k3 KL loss (same operations, same order: bit for bit; the
+references are kept in tests/ppo/loss_references.py). TRL's `GRPOTrainer._compute_loss` gives the same losses and
+gradients for the shared cases (tests/ppo/test_objectives_trl_parity.py; name map in docs/ppo.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import torch
 
 from .losses import PolicyLoss
 
-KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
-LOSS_AGGREGATIONS = ("token_mean", "global_token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
-RATIO_LEVELS = ("token", "sequence")
-POLICY_LOSSES = ("clipped", "cispo")
+KLEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
+LossAggregation = Literal["token_mean", "global_token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+RatioLevel = Literal["token", "sequence"]
+PolicyLossName = Literal["clipped", "cispo"]
+KL_ESTIMATORS = get_args(KLEstimator)
+LOSS_AGGREGATIONS = get_args(LossAggregation)
+RATIO_LEVELS = get_args(RatioLevel)
+POLICY_LOSSES = get_args(PolicyLossName)
 
 
 @dataclass(frozen=True)
@@ -94,7 +98,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
 
 def kl_loss_per_token(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
     """:func:`kl_penalty` for the loss; k3 in the operation order of GRPO's loss (TRL's ``GRPOTrainer``, and
-    :func:`trl_ext.ppo.losses.kl_loss_k3`): ``exp(log r) - log r - 1``."""
+    trl-ext 0.1's ``kl_loss_k3``): ``exp(log r) - log r - 1``."""
     if estimator == "k3":
         log_ratio = ref_logprobs - logprobs
         return torch.exp(log_ratio) - log_ratio - 1
@@ -291,13 +295,14 @@ def objective_terms(cfg: ObjectiveConfig, new_logprobs, old_logprobs, advantages
     return ObjectiveTerms(policy, penalty, kl_loss, entropy, entropy_loss)
 
 
-def rollout_objective(cfg: ObjectiveConfig, rollout, inds, new_logprobs, logits) -> ObjectiveTerms:
-    """:func:`objective_terms` of the micro-batch ``inds`` of a :class:`~trl_ext.ppo.rollout.Rollout` (old and
-    reference log-probs, advantages, :func:`loss_mask`, this update's ``kl_coef``, the current mini-batch's
-    ``token_normalizer``) under the current policy's ``new_logprobs`` and ``logits`` (the trainer's loss step)."""
+def rollout_objective(cfg: ObjectiveConfig, rollout, inds, new_logprobs, logits, kl_coef: float,
+                      token_normalizer: torch.Tensor | None = None) -> ObjectiveTerms:
+    """:func:`objective_terms` of the micro-batch ``inds`` of a :class:`~trl_ext.ppo.rollout.containers.Rollout` (old and
+    reference log-probs, advantages, :func:`loss_mask`) under the current policy's ``new_logprobs`` and ``logits``,
+    with this update's ``kl_coef`` and the current mini-batch's ``token_normalizer`` (the trainer's loss step)."""
     mask = loss_mask(rollout.padding_mask[inds], rollout.contain_eos_token[inds], cfg)
     return objective_terms(cfg, new_logprobs, rollout.logprobs[inds], rollout.advantages[inds], mask,
-                           rollout.ref_logprobs[inds], rollout.kl_coef, logits, rollout.token_normalizer)
+                           rollout.ref_logprobs[inds], kl_coef, logits, token_normalizer)
 
 
 def mini_batch_token_normalizer(cfg: ObjectiveConfig, rollout, inds, gradient_accumulation_steps: int,
@@ -316,7 +321,7 @@ def objective_metrics(rollout, stats, cfg: ObjectiveConfig, accelerator) -> dict
     `sampling/*` metrics of `dynamic_sampling`."""
     gather = accelerator.gather_for_metrics
     metrics = {name: gather(torch.stack(values).mean()).mean().item() for name, values in stats.objective.items()}
-    metrics.update(rollout.sampling or {})  # dynamic_sampling (trl_ext.ppo.dynamic_sampling)
+    metrics.update(rollout.sampling or {})  # dynamic_sampling (trl_ext.ppo.rollout.dynamic_sampling)
     if cfg.mask_truncated_completions:
         metrics["objective/frac_truncated"] = gather((~rollout.contain_eos_token).float().mean()).mean().item()
     return metrics

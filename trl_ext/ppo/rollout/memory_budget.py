@@ -72,7 +72,7 @@ LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"
 STREAMING_STEP_COPIES = 6
 """``(chunk, vocab)`` float32 buffers alive at once per generation step with streamed log-probs: the step's logits
 and their float32 copy, the temperature-scaled scores, the sampling probabilities, the previous step's scores that
-:class:`~trl_ext.ppo.rollout_logprobs.SampledTokenLogprobs` holds, and logsumexp's workspace (measured: 5.5-6)."""
+:class:`~trl_ext.ppo.rollout.logprobs.SampledTokenLogprobs` holds, and logsumexp's workspace (measured: 5.5-6)."""
 LOGIT_COPIES = 3
 """Sequence-length logits tensors alive at once while training on one micro-batch: the logits, their gradient and
 one softmax-sized temporary (log-softmax or the entropy statistic)."""

@@ -3,7 +3,7 @@
 The rollout generates, and the scoring passes (reference log-probs, values, scores) run, in chunks of
 ``local_rollout_forward_batch_size`` sequences. A larger chunk makes fewer, larger calls: on a GPU a generation step
 costs about the same at 8 or 64 sequences (per-call overhead; ``../shared/notes/gpu.md``), so the largest chunk that
-fits is the fastest. What a chunk costs comes from :func:`trl_ext.ppo.memory_budget.ppo_memory_budget`: its rollout
+fits is the fastest. What a chunk costs comes from :func:`trl_ext.ppo.rollout.memory_budget.ppo_memory_budget`: its rollout
 phase (KV cache and streamed log-probs of one chunk) and scoring phase (the reference logits and one layer's
 activations of one chunk) grow with the chunk; the training phase and what stays all run do not. So the peak
 ``persistent + max(rollout(c), scoring(c), training) + overhead`` never decreases with ``c``, and the choice is
@@ -32,7 +32,7 @@ from functools import partial
 
 import torch
 
-from ..errors import UserInputError
+from ...errors import UserInputError
 from .allocator_margin import allocator_margin, expandable_segments_on, planned_reserved_bytes
 from .memory_budget import GIB, LINEAR_MODULES, MemoryBudget, ModelShape, PPOShape, ppo_memory_budget
 
@@ -95,7 +95,7 @@ def largest_fitting_chunk(shape: ModelShape, run: PPOShape, target_bytes: int, *
                           at_most: int | None = None, margin=None) -> ChunkChoice:
     """The largest ``rollout_chunk`` in ``1..run.batch`` whose :func:`ppo_memory_budget` peak is ``<= target_bytes``
     (or ``at_most`` if that is smaller). ``margin``: None, or ``chunk -> float``, the caching allocator's margin
-    (:mod:`trl_ext.ppo.allocator_margin`): the peak planned is then the reserved one.
+    (:mod:`trl_ext.ppo.rollout.allocator_margin`): the peak planned is then the reserved one.
 
     Raises:
         UserInputError: if even a chunk of 1 does not fit (the message names ``target_name``).
@@ -163,7 +163,7 @@ def run_shape_from_models(policy, args, prompt_length: int) -> tuple[ModelShape,
     peft_config = getattr(policy, "peft_config", None)
     if not peft_config:
         raise UserInputError(
-            "local_rollout_forward_batch_size: 'auto' needs a LoRA policy (trl_ext.ppo.memory_budget models LoRA "
+            "local_rollout_forward_batch_size: 'auto' needs a LoRA policy (trl_ext.ppo.rollout.memory_budget models LoRA "
             "runs); give an integer for a policy trained in full"
         )
     lora = peft_config[getattr(policy, "active_adapter", None) or next(iter(peft_config))]

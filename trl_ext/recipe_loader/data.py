@@ -9,7 +9,7 @@ Columns are checked as soon as a split is opened, before any model loads:
 * ppo: ``prompt`` (plain text, or a list of chat messages), or an already tokenized ``input_ids`` column;
 * ppo-ptx: the ``ptx_text_column`` (default ``text``), or ``input_ids``.
 
-Their rows are checked next, in :mod:`trl_ext.recipes.data_rows`.
+Their rows are checked next, in :mod:`trl_ext.recipe_loader.data_rows`.
 """
 
 from __future__ import annotations

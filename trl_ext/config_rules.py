@@ -1,22 +1,22 @@
-"""Value checks of recipe keys: nullability and ranges of every numeric key, stated once.
+"""The rules every trl-ext config checks about each of its own fields, when it is constructed.
 
-What is derived from the dataclasses (TRL's ``ScriptArguments``/``ModelConfig``/trainer configs, transformers'
-``TrainingArguments``, trl-ext's configs and :class:`~trl_ext.recipes.loader.PipelineArguments`):
+Derived from the dataclass fields (their type, default and metadata) of the config, so that a field added later is
+checked too:
 
-* **types and choices**: parsed as TRL's command line would (``HfArgumentParser``; see ``loader.resolve_recipe``);
-* **null**: allowed only where the field's type is ``Optional`` or its default is ``None``;
+* **null**: ``None`` is valid only where the field's type is ``Optional`` or its default is ``None``;
+* **choices**: a ``Literal`` (or ``Enum``) field takes one of its values (``typing.get_args``: the one place they
+  are written), a field with ``metadata={"choices": ...}`` one of those;
 * **numbers**: a float must be finite, an integer must fit in 64 bits, and a number whose default is not negative
   (or ``None``) must not be negative.
 
 What cannot be derived is stated in :data:`RANGES` (one row per key, interval notation; ``inf`` is infinity). A
-field may state its own range in its metadata (``field(..., metadata={"range": "[1, inf)"})``), which is how a new
-config key gets a tighter range without editing this table. The reward and value models' ``reward_*``/``value_*``
-keys take the row of the ``ModelConfig`` key they prefix.
+field may state its own range in its metadata (``field(..., metadata={"range": "[1, inf)"})``). The reward and value
+models' ``reward_*``/``value_*`` recipe keys take the row of the ``ModelConfig`` key they prefix.
 
-Errors raised by the libraries' own validation (``TrainingArguments.__post_init__``, TRL's configs) are turned into
-one line naming the recipe key at fault by :func:`find_culprit`.
-
-Every check raises :class:`~trl_ext.errors.UserInputError` with one line: the key, the value and what is valid.
+:func:`check_fields` raises :class:`~trl_ext.errors.UserInputError` with one line, ``<key>: <problem> (valid:
+<range or choices>)``; the recipe loader (:mod:`trl_ext.recipe_loader.loader`) prints the same line as ``recipe: key
+'<key>': <problem> (valid: ...)``. The rules about how several keys combine live beside each config (PPO:
+:mod:`trl_ext.ppo.config_rules`).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import re
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-from ..errors import UserInputError
+from .errors import UserInputError
 
 INT64_MAX = 2**63 - 1
 
@@ -78,7 +78,7 @@ RANGES: dict[str, str] = {
     "temperature": "(0, inf)",
     "total_episodes": "[1, inf)",
     "num_ppo_epochs": "[1, inf)",
-    # trl_ext.PPOConfig's objective keys (trl_ext.ppo.objectives)
+    # trl_ext.PPOConfig's objective keys (trl_ext.ppo.objective.objectives)
     "cliprange_low": "[0, 1]",
     "dual_clip": "(1, inf)",
     "delta": "(1, inf)",
@@ -95,7 +95,7 @@ RANGES: dict[str, str] = {
     "num_total_batches": "[1, inf)",
     "world_size": "[1, inf)",
     # trl-ext's configs
-    "label_smoothing": "[0, 0.5]",  # conservative DPO / reward label smoothing: the flipped-label probability
+    "label_smoothing": "[0, 0.5)",  # conservative DPO / reward label smoothing: the flipped-label probability
     "kl_target": "(0, inf)",
     "kl_horizon": "[1, inf)",
     "ptx_batch_size": "[1, inf)",
@@ -103,8 +103,10 @@ RANGES: dict[str, str] = {
     "reward_clip": "(0, inf)",
     "num_samples_per_prompt": "[1, inf)",
     "max_memory_gib": "(0, inf)",
+    "reward_timeout_s": "(0, inf)",
+    "max_consecutive_nonfinite_skips": "[1, inf)",
     # local_rollout_forward_batch_size (an int or "auto") is checked by its own argparse type,
-    # trl_ext.ppo.rollout_chunk.rollout_chunk_value
+    # trl_ext.ppo.rollout.chunk.rollout_chunk_value
 }
 
 MODEL_PREFIXES = ("reward_", "value_")
@@ -242,7 +244,7 @@ def _key_specs(dataclass_types: tuple) -> dict[str, KeySpec]:
                 enums = [a for a in members if isinstance(a, type) and issubclass(a, enum.Enum)]
                 if lits and len(lits) == len(members):
                     choices = [c for lit in lits for c in typing.get_args(lit)]
-                elif enums and len(enums) == len(members):
+                elif enums and all(m is str or m in enums for m in members):  # an Enum, or its value
                     choices = [e.value for e in enums[0]]
             bound = None
             if kind in ("int", "float"):
@@ -266,146 +268,109 @@ def _bound_for(f: dataclasses.Field, default) -> Bound:
     return Bound()
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The checks
+def value_problem(value: Any, spec: KeySpec) -> Optional[str]:
+    """What is wrong with ``value`` for the key of ``spec`` (the text after ``<key>: ``), or None if nothing.
 
-
-def check_null(key: str, spec: KeySpec) -> None:
-    """``key: null`` where the key cannot be null."""
-    if not spec.nullable:
-        raise UserInputError(f"recipe: key '{key}': null is not valid (valid: {spec.describe()})")
-
-
-def check_value(key: str, value: Any, spec: KeySpec) -> None:
-    """A parsed value of ``key`` against its finiteness, size and range (lists: each element)."""
-    if spec.bound is None or value is None or isinstance(value, bool):
-        return
+    ``None`` is left to the caller (a recipe says ``null``, Python ``None``); lists are checked element by element;
+    a string of a number-or-string field (``local_rollout_forward_batch_size: auto``) is not a number to check."""
+    if value is None:
+        return None
+    if spec.choices and not isinstance(value, (list, tuple)):
+        plain = value.value if isinstance(value, enum.Enum) else value
+        if plain not in spec.choices:
+            return f"invalid choice {plain!r} (valid: {spec.describe()})"
+        return None
+    if spec.bound is None or isinstance(value, bool):
+        return None
     if isinstance(value, (list, tuple)):
-        for v in value:
-            check_value(key, v, spec)
-        return
+        return next((p for p in (value_problem(v, spec) for v in value) if p), None)
     if isinstance(value, str):  # a union with str (pad_to_multiple_of: int | str) parses numbers as strings
         try:
             value = int(value) if spec.kind == "int" else float(value)
         except ValueError:
-            return  # a string value of the key (e.g. "auto")
+            return None  # a string value of the key (e.g. "auto")
     if not isinstance(value, (int, float)):
-        return
+        return None
     if isinstance(value, float) and not math.isfinite(value):
-        raise UserInputError(f"recipe: key '{key}': {value} is not a finite number (valid: {spec.describe()})")
+        return f"{value} is not a finite number (valid: {spec.describe()})"
     if isinstance(value, int) and abs(value) > INT64_MAX:
-        raise UserInputError(f"recipe: key '{key}': {value} does not fit in 64 bits (valid: {spec.describe()})")
+        return f"{value} does not fit in 64 bits (valid: {spec.describe()})"
+    if spec.kind == "int" and isinstance(value, float):
+        return f"{value!r} is not an integer (valid: {spec.describe()})"
     if value not in spec.bound:
-        raise UserInputError(f"recipe: key '{key}': {value!r} is out of range (valid: {spec.describe()})")
-
-
-def check_namespace(namespace, keys, specs: dict[str, KeySpec]) -> None:
-    """Check the parsed values of the recipe's explicit ``keys`` (an argparse namespace, before the dataclasses are
-    built, so that these one-line errors come before the libraries' own)."""
-    for key in keys:
-        spec = specs.get(key)
-        if spec is not None and hasattr(namespace, key):
-            check_value(key, getattr(namespace, key), spec)
-
-
-def find_culprit(message: str, keys: list[str], builds: Callable[[list[str]], bool]) -> Optional[str]:
-    """The recipe key a library's validation error is about.
-
-    A key the message names (as ``key`` or ``--key``; the longest match wins) if the recipe sets it; else the
-    first key whose removal from the recipe makes the configs build (``builds(keys_left)``); else None.
-    """
-    named = [k for k in keys if re.search(rf"(?<![\w]){re.escape(k)}(?![\w])", message)]
-    if named:
-        return max(named, key=len)
-    for key in keys:
-        if key == "trainer":
-            continue
-        try:
-            if builds([k for k in keys if k != key]):
-                return key
-        except Exception:  # noqa: BLE001 - still failing without the key: not the culprit
-            continue
+        return f"{value!r} is out of range (valid: {spec.describe()})"
     return None
 
 
-def check_nothing_to_do(trainer: str, training_args) -> None:
-    """Refuse runs that would train zero steps (before anything is written).
-
-    Zero episodes (PPO ``total_episodes``: in :data:`RANGES`) and ``num_train_epochs: 0`` with no positive
-    ``max_steps`` (or, for PPO, no ``total_episodes``) would save an untrained model and exit 0.
-    """
-    epochs = getattr(training_args, "num_train_epochs", None)
-    if epochs is None or epochs > 0:
-        return
-    if trainer == "ppo":
-        if getattr(training_args, "total_episodes", None) is None:
-            raise UserInputError(
-                f"recipe: key 'num_train_epochs': {epochs!r} with no total_episodes trains on zero episodes "
-                "(valid: a number > 0, or set total_episodes >= 1)"
-            )
-    elif getattr(training_args, "max_steps", -1) <= 0:
-        raise UserInputError(
-            f"recipe: key 'num_train_epochs': {epochs!r} with no max_steps trains zero steps "
-            "(valid: a number > 0, or set max_steps >= 1)"
-        )
+def check_fields(config) -> None:
+    """Every field of the dataclass ``config`` against its nullability, choices and range (see the module); called
+    first thing in each trl-ext config's ``__post_init__``."""
+    for name, spec in key_specs((type(config),)).items():
+        value = getattr(config, name, None)
+        # None: refused for numbers, flags and choices (HfArgumentParser passes None for some list-like fields)
+        if value is None and not spec.nullable and (spec.kind in ("int", "float", "bool") or spec.choices):
+            raise UserInputError(f"{name}: None is not valid (valid: {spec.describe()})")
+        problem = value_problem(value, spec)
+        if problem:
+            raise UserInputError(f"{name}: {problem}")
 
 
-def check_lora(model_args, *, prefix: str = "") -> None:
-    """Build peft's ``LoraConfig`` from a ``ModelConfig`` with ``use_peft`` and turn its ``ValueError`` into one line
-    naming the ``<prefix>lora_*`` key (peft's own validation; the ranges of r, alpha and dropout are in RANGES)."""
-    if not getattr(model_args, "use_peft", False):
-        return
-    from ..models.lora import lora_config_for
-
-    try:
-        lora_config_for(model_args, task_type="CAUSAL_LM")
-    except UserInputError:
-        raise
-    except (ValueError, TypeError) as err:
-        msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        peft_to_key = {"r": "lora_r", "target_modules": "lora_target_modules", "modules_to_save":
-                       "lora_modules_to_save", "use_dora": "use_dora", "use_rslora": "use_rslora"}
-        key = next((k for p, k in peft_to_key.items() if re.search(rf"\b{p}\b", msg)), "use_peft")
-        raise UserInputError(f"recipe: key '{prefix}{key}': {msg}") from None
+def choices_of(literal) -> tuple:
+    """The values of a ``Literal`` type (``Optional`` allowed): the one place a key's choices are written."""
+    members, _ = _strip_optional(literal)
+    return tuple(v for m in members for v in typing.get_args(m))
 
 
-def check_model_limits(trainer: str, training_args, model_config: Optional[dict]) -> None:
-    """Values that cannot fit the policy checkpoint (its ``config.json``, when local): PPO's ``response_length``
-    must leave room for a prompt within ``max_position_embeddings``."""
-    positions = (model_config or {}).get("max_position_embeddings")
-    response = getattr(training_args, "response_length", None)
-    if trainer == "ppo" and positions and response is not None and response >= positions:
-        raise UserInputError(
-            f"recipe: key 'response_length': {response} leaves no room for a prompt in the model's "
-            f"max_position_embeddings {positions} (valid: an integer < {positions})"
-        )
+def help_from_docstring(cls):
+    """Class decorator: each field of ``cls`` that its class docstring documents (TRL's ``Parameters:`` layout,
+    ``name (`type`, ...):`` then the indented description) and that has no ``help`` of its own gets the first
+    sentence of that description as its ``metadata["help"]`` (the command line's help): one description per field,
+    written once, in the docstring."""
+    described = docstring_fields(cls.__doc__ or "")
+    for f in dataclasses.fields(cls):
+        if f.name in described and "help" not in f.metadata:
+            f.metadata = types.MappingProxyType({**f.metadata, "help": first_sentence(described[f.name])})
+    return cls
 
 
-def check_ppo_batches(training_args) -> None:
-    """PPO's combinations that its trainer would refuse only after every model has loaded (TRL's checks, earlier):
-    the rollout batch (``per_device_train_batch_size * gradient_accumulation_steps``) split into
-    ``num_mini_batches``; ``whiten_rewards`` with mini-batches under 8; ``stop_token`` with ``stop_token_id``."""
-    a = training_args
-    local_batch = a.per_device_train_batch_size * a.gradient_accumulation_steps
-    if local_batch % a.num_mini_batches:
-        raise UserInputError(
-            f"recipe: key 'num_mini_batches': {a.num_mini_batches} does not divide the rollout batch "
-            f"per_device_train_batch_size * gradient_accumulation_steps = {local_batch} (valid: a divisor of it)"
-        )
-    if getattr(a, "whiten_rewards", False) and local_batch // a.num_mini_batches < 8:
-        raise UserInputError(
-            f"recipe: key 'whiten_rewards': needs mini-batches of at least 8 samples per process, got "
-            f"{local_batch // a.num_mini_batches} (per_device_train_batch_size * gradient_accumulation_steps / "
-            "num_mini_batches)"
-        )
-    if getattr(a, "stop_token", None) and getattr(a, "stop_token_id", None) is not None:
-        raise UserInputError("recipe: keys 'stop_token' and 'stop_token_id' are both set; choose one")
+def docstring_fields(doc: str) -> dict[str, str]:
+    """``{field: description}`` of a docstring's ``name (`type`, ...):`` entries (descriptions on one line)."""
+    out: dict[str, str] = {}
+    name, lines, indent = None, [], 0
+    for line in doc.splitlines():
+        m = re.match(r"^(\s*)(\w+) \(`[^`]*`.*\):\s*$", line)
+        if m:
+            if name:
+                out[name] = " ".join(lines)
+            name, lines, indent = m.group(2), [], len(m.group(1))
+        elif name and line.strip() and len(line) - len(line.lstrip()) > indent:
+            lines.append(line.strip())
+        elif name and line.strip():
+            out[name], name = " ".join(lines), None
+    if name:
+        out[name] = " ".join(lines)
+    return out
 
 
-def check_episodes(training_args, num_rows: int) -> None:
-    """PPO without ``total_episodes`` trains ``int(num_train_epochs * rows)`` episodes: refuse zero."""
-    if getattr(training_args, "total_episodes", 0) is None and int(training_args.num_train_epochs * num_rows) < 1:
-        raise UserInputError(
-            f"recipe: key 'num_train_epochs': {training_args.num_train_epochs} of {num_rows} prompts is zero "
-            "episodes (valid: num_train_epochs * prompts >= 1, or set total_episodes)"
-        )
+def first_sentence(text: str) -> str:
+    """``text`` up to its first period that ends a sentence (outside backticks and parentheses)."""
+    depth, code = 0, False
+    for i, ch in enumerate(text):
+        if ch == "`":
+            code = not code
+        elif not code and ch in "([":
+            depth += 1
+        elif not code and ch in ")]":
+            depth = max(0, depth - 1)
+        elif ch == "." and not code and depth == 0 and (i + 1 == len(text) or text[i + 1] == " "):
+            if text[:i].split()[-1:] not in (["al"], ["e.g"], ["i.e"], ["sec"], ["eq"], ["vs"]):
+                return text[: i + 1]
+    return text
+
+
+def check_steps(config) -> None:
+    """A run of the SFT, reward or DPO trainer that would train zero steps (and save an untrained model)."""
+    epochs = getattr(config, "num_train_epochs", None)
+    if epochs is not None and epochs <= 0 and getattr(config, "max_steps", -1) <= 0:
+        raise UserInputError(f"num_train_epochs: {epochs!r} with no max_steps trains zero steps "
+                             "(valid: a number > 0, or set max_steps >= 1)")

@@ -1,11 +1,11 @@
 """``trl-ext plan RECIPE [--gpu-memory GIB] [--prompt-length N] [--key value ...]``: a PPO recipe's memory budget.
 
 Reads the recipe and only the checkpoints' ``config.json`` (no weights, no data, no network; a Hub id that is not a
-local directory is refused in one line), and prints what :func:`trl_ext.ppo.memory_budget.ppo_memory_budget` gives
+local directory is refused in one line), and prints what :func:`trl_ext.ppo.rollout.memory_budget.ppo_memory_budget` gives
 for the run per component, whether it fits ``--gpu-memory`` (GiB, whole process), and the fastest settings that do:
 
 1. the rollout chunk (``local_rollout_forward_batch_size``): the largest that fits
-   (:func:`trl_ext.ppo.rollout_chunk.largest_fitting_chunk`, what ``auto`` chooses). It changes which random numbers
+   (:func:`trl_ext.ppo.rollout.chunk.largest_fitting_chunk`, what ``auto`` chooses). It changes which random numbers
    go to which sequence, not the distribution of the samples;
 2. only if no chunk fits at the recipe's micro-batch: a smaller training micro-batch
    (``per_device_train_batch_size``, with ``gradient_accumulation_steps`` raised to keep the episodes per update).
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import UserInputError
 from ..models.paths import looks_local
-from ..ppo.memory_budget import GIB, LINEAR_MODULES, MemoryBudget, ModelShape, PPOShape, ppo_memory_budget
-from ..ppo.rollout_chunk import AUTO, largest_fitting_chunk
+from ..ppo.rollout.memory_budget import GIB, LINEAR_MODULES, MemoryBudget, ModelShape, PPOShape, ppo_memory_budget
+from ..ppo.rollout.chunk import AUTO, largest_fitting_chunk
 
 DEFAULT_PROMPT_LENGTH = 512
 PLAN_OPTIONS = {"--gpu-memory": ("gpu_memory", float), "--prompt-length": ("prompt_length", int)}
@@ -108,7 +108,7 @@ def parse_ppo_recipe(path: str, overrides: list[str]):
     argv: list[str] = []
     for key, value in merged.items():
         if value is not None:
-            argv += loader._to_argv(key, value, actions[key])
+            argv += loader.to_argv(key, value, actions[key])
     argv += ["--bf16", "false", "--fp16", "false"]  # construction only: no device is used, any precision plans
     try:
         parsed = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
@@ -154,6 +154,24 @@ def read_model_config(path: str, key: str):
     return AutoConfig.from_pretrained(local, local_files_only=True)
 
 
+def _scalar_model_notes(args, pipeline, shape: ModelShape, has_reward_model: bool, critic: bool) -> list[str]:
+    """Separate reward/value models are budgeted with the policy's shape: say so where theirs differs or is not
+    readable here."""
+    notes = []
+    paths = [("reward_model_path", args.reward_model_path)] if has_reward_model else []
+    if critic:
+        paths.append(("value_model_path", pipeline.value_model_path))
+    for key, path in paths:
+        try:
+            other = ModelShape.from_config(read_model_config(path, key), name=shape.name) if path else None
+        except UserInputError:
+            other = None
+            notes.append(f"{key} '{path}' is not readable locally: budgeted with the policy's shape")
+        if other is not None and other != shape:
+            notes.append(f"{key} '{path}' has another shape than the policy; the budget uses the policy's")
+    return notes
+
+
 def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memory: float = 24.0,
               prompt_length: int = DEFAULT_PROMPT_LENGTH) -> Plan:
     """The :class:`Plan` of a PPO recipe (see the module docstring)."""
@@ -169,22 +187,10 @@ def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memor
         run = replace(run, lora_modules=tuple(m for m in LINEAR_MODULES if m in targets) or None)
     shared = bool(pipeline.shared_base)
     critic = not args.critic_free  # a critic-free advantage_estimator: no value model to budget
-    notes = []
     has_reward_model = bool(merged_reward_model_path(recipe_path, overrides))
-    if not has_reward_model:
-        notes.append("no reward model (reward_funcs only): none budgeted")
+    notes = [] if has_reward_model else ["no reward model (reward_funcs only): none budgeted"]
     if not shared:
-        paths = [("reward_model_path", args.reward_model_path)] if has_reward_model else []
-        if critic:
-            paths.append(("value_model_path", pipeline.value_model_path))
-        for key, path in paths:
-            try:
-                other = ModelShape.from_config(read_model_config(path, key), name=shape.name) if path else None
-            except UserInputError:
-                other = None
-                notes.append(f"{key} '{path}' is not readable locally: budgeted with the policy's shape")
-            if other is not None and other != shape:
-                notes.append(f"{key} '{path}' has another shape than the policy; the budget uses the policy's")
+        notes += _scalar_model_notes(args, pipeline, shape, has_reward_model, critic)
     target = int(gpu_memory * GIB)
     chunk = args.local_rollout_forward_batch_size
     mini = run.batch // max(getattr(args, "num_mini_batches", 1), 1)  # episodes per optimizer step per device
@@ -328,8 +334,8 @@ def chunk_reason(plan: Plan) -> str:
 
 def cuda_lines(plan: Plan) -> list[str]:
     """On CUDA: the caching allocator's margin over the predicted (allocated) peak, the reserved peak it plans, and the
-    micro-batch ``train_micro_batch_size: auto`` would take (``trl_ext.ppo.allocator_margin``, ``micro_batches``)."""
-    from ..ppo.allocator_margin import allocator_margin, planned_reserved_bytes
+    micro-batch ``train_micro_batch_size: auto`` would take (``trl_ext.ppo.rollout.allocator_margin``, ``micro_batches``)."""
+    from ..ppo.rollout.allocator_margin import allocator_margin, planned_reserved_bytes
     from ..ppo.micro_batches import largest_fitting_micro_batch
 
     run, gib = plan.run, plan.target_bytes / GIB

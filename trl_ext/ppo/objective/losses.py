@@ -1,4 +1,5 @@
-"""PPO loss terms, as pure functions of tensors: clipped policy loss, value loss (3 clip modes), ptx LM loss.
+"""PPO loss terms, as pure functions of tensors: value loss (3 clip modes), ptx LM loss, and the policy loss's result
+type (the policy objectives themselves: :mod:`trl_ext.ppo.objective.objectives`).
 
 Shapes: ``(batch, response_length)`` per-token tensors and a boolean ``mask`` that is True on tokens that count.
 ``masked_mean(x, mask) = sum(x * mask) / sum(mask)`` (TRL's, reused). With their defaults these functions do the
@@ -7,14 +8,15 @@ exact arithmetic of TRL 1.12's ``experimental.ppo.PPOTrainer.train`` (same opera
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import torch
 from trl.trainer.utils import selective_log_softmax
 
 from .masked_stats import masked_mean
 
-VALUE_CLIP_MODES = ("max", "mean", "none")
+ValueClip = Literal["max", "mean", "none"]
+VALUE_CLIP_MODES = get_args(ValueClip)
 
 
 class ValueLoss(NamedTuple):
@@ -34,7 +36,7 @@ class PolicyLoss(NamedTuple):
     approxkl: torch.Tensor
     """``0.5 * mean((log pi_new - log pi_old)^2)`` over all positions, as TRL logs it (no grad)."""
     stats: dict | None = None
-    """Further statistics by metric name (:func:`trl_ext.ppo.objectives.clip_statistics`), no grad."""
+    """Further statistics by metric name (:func:`trl_ext.ppo.objective.objectives.clip_statistics`), no grad."""
 
 
 def value_loss(
@@ -74,29 +76,6 @@ def value_loss(
     return ValueLoss(loss, clipfrac)
 
 
-def policy_loss(
-    new_logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    cliprange: float,
-) -> PolicyLoss:
-    """PPO clipped surrogate (Schulman et al. 2017, eq. 7), as a loss to minimise.
-
-    ``ratio = exp(log pi_new - log pi_old)``;
-    ``loss = masked_mean(max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)))``.
-    """
-    logprobs_diff = new_logprobs - old_logprobs
-    ratio = torch.exp(logprobs_diff)
-    pg_losses = -advantages * ratio
-    pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    loss = masked_mean(torch.max(pg_losses, pg_losses2), mask)
-    with torch.no_grad():
-        clipfrac = masked_mean((pg_losses2 > pg_losses).float(), mask)
-        approxkl = 0.5 * (logprobs_diff**2).mean()
-    return PolicyLoss(loss, clipfrac, ratio, approxkl)
-
-
 def ptx_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """Pretraining (ptx) language-model loss: mean next-token negative log-likelihood over real tokens.
 
@@ -107,13 +86,3 @@ def ptx_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: t
     target_logprobs = selective_log_softmax(logits[:, :-1].float(), input_ids[:, 1:])
     mask = attention_mask[:, 1:].bool()
     return -masked_mean(target_logprobs, mask)
-
-
-def kl_loss_k3(new_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """KL to the reference as a loss term (GRPO, Shao et al. 2024, eq. 4; the k3 estimator of Schulman 2020,
-    http://joschu.net/blog/kl-approx.html): ``masked_mean(exp(ref - logp) - (ref - logp) - 1)`` over the counted
-    tokens, with ``logp`` the current policy's (differentiable) log-probs. Non-negative; 0 when the two agree. The
-    trainer adds ``kl_coef *`` this to the loss when ``kl_in="loss"``.
-    """
-    log_ratio = ref_logprobs - new_logprobs
-    return masked_mean(torch.exp(log_ratio) - log_ratio - 1, mask)

@@ -5,8 +5,9 @@
 * :func:`group_prompts`: the prompt DataLoader rebuilt to give `local_batch_size / k` prompts per update, and
   :func:`repeat_prompts` repeating each prompt `k` times (the k samples of a prompt are consecutive rows of the
   rollout: groups stay together through scoring and advantages; `optimize` then shuffles episodes freely).
-* :func:`critic_free_advantages`: the estimators of :mod:`trl_ext.ppo.advantages` on a scored rollout.
-* :func:`critic_free_metrics`: group and estimator metrics; the value-model ones (`loss/value_avg`, `val/*`) go.
+* :class:`CriticFree`, the feature's one object in the trainer (built once from the config): the estimators of
+  :mod:`trl_ext.ppo.objective.advantages` on a scored rollout, the zero value loss, and :func:`critic_free_metrics` (group
+  and estimator metrics; the value-model ones, `loss/value_avg` and `val/*`, go).
 
 The batch arithmetic is the parent's: `local_batch_size = per_device_train_batch_size * gradient_accumulation_steps`
 episodes per process and update (`batch_size` = that times the processes), now from `local_batch_size / k` prompts.
@@ -20,8 +21,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..errors import UserInputError
-from ..rewards.metrics import all_equal_groups
+from ...errors import UserInputError
+from ...rewards.metrics import all_equal_groups
 from .advantages import (
     grpo_advantages,
     reinforce_pp_advantages,
@@ -31,8 +32,8 @@ from .advantages import (
 from .losses import ValueLoss
 from .masked_stats import masked_mean
 
-__all__ = ["NoValueModel", "check_value_model", "critic_free_advantages", "critic_free_metrics", "group_prompts",
-           "no_value_loss", "repeat_prompts"]
+__all__ = ["CriticFree", "NoValueModel", "check_value_model", "critic_free_metrics", "group_prompts",
+           "repeat_prompts"]
 
 
 class _NoBackbone(nn.Module):
@@ -72,12 +73,6 @@ def check_value_model(args, value_model):
             "(recipes: drop the value_* keys)"
         )
     return NoValueModel()
-
-
-def no_value_loss(device) -> ValueLoss:
-    """The value-loss terms of a critic-free micro-batch: zeros (the loss is the policy's alone)."""
-    zero = torch.zeros((), device=device)
-    return ValueLoss(zero, zero)
 
 
 def group_prompts(trainer) -> None:
@@ -120,35 +115,61 @@ def _sum_over_processes(accelerator):
     return lambda tensor: accelerator.reduce(tensor, reduction="sum")
 
 
-def critic_free_advantages(rollout, args, accelerator) -> None:
-    """Set `rollout.advantages` `(batch, T)` (0 on padding) from the scores, KL and masks of a scored rollout.
+class CriticFree:
+    """A critic-free ``advantage_estimator`` (every one but ``gae``) in one trainer, built once from its config; the
+    trainer's steps call :meth:`advantages` (``compute_advantages``), :meth:`value_loss` (the loss step) and
+    :meth:`metrics` (``update_metrics``).
 
-    `rloo`/`grpo`: one advantage per sequence from its group's rewards, `score - kl_coef * sum_t KL_t` with
-    `kl_in="reward"` or the score alone with `kl_in="loss"`, on every response token, not whitened.
-    `reinforce_pp[_baseline]`: per-token returns-to-go whitened over the global batch (every process's tokens).
-    `rollout.returns` is the advantages (no value target). Quantities for the metrics go to `rollout.estimator_stats`.
+    Args:
+        args: the trainer's config (``advantage_estimator``, ``num_samples_per_prompt``, ``kl_in``,
+            ``grpo_scale_by_std``).
+        accelerator: REINFORCE++ whitens over every process's tokens; metrics are means over processes.
     """
-    k = args.num_samples_per_prompt
-    mask = ~rollout.padding_mask
-    kl_coef = rollout.kl_coef if args.kl_in == "reward" else 0.0
-    estimator = args.advantage_estimator
-    if estimator in ("rloo", "grpo"):
-        rewards = rollout.scores - kl_coef * (rollout.kl * mask).sum(1)
-        if estimator == "rloo":
-            per_sequence = rloo_advantages(rewards, k)
+
+    def __init__(self, args, accelerator):
+        self.estimator, self.group_size = args.advantage_estimator, args.num_samples_per_prompt
+        self.kl_in_reward, self.scale_by_std = args.kl_in == "reward", args.grpo_scale_by_std
+        self.accelerator = accelerator
+
+    def advantages(self, rollout, kl_coef: float) -> None:
+        """Set `rollout.advantages` `(batch, T)` (0 on padding) from the scores, KL and masks of a scored rollout.
+
+        `rloo`/`grpo`: one advantage per sequence from its group's rewards, `score - kl_coef * sum_t KL_t` with
+        `kl_in="reward"` or the score alone with `kl_in="loss"`, on every response token, not whitened.
+        `reinforce_pp[_baseline]`: per-token returns-to-go whitened over the global batch (every process's tokens).
+        `rollout.returns` is the advantages (no value target). Quantities for the metrics go to
+        `rollout.estimator_stats`. ``kl_coef``: this update's KL coefficient.
+        """
+        k, estimator = self.group_size, self.estimator
+        mask = ~rollout.padding_mask
+        kl_coef = kl_coef if self.kl_in_reward else 0.0
+        if estimator in ("rloo", "grpo"):
+            rewards = rollout.scores - kl_coef * (rollout.kl * mask).sum(1)
+            if estimator == "rloo":
+                per_sequence = rloo_advantages(rewards, k)
+            else:
+                per_sequence = grpo_advantages(rewards, k, scale_by_std=self.scale_by_std)
+            advantages = sequence_advantages_to_tokens(per_sequence, mask)
+            rollout.estimator_stats["sequence_advantages"] = per_sequence
         else:
-            per_sequence = grpo_advantages(rewards, k, scale_by_std=args.grpo_scale_by_std)
-        advantages = sequence_advantages_to_tokens(per_sequence, mask)
-        rollout.estimator_stats["sequence_advantages"] = per_sequence
-    else:
-        group_size = k if estimator == "reinforce_pp_baseline" else None
-        advantages = reinforce_pp_advantages(rollout.scores, rollout.kl, kl_coef, mask, group_size,
-                                             _sum_over_processes(accelerator))
-    rollout.advantages = advantages
-    rollout.returns = advantages
+            group_size = k if estimator == "reinforce_pp_baseline" else None
+            advantages = reinforce_pp_advantages(rollout.scores, rollout.kl, kl_coef, mask, group_size,
+                                                 _sum_over_processes(self.accelerator))
+        rollout.advantages = advantages
+        rollout.returns = advantages
+
+    @staticmethod
+    def value_loss(device) -> ValueLoss:
+        """The value-loss terms of a critic-free micro-batch: zeros (the loss is the policy's alone)."""
+        zero = torch.zeros((), device=device)
+        return ValueLoss(zero, zero)
+
+    def metrics(self, metrics: dict, rollout, stats) -> None:
+        """Replace the value-model metrics in `metrics` with the critic-free ones (:func:`critic_free_metrics`)."""
+        critic_free_metrics(metrics, rollout, stats, self.group_size, self.accelerator.gather_for_metrics)
 
 
-def critic_free_metrics(metrics: dict, rollout, stats, args, accelerator) -> None:
+def critic_free_metrics(metrics: dict, rollout, stats, k: int, gather) -> None:
     """Replace the value-model metrics in `metrics` with the critic-free ones (means over processes):
 
     * `objective/group_scores_std`: mean over groups of the std of the scores within a group (k > 1);
@@ -159,13 +180,11 @@ def critic_free_metrics(metrics: dict, rollout, stats, args, accelerator) -> Non
     * `policy/ratio_avg`, `policy/ratio_var`, `objective/num_eos_tokens`: TRL's `val/ratio`, `val/ratio_var`,
       `val/num_eos_tokens` renamed, so that a critic-free run logs no `val/*` key.
     """
-    gather = accelerator.gather_for_metrics
     for key in ("loss/value_avg", "val/clipfrac_avg"):
         metrics.pop(key, None)
     metrics["policy/ratio_avg"] = metrics.pop("val/ratio")
     metrics["policy/ratio_var"] = metrics.pop("val/ratio_var")
     metrics["objective/num_eos_tokens"] = metrics.pop("val/num_eos_tokens")
-    k = args.num_samples_per_prompt
     if k > 1:
         grouped = rollout.scores.view(-1, k)
         metrics["objective/group_scores_std"] = gather(grouped.std(1).mean()).mean().item()

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ..runtime.epoch_stream import EpochStream
+from ...runtime.epoch_stream import EpochStream
 
 
 class PromptStream(EpochStream):

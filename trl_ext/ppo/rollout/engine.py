@@ -1,6 +1,6 @@
 """``rollout_engine``: sample the rollout with ``model.generate`` or with transformers' continuous batching.
 
-``generate`` (the default, TRL's path, :mod:`trl_ext.ppo.rollout_logprobs`) runs each chunk of
+``generate`` (the default, TRL's path, :mod:`trl_ext.ppo.rollout.logprobs`) runs each chunk of
 ``local_rollout_forward_batch_size`` prompts until its longest response stops: with responses of uneven length (a
 short wrong answer beside a long derivation) most rows of the chunk wait, padded, for the longest one.
 ``continuous_batching`` hands every prompt of the update to transformers' continuous-batching engine
@@ -17,7 +17,7 @@ What this module adds to transformers' engine, and why:
   ``chunk`` sequences of ``longest prompt + response_length`` tokens (``num_blocks`` pages of ``page_size`` tokens),
   at most ``chunk`` sequences per forward (so the ``(rows, vocab)`` logits are those of one chunk) and
   ``max_batch_tokens`` new tokens per forward. ``chunk`` is the trainer's ``local_rollout_forward_batch_size``: with
-  ``"auto"`` the chunk whose budget fits ``max_memory_gib`` (:mod:`trl_ext.ppo.rollout_chunk`), so the engine's KV
+  ``"auto"`` the chunk whose budget fits ``max_memory_gib`` (:mod:`trl_ext.ppo.rollout.chunk`), so the engine's KV
   cache is the budget's ``rollout: KV cache (one chunk)`` line up to one page per sequence. The manager is created on
   the first rollout and kept (a stopped manager keeps its batch processor, hence its cache; the library allows
   it). It is not cached on the model (transformers' own persistence puts a thread-owning object on the module;
@@ -33,8 +33,8 @@ What this module adds to transformers' engine, and why:
   drops them); the result is ``queries`` followed by each response right-padded with the pad token that ``generate``
   pads finished rows with (the generation config's ``pad_token_id``, else its first EOS), to the longest response of
   the batch. Log-prob positions after a response's end hold 0 (``score_rollouts`` masks them with
-  ``INVALID_LOGPROB``, as for ``generate``). Each response goes to the reward-function workers
-  (``submit_rollout_chunk``, :mod:`trl_ext.ppo.reward_funcs`) as soon as it is done, while the others generate.
+  ``INVALID_LOGPROB``, as for ``generate``). Each response goes to the reward-function workers (the trainer's
+  ``submit_rollout_chunk``, :mod:`trl_ext.ppo.rollout.reward_funcs`) as soon as it is done, while the others generate.
 * **Old log-probs from the engine when they are the trainer's.** The engine returns
   ``log(softmax(processed scores)[token])`` per sampled token. When its processors are exactly the trainer's
   temperature (``TemperatureLogitsWarper(temperature + 1e-7)``, sampling), that is the distribution the training
@@ -44,7 +44,8 @@ What this module adds to transformers' engine, and why:
   log-probs are recomputed with one teacher-forced forward of the policy per chunk (:func:`teacher_forced_logprobs`).
   :func:`engine_logprobs_usable` decides.
 
-Refused (one line, :class:`~trl_ext.errors.UserInputError`): DeepSpeed ZeRO-3 (parameters are sharded and gathered
+Refused (one line, :class:`~trl_ext.errors.UserInputError`; the settings at ``PPOConfig`` construction, by
+:func:`trl_ext.ppo.config_rules.check_launch`): DeepSpeed ZeRO-3 (parameters are sharded and gathered
 by hooks on the calling thread; the engine runs the model in its own thread), transformers without continuous
 batching, generation configs whose processors the engine would drop (beam search and the like), models the engine
 cannot page (no ``sdpa``/``eager``/flash attention).
@@ -55,14 +56,14 @@ from __future__ import annotations
 import atexit
 import math
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 from transformers import GenerationConfig
 from trl.trainer.utils import selective_log_softmax
 
-from ..errors import UserInputError
-from ..runtime.engines import launched_zero3
-from .rollout_logprobs import _effective_config, sequence_logits
+from ...errors import UserInputError
+from .logprobs import _effective_config, sequence_logits
 
 __all__ = [
     "AUTO_MIN_RESPONSE_LENGTH",
@@ -72,7 +73,6 @@ __all__ = [
     "EngineCachePlan",
     "EngineChoice",
     "build_rollout_engine",
-    "check_rollout_engine",
     "choose_rollout_engine",
     "engine_cache_plan",
     "engine_logprobs_usable",
@@ -81,7 +81,8 @@ __all__ = [
 ]
 
 GENERATE, CONTINUOUS_BATCHING, AUTO = "generate", "continuous_batching", "auto"
-ROLLOUT_ENGINES = (GENERATE, CONTINUOUS_BATCHING, AUTO)
+RolloutEngineName = Literal["generate", "continuous_batching", "auto"]
+ROLLOUT_ENGINES = get_args(RolloutEngineName)
 
 AUTO_MIN_RESPONSE_LENGTH = 64
 """``auto`` takes continuous batching from this ``response_length`` on (with a stop token). Measured on CPU
@@ -158,28 +159,11 @@ def has_continuous_batching() -> bool:
     return hasattr(ContinuousMixin, "init_continuous_batching")
 
 
-def check_rollout_engine(args) -> None:
-    """``PPOConfig.__post_init__``: a known value, and no combination the engine cannot run (one line each)."""
-    value = args.rollout_engine
-    if value not in ROLLOUT_ENGINES:
-        raise UserInputError(f"rollout_engine: unknown value {value!r}; use one of {', '.join(ROLLOUT_ENGINES)}")
-    if value != CONTINUOUS_BATCHING:
-        return
-    if not has_continuous_batching():
-        raise UserInputError(f"rollout_engine: 'continuous_batching' needs transformers >= {MIN_TRANSFORMERS} (its "
-                             "continuous-batching engine as trl-ext drives it); upgrade transformers or use 'generate'")
-    if launched_zero3():
-        raise UserInputError(
-            "rollout_engine: 'continuous_batching' is not supported under DeepSpeed ZeRO-3 (the engine runs the model "
-            "in its own thread, outside ZeRO-3's parameter gathering); use 'generate' or ZeRO-2"
-        )
-
-
 def build_rollout_engine(trainer) -> ContinuousBatchingRollout | None:
     """Called once by :class:`trl_ext.PPOTrainer` when it is built (after ``local_rollout_forward_batch_size:
     auto`` is resolved): resolves ``auto``, prints the choice once, keeps it in ``trainer.rollout_engine_choice`` and
     returns the engine (None for ``generate``: the trainer's own path, unchanged)."""
-    from ..runtime.engines import zero3_enabled
+    from ...runtime.engines import zero3_enabled
 
     args = trainer.args
     stop_token_set = bool(args.stop_token) or args.stop_token_id is not None
@@ -425,12 +409,10 @@ class ContinuousBatchingRollout:
 
     def generate(self, trainer, policy, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The rollout of :meth:`trl_ext.PPOTrainer.generate_rollouts`: ``(query_responses, logprobs)``."""
-        from .reward_funcs import submit_rollout_chunk  # reward functions in workers: scored while others generate
-
         pad_token_id = trainer.processing_class.pad_token_id
         query_responses, logprobs, processors = self.sample(
             _generating_model(policy), queries, pad_token_id, trainer.generation_config,
-            on_finished=lambda row, response: submit_rollout_chunk(trainer, row, response))
+            on_finished=trainer.submit_rollout_chunk)
         self.logprobs_from_engine = engine_logprobs_usable(processors, trainer.generation_config,
                                                            trainer.args.temperature)
         if not self.logprobs_from_engine:

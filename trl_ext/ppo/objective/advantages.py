@@ -10,6 +10,8 @@ GRPO), `reinforce_pp_advantages` (and REINFORCE++-baseline); their formulas and 
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 
 
@@ -35,7 +37,8 @@ def gae_advantages(
 
 # ---------------------------------------------------------------------------------------------------- critic-free
 
-ADVANTAGE_ESTIMATORS = ("gae", "rloo", "grpo", "reinforce_pp", "reinforce_pp_baseline")
+AdvantageEstimator = Literal["gae", "rloo", "grpo", "reinforce_pp", "reinforce_pp_baseline"]
+ADVANTAGE_ESTIMATORS = get_args(AdvantageEstimator)
 """Values of `PPOConfig.advantage_estimator`; all but `gae` need no value model."""
 GROUP_ESTIMATORS = ("rloo", "grpo", "reinforce_pp_baseline")
 """Estimators whose baseline is the other samples of the same prompt: they need `num_samples_per_prompt >= 2`."""

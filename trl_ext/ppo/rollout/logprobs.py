@@ -43,7 +43,7 @@ from transformers.generation.logits_process import (
 )
 from trl.trainer.utils import selective_log_softmax
 
-from ..runtime.devices import empty_cache
+from ...runtime.devices import empty_cache
 from .sequences import batch_generation
 
 __all__ = ["SampledTokenLogprobs", "SamplingPlan", "sampling_plan", "generate_with_logprobs", "sequence_logits",

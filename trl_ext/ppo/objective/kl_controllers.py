@@ -16,9 +16,10 @@ Write your own by subclassing :class:`KLController` (or any object with a ``valu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args
 
-KL_CONTROLLERS = ("fixed", "adaptive", "doubling")
+KLControllerName = Literal["fixed", "adaptive", "doubling"]
+KL_CONTROLLERS = get_args(KLControllerName)
 
 
 class KLController:
@@ -100,6 +101,6 @@ def build_kl_controller(name: str, init_kl_coef: float, target: float = 6.0, hor
         return AdaptiveKLController(init_kl_coef, target, horizon)
     if name == "doubling":
         return DoublingKLController(init_kl_coef, target)
-    from ..errors import UserInputError
+    from ...errors import UserInputError
 
     raise UserInputError(f"kl_controller: unknown value {name!r}; use one of {', '.join(KL_CONTROLLERS)}")

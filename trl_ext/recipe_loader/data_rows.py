@@ -1,6 +1,6 @@
 """Row checks of recipe datasets: bad rows found before training, each as one line naming the file, row and column.
 
-* (:func:`trl_ext.recipes.file_text.check_file_text`, called when a file is opened: a local file whose bytes are
+* (:func:`trl_ext.recipe_loader.file_text.check_file_text`, called when a file is opened: a local file whose bytes are
   not UTF-8 text, or a ``.jsonl`` line that is not a JSON object.)
 * :func:`check_rows`: an empty dataset; a row whose needed column is missing (``null``), empty or whitespace only,
   not text (undecodable bytes); a preference pair whose chosen and rejected are identical.

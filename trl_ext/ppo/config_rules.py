@@ -1,0 +1,139 @@
+"""Every rule about how :class:`trl_ext.PPOConfig`'s settings combine, checked when the config is constructed.
+
+Each field's own nullability, choices and range are checked first, for every trl-ext config, by
+:func:`trl_ext.config_rules.check_fields`; this module holds what involves several fields, or a field and the
+launch (DeepSpeed, FSDP, the installed transformers). ``PPOConfig.__post_init__`` calls :func:`check_launch` before
+TRL's own ``__post_init__`` (before accelerate's state is set up for the engine) and :func:`check_combinations`
+after it. Each rule raises :class:`~trl_ext.errors.UserInputError` with one line that starts with the key at fault,
+``<key>: <problem>``; a recipe prints the same line as ``recipe: key '<key>': <problem>``.
+
+What needs the models or the data is checked by :class:`trl_ext.PPOTrainer` when it is built (the value model
+against the estimator, ``ptx_coef`` against ``ptx_dataset``, ``reward_weights`` against the rewards, a shared base).
+TRL's PPO trainer checks some of these combinations too, but only after every model has loaded.
+"""
+
+from __future__ import annotations
+
+from ..errors import UserInputError
+from ..runtime.engines import DEEPSPEED, FSDP, launched_engine, launched_zero3
+from .objective.advantages import GROUP_ESTIMATORS
+from .rollout.chunk import AUTO
+
+__all__ = ["check_launch", "check_combinations"]
+
+
+def check_launch(args) -> None:
+    """What the launch (DeepSpeed, FSDP) or the installed transformers cannot run."""
+    engine = launched_engine()
+    if engine == FSDP:
+        raise UserInputError(
+            "PPO does not run under FSDP: TRL's PPO generates with the policy inside the sharded model without "
+            "gathering its FSDP2 shards (RuntimeError: aten.embedding.default got mixed torch.Tensor and DTensor); "
+            "launch PPO with a DeepSpeed config (recipes/accelerate/zero2.yaml or zero3.yaml) or DDP"
+        )
+    if args.ptx_mode == "separate" and args.ptx_coef > 0 and engine == DEEPSPEED:
+        raise UserInputError(
+            "ptx_mode: 'separate' is not supported under DeepSpeed: ZeRO steps every parameter of the policy and "
+            "value model together, so the separate ptx step would also move the value model (Adam momentum on "
+            "zero gradients); use ptx_mode 'joint'"
+        )
+    if args.train_micro_batch_size is not None and engine == DEEPSPEED:
+        raise UserInputError("train_micro_batch_size: not supported under DeepSpeed (its engine counts the "
+                             "accumulation steps); use per_device_train_batch_size and gradient_accumulation_steps")
+    if args.rollout_engine == "continuous_batching":
+        from .rollout.engine import MIN_TRANSFORMERS, has_continuous_batching
+
+        if not has_continuous_batching():
+            raise UserInputError(f"rollout_engine: 'continuous_batching' needs transformers >= {MIN_TRANSFORMERS} "
+                                 "(its continuous-batching engine as trl-ext drives it); upgrade transformers or use "
+                                 "'generate'")
+        if launched_zero3():
+            raise UserInputError(
+                "rollout_engine: 'continuous_batching' is not supported under DeepSpeed ZeRO-3 (the engine runs the "
+                "model in its own thread, outside ZeRO-3's parameter gathering); use 'generate' or ZeRO-2"
+            )
+
+
+def check_combinations(args) -> None:
+    """The combinations of PPO's settings (after each field's own range and choices)."""
+    check_batches(args)
+    check_advantage_estimator(args)
+    check_objective(args)
+
+
+def check_batches(args) -> None:
+    """The rollout batch against its splits, the stop token, the episode count, the memory target."""
+    local_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps
+    if local_batch % args.num_mini_batches:
+        raise UserInputError(
+            f"num_mini_batches: {args.num_mini_batches} does not divide the rollout batch "
+            f"per_device_train_batch_size * gradient_accumulation_steps = {local_batch} (valid: a divisor of it)"
+        )
+    if args.whiten_rewards and local_batch // args.num_mini_batches < 8:
+        raise UserInputError(
+            f"whiten_rewards: needs mini-batches of at least 8 samples per process, got "
+            f"{local_batch // args.num_mini_batches} (per_device_train_batch_size * gradient_accumulation_steps / "
+            "num_mini_batches)"
+        )
+    if args.stop_token and args.stop_token_id is not None:
+        raise UserInputError(f"stop_token: {args.stop_token!r} and stop_token_id {args.stop_token_id} are both set; "
+                             "choose one")
+    if args.total_episodes is None and args.num_train_epochs <= 0:
+        raise UserInputError(
+            f"num_train_epochs: {args.num_train_epochs!r} with no total_episodes trains on zero episodes "
+            "(valid: a number > 0, or set total_episodes >= 1)"
+        )
+    if args.local_rollout_forward_batch_size == AUTO and args.max_memory_gib is None and args.use_cpu:
+        raise UserInputError(
+            "local_rollout_forward_batch_size: 'auto' on CPU (use_cpu: true) needs max_memory_gib, the memory "
+            "target in GiB (only on CUDA does it default to the device's free memory)"
+        )
+    if args.train_micro_batch_size == AUTO and args.max_memory_gib is None and args.use_cpu:
+        raise UserInputError("train_micro_batch_size: 'auto' on CPU (use_cpu: true) needs max_memory_gib")
+
+
+def check_advantage_estimator(args) -> None:
+    """The critic-free keys: combinations that make sense (before any model is loaded); sets the default kl_in."""
+    estimator, k = args.advantage_estimator, args.num_samples_per_prompt
+    local_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps
+    if local_batch % k:
+        raise UserInputError(
+            f"num_samples_per_prompt: {k} does not divide the episodes per update and process, "
+            f"per_device_train_batch_size * gradient_accumulation_steps = {local_batch}; use a divisor of it"
+        )
+    if estimator in GROUP_ESTIMATORS and k < 2:
+        raise UserInputError(
+            f"num_samples_per_prompt: advantage_estimator {estimator!r} compares the samples of a prompt and needs "
+            f"at least 2, got {k}"
+        )
+    if args.kl_in is None:
+        args.kl_in = "loss" if estimator == "grpo" else "reward"
+    if estimator == "gae" and args.kl_in != "reward":
+        raise UserInputError("kl_in: 'loss' needs a critic-free advantage_estimator; gae takes 'reward'")
+    if args.critic_free and args.whiten_rewards:
+        raise UserInputError(
+            f"whiten_rewards: applies to advantage_estimator 'gae' only, not {estimator!r}; set it to false"
+        )
+
+
+def check_objective(args) -> None:
+    """The objective keys (:mod:`trl_ext.ppo.objective.objectives`): combinations of clips, KL terms and sampling."""
+    for name in ("dual_clip", "delta"):
+        if getattr(args, name) is not None and args.policy_loss == "cispo":
+            raise UserInputError(f"{name}: bounds the clipped surrogate; policy_loss 'cispo' has none (its "
+                                 "weight is capped at 1 + cliprange_high); set it to null")
+    upper = 1 + (args.cliprange if args.cliprange_high is None else args.cliprange_high)
+    if args.delta is not None and not args.delta > upper:
+        raise UserInputError(f"delta: must exceed 1 + cliprange_high = {upper} (below it the two-sided clip cuts "
+                             f"inside the clip range), got {args.delta!r}")
+    if args.use_bias_correction_kl and args.kl_in != "loss":
+        raise UserInputError(f"use_bias_correction_kl: corrects the KL term of the loss; kl_in is {args.kl_in!r} "
+                             "(set kl_in: loss, or leave use_bias_correction_kl false)")
+    if args.mask_truncated_completions and args.stop_token is None and args.stop_token_id is None:
+        raise UserInputError("mask_truncated_completions: needs a stop token (stop_token: eos or stop_token_id): "
+                             "without one every completion runs to response_length")
+    if args.dynamic_sampling and args.advantage_estimator not in GROUP_ESTIMATORS:
+        raise UserInputError(
+            f"dynamic_sampling: drops groups of equal scores, which needs a group advantage_estimator "
+            f"({', '.join(GROUP_ESTIMATORS)}), not {args.advantage_estimator!r}"
+        )

@@ -1,0 +1,96 @@
+"""What :class:`trl_ext.PPOTrainer` changes in its parent (TRL's PPO trainer or trl-ext's copy, :mod:`trl_ext.ppo.base`)
+so that it runs where the parent crashed or did not fit: DDP and DeepSpeed wrappers, a shared base, a critic-free
+run, accumulation decoupled from the DataLoaders. No step of the update is here (see :mod:`trl_ext.ppo.trainer`)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+
+from ..models.shared_base import adapter_switch, saving_policy_adapters_only, scalar_adapter_names
+from ..runtime.engines import gathered_parameters
+
+__all__ = ["ParentFixesMixin"]
+
+
+class ParentFixesMixin:
+    """Mixed into :class:`trl_ext.PPOTrainer` before the parent trainer: its fixes of the parent's methods."""
+
+    def _decouple_accumulation_from_dataloaders(self) -> None:
+        """`sync_with_dataloader=False`: gradient accumulation depends on the micro-batch count alone, as in HF
+        Trainer (see :mod:`trl_ext.ppo.accumulation_state` for what TRL's setting does)."""
+        gradient_state = self.accelerator.gradient_state
+        gradient_state.plugin_kwargs = {**gradient_state.plugin_kwargs, "sync_with_dataloader": False}
+
+    @contextmanager
+    def null_ref_context(self):
+        """Reference = the policy with its adapters disabled (or `ref_adapter_name` active).
+
+        TRL looks up `self.model.policy`, which a DistributedDataParallel wrapper does not have; we unwrap first.
+        """
+        policy = self.accelerator.unwrap_model(self.model).policy
+        if scalar_adapter_names(policy):
+            # Shared base: peft's disable_adapter/set_adapter would set requires_grad=False on the value adapter.
+            with adapter_switch(policy).use(self.ref_adapter_name):
+                yield
+            return
+        with policy.disable_adapter() if self.is_peft_model and not self.ref_adapter_name else nullcontext():
+            if self.ref_adapter_name:
+                policy.set_adapter(self.ref_adapter_name)
+            yield
+            if self.ref_adapter_name:
+                policy.set_adapter(self.model_adapter_name or "default")
+
+    # TRL's PPOTrainer skips transformers.Trainer.__init__, which sets this; transformers 5's `_save` reads it on
+    # ranks that do not save (crash under several processes without it).
+    is_distributed_loading_by_transformers = False
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
+        """Save the policy only (TRL's behaviour), also when the model is wrapped in DistributedDataParallel or a
+        DeepSpeed engine. With a shared base, the policy's adapter only (the value adapter is saved with the value
+        model).
+
+        Under DeepSpeed TRL's own `save_model` crashes (`'LlamaConfig' object has no attribute 'get'`: it hands the
+        policy to transformers as if it were the engine); here the policy is saved with `save_pretrained` like under
+        DDP, its parameters gathered first under ZeRO-3 (every process takes part). Called on every process. (A
+        shared base is refused under DeepSpeed, so this branch never meets one.)
+        """
+        backup = self.model
+        if self.is_deepspeed_enabled:
+            policy = self.accelerator.unwrap_model(self.model).policy
+            self.model = policy
+            try:
+                with gathered_parameters(policy, self.accelerator):
+                    self._save(output_dir if output_dir is not None else self.args.output_dir)
+            finally:
+                self.model = backup
+            return
+        self.model = self.accelerator.unwrap_model(self.model)
+        try:
+            with saving_policy_adapters_only(self.accelerator.unwrap_model(backup).policy):
+                super().save_model(output_dir, _internal_call)
+        finally:
+            self.model = backup
+
+    def create_optimizer(self):
+        """HF's optimizer; under DeepSpeed without its empty parameter group. A LoRA policy without a value model
+        (critic-free) has no parameter without weight decay: DeepSpeed drops that empty group from the optimizer,
+        and the LR scheduler, built on both groups, then failed at its first step."""
+        optimizer = super().create_optimizer()
+        if self.accelerator.state.deepspeed_plugin is not None:  # (is_deepspeed_enabled is set after this)
+            optimizer.param_groups[:] = [group for group in optimizer.param_groups if group["params"]]
+        return optimizer
+
+    def generate_completions(self, sampling: bool = False):
+        """TRL's sample generations, scored by the reward model; skipped in a run without one (warned at init)."""
+        if self.reward_model is not None:
+            super().generate_completions(sampling=sampling)
+
+    def create_model_card(self, *args, **kwargs):
+        """TRL's model card (written with each checkpoint), also when the model is wrapped in DistributedDataParallel
+        (TRL reads `self.model.config`, which the wrapper does not have: checkpoints crashed under DDP)."""
+        backup = self.model
+        self.model = self.accelerator.unwrap_model(self.model)
+        try:
+            return super().create_model_card(*args, **kwargs)
+        finally:
+            self.model = backup

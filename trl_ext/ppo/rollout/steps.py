@@ -1,0 +1,151 @@
+"""Steps 2 and 3 of :class:`trl_ext.PPOTrainer`'s update: sample the responses and score them (reference log-probs,
+values, truncation at the stop token, scores, padding masks). Each is a method of the trainer, overridable one at a
+time (the list of steps: :mod:`trl_ext.ppo.trainer`)."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from trl.models.utils import unwrap_model_for_generation
+from trl.trainer.utils import selective_log_softmax
+
+from ...models.scalar_heads import scalar_model_outputs
+from .containers import Rollout
+from .logprobs import generate_with_full_scores, generate_with_logprobs, sampling_plan, sequence_logits
+from .sequences import INVALID_LOGPROB, first_true_indices, truncate_response
+
+__all__ = ["RolloutStepsMixin"]
+
+
+class RolloutStepsMixin:
+    """The rollout and scoring steps of :class:`trl_ext.PPOTrainer` (each overridable in a subclass)."""
+
+    def generate_rollouts(self, queries: torch.Tensor) -> Rollout:
+        """Sample one response per query with the policy; keep their log-probs under the sampling distribution.
+
+        The log-probs are taken as the tokens are sampled (:mod:`trl_ext.ppo.rollout.logprobs`): peak memory holds
+        one step's `(batch, vocab)` scores, not TRL's `(batch, response_length, vocab)` tensor; the numbers are
+        TRL's. Generation configs that module cannot rebuild keep TRL's path (with a one-time warning).
+        """
+        args = self.args
+        context_length = queries.shape[1]
+        with unwrap_model_for_generation(
+            self.model,
+            self.accelerator,
+            gather_deepspeed3_params=args.ds3_gather_for_generation,
+            generation_kwargs=self.generation_kwargs,  # fixes transformers#42762, as TRL does
+        ) as unwrapped_model:
+            plan = sampling_plan(unwrapped_model.policy, self.generation_config)
+            pad_token_id, chunk = self.processing_class.pad_token_id, args.local_rollout_forward_batch_size
+            if self.rollout_engine is not None:  # continuous batching (trl_ext.ppo.rollout.engine)
+                query_responses, logprobs = self.rollout_engine.generate(self, unwrapped_model.policy, queries)
+            elif plan is not None:
+                query_responses, logprobs = generate_with_logprobs(
+                    unwrapped_model.policy, queries, chunk, pad_token_id, plan,
+                    on_chunk=self.submit_rollout_chunk,
+                )
+            else:
+                warnings.warn("generate_rollouts: sampling config not rebuilt; keeping TRL's path", stacklevel=2)
+                query_responses, logprobs = generate_with_full_scores(unwrapped_model.policy, queries, chunk,
+                                                                      pad_token_id, self.generation_config)
+        return Rollout(
+            queries=queries,
+            context_length=context_length,
+            query_responses=query_responses,
+            responses=query_responses[:, context_length:].contiguous(),
+            logprobs=logprobs,
+        )
+
+    def score_rollouts(self, rollout: Rollout) -> None:
+        """Reference log-probs, values and scores, per chunk of `local_rollout_forward_batch_size`; then masks."""
+        args = self.args
+        pad_token_id = self.processing_class.pad_token_id
+        context_length = rollout.context_length
+        chunk = args.local_rollout_forward_batch_size
+        postprocessed, ref_logprobs, values, scores, sequence_lengths = [], [], [], [], []
+        for i in range(0, rollout.queries.shape[0], chunk):
+            query = rollout.queries[i : i + chunk]
+            query_response = rollout.query_responses[i : i + chunk]
+            response = rollout.responses[i : i + chunk]
+            ref_logprobs.append(self.compute_ref_logprobs(query_response, response, context_length))
+            postprocessed_response = self.postprocess_responses(response)
+            postprocessed_query_response = torch.cat((query, postprocessed_response), 1)
+            sequence_lengths.append(first_true_indices(postprocessed_response == pad_token_id) - 1)
+            values.append(self.compute_values(query_response, context_length))
+            scores.append(self.compute_scores(postprocessed_query_response, context_length))
+            postprocessed.append(postprocessed_response)
+        rollout.postprocessed_responses = torch.cat(postprocessed, 0)
+        ref_logprobs = torch.cat(ref_logprobs, 0)
+        rollout.sequence_lengths = sequence_lengths = torch.cat(sequence_lengths, 0)
+        scores = torch.cat(scores, 0)
+        if self.reward_scoring is not None:  # reward_funcs: reward models' scores + functions -> weighted score
+            scores = self.reward_scoring.finish(rollout, scores)
+        values = torch.cat(values, 0)
+
+        # Completions without the stop token (EOS) get `missing_eos_penalty` subtracted from their score.
+        rollout.contain_eos_token = torch.any(rollout.postprocessed_responses == self.processing_class.eos_token_id, -1)
+        if args.missing_eos_penalty is not None:
+            scores[~rollout.contain_eos_token] -= args.missing_eos_penalty
+
+        # padding_mask: after the last response token; padding_mask_p1: one later (the value of the EOS state counts)
+        responses = rollout.responses
+        response_idxs = torch.arange(responses.shape[1], device=responses.device).repeat(responses.shape[0], 1)
+        rollout.padding_mask = response_idxs > sequence_lengths.unsqueeze(1)
+        rollout.logprobs = torch.masked_fill(rollout.logprobs, rollout.padding_mask, INVALID_LOGPROB)
+        rollout.ref_logprobs = torch.masked_fill(ref_logprobs, rollout.padding_mask, INVALID_LOGPROB)
+        rollout.padding_mask_p1 = response_idxs > (sequence_lengths + 1).unsqueeze(1)
+        rollout.values = torch.masked_fill(values, rollout.padding_mask_p1, 0)
+        rollout.scores = scores
+
+    def submit_rollout_chunk(self, start: int, responses: torch.Tensor) -> None:
+        """Right after a chunk (or a continuous-batching row) is generated: with reward functions in workers, its
+        truncated responses go to them, scored while the rest generates."""
+        if self.reward_scoring is not None:
+            self.reward_scoring.submit(start, self.postprocess_responses(responses))
+
+    @property
+    def reward_scorer(self):
+        """The :class:`~trl_ext.rewards.scoring.RewardScorer` of `reward_funcs` (None without)."""
+        return None if self.reward_scoring is None else self.reward_scoring.scorer
+
+    def compute_ref_logprobs(
+        self, query_response: torch.Tensor, response: torch.Tensor, context_length: int
+    ) -> torch.Tensor:
+        """Log-probs of `response` under the reference model (the LoRA policy with adapters off if none given)."""
+        pad_token_id = self.processing_class.pad_token_id
+        if self.ref_model is None:
+            with self.null_ref_context():
+                ref_output = sequence_logits(self.accelerator.unwrap_model(self.model).policy, query_response,
+                                             pad_token_id)
+        else:
+            ref_output = sequence_logits(self.ref_model, query_response, pad_token_id)
+        ref_logits = ref_output.logits[:, context_length - 1 : -1]
+        ref_logits /= self.args.temperature + 1e-7
+        return selective_log_softmax(ref_logits, response)
+
+    def postprocess_responses(self, responses: torch.Tensor) -> torch.Tensor:
+        """Truncate each response after the first stop token (pad the rest), if a stop token is set."""
+        if self.stop_token_id is not None:  # handle the edge case when stop_token_id exists but is 0
+            return truncate_response(self.stop_token_id, self.processing_class.pad_token_id, responses)
+        return responses
+
+    def compute_values(self, query_response: torch.Tensor, context_length: int) -> torch.Tensor:
+        """Per-response-token values `(batch, response_length)` from the value model (plain or PEFT)."""
+        if self.args.critic_free:
+            return torch.zeros(query_response[:, context_length:].shape, device=query_response.device)
+        value_model = self.accelerator.unwrap_model(self.model).value_model
+        full_value, _, _ = scalar_model_outputs(
+            value_model, query_response, self.processing_class.pad_token_id, context_length
+        )
+        return full_value[:, context_length - 1 : -1].squeeze(-1)
+
+    def compute_scores(self, postprocessed_query_response: torch.Tensor, context_length: int) -> torch.Tensor:
+        """Reward-model score `(batch,)` of each (truncated) query+response: the head's output at its last token.
+        With `reward_funcs`: `(batch, models)`, the scores of the reward models among them (functions come later)."""
+        if self.reward_scoring is not None:
+            return self.reward_scoring.model_scores(postprocessed_query_response, context_length)
+        _, score, _ = scalar_model_outputs(
+            self.reward_model, postprocessed_query_response, self.processing_class.pad_token_id, context_length
+        )
+        return score
