@@ -21,8 +21,9 @@ def tok(tiny_models):
     return left_tokenizer(tiny_models)
 
 
-def trained_weights(tiny_models, tok, tmp_path, *, micro, shared_adapter=None, **overrides):
-    """The trainable parameters after one update (policy and value) with ``train_micro_batch_size = micro``."""
+def trained_weights(tiny_models, tok, tmp_path, *, micro, shared_adapter=None, train=True, **overrides):
+    """The trainable parameters after one update (policy and value) with ``train_micro_batch_size = micro``; with
+    ``train=False``, before it."""
     import trl_ext
 
     seed_all(0)
@@ -42,7 +43,8 @@ def trained_weights(tiny_models, tok, tmp_path, *, micro, shared_adapter=None, *
         value = None
     trainer = trl_ext.PPOTrainer(args=args, processing_class=tok, model=policy, ref_model=None, reward_model=reward,
                                  value_model=value, train_dataset=prompt_dataset(tok))
-    trainer.train()
+    if train:
+        trainer.train()
     model = trainer.accelerator.unwrap_model(trainer.model)
     return trainer, {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
@@ -69,7 +71,7 @@ def test_one_sequence_per_pass_and_the_whole_mini_batch_give_equal_weights(tiny_
         extra.update(num_samples_per_prompt=2)
     ones, w1 = trained_weights(tiny_models, tok, tmp_path / "one", micro=1, **extra)
     whole, w4 = trained_weights(tiny_models, tok, tmp_path / "whole", micro=4, **extra)
-    _, w0 = trained_weights(tiny_models, tok, tmp_path / "before", micro=4, **{**extra, "learning_rate": 0.0})
+    _, w0 = trained_weights(tiny_models, tok, tmp_path / "before", micro=4, train=False, **extra)
     assert (ones.train_micro_batch, whole.train_micro_batch) == (1, 4)
     assert max_difference(w1, w0) > 1e-3  # the update moved the weights
     assert max_difference(w1, w4) < TOLERANCE, f"{estimator}/{aggregation}: {max_difference(w1, w4):.3g}"
@@ -95,7 +97,7 @@ def test_shared_base_equal_weights(tiny_models, tok, reward_adapter, tmp_path):
     _, w4 = trained_weights(tiny_models, tok, tmp_path / "whole", micro=4, shared_adapter=reward_adapter,
                             loss_aggregation="global_token_mean")
     _, w0 = trained_weights(tiny_models, tok, tmp_path / "before", micro=4, shared_adapter=reward_adapter,
-                            loss_aggregation="global_token_mean", learning_rate=0.0)
+                            loss_aggregation="global_token_mean", train=False)
     assert max_difference(w1, w0) > 1e-3
     assert max_difference(w1, w4) < TOLERANCE
     # auto (a LoRA policy): the tiny run's training phase fits 2 GiB at the whole mini-batch of 4

@@ -16,9 +16,10 @@ base at this top, the sampling in ``rollout/``, the math in ``objective/`` (each
 * ``shared_base_roles.py``: the trainer's check of reward/value adapters on the policy's base.
 * ``micro_batches.py``: ``train_micro_batch_size``: the PPO epochs' forward/backward passes in micro-batches of their
   own size inside unchanged mini-batches, each loss term weighted by its share of the mini-batch.
-* ``from_grpo.py`` (``PPOConfig.from_grpo_config``: TRL's ``GRPOConfig`` key by key), ``model_ids.py`` (models given
+* ``grpo_inputs.py``: what lets a GRPOTrainer script run on ``PPOTrainer`` (one call from ``__init__``):
+  ``from_grpo.py`` (``PPOConfig.from_grpo_config``: TRL's ``GRPOConfig`` key by key), ``model_ids.py`` (models given
   as ids or paths, loaded as GRPOTrainer loads them) and ``prompt_dataset.py`` (``prompt`` datasets, text or chat,
-  tokenized as GRPOTrainer tokenizes them): what lets a GRPOTrainer script run on ``PPOTrainer``.
+  tokenized as GRPOTrainer tokenizes them).
 * ``rollout/``: ``containers.py`` (``Rollout``, what the steps pass along), ``steps.py`` (the sampling and scoring
   steps), ``logprobs.py``, ``engine.py`` (continuous batching), ``chunk.py``, ``memory_budget.py`` and
   ``allocator_margin.py`` (``local_rollout_forward_batch_size: auto``; CUDA's reserved over allocated bytes), ``sequences.py``, ``prompt_stream.py``, ``dynamic_sampling.py``,

@@ -14,12 +14,14 @@ TRL's PPO trainer checks some of these combinations too, but only after every mo
 
 from __future__ import annotations
 
+import warnings
+
 from ..errors import UserInputError
 from ..runtime.engines import DEEPSPEED, FSDP, launched_engine, launched_zero3
 from .objective.advantages import GROUP_ESTIMATORS
 from .rollout.chunk import AUTO
 
-__all__ = ["check_launch", "check_combinations"]
+__all__ = ["check_launch", "check_combinations", "check_trainer_inputs"]
 
 
 def check_launch(args) -> None:
@@ -137,3 +139,20 @@ def check_objective(args) -> None:
             f"dynamic_sampling: drops groups of equal scores, which needs a group advantage_estimator "
             f"({', '.join(GROUP_ESTIMATORS)}), not {args.advantage_estimator!r}"
         )
+
+
+def check_trainer_inputs(args, ptx_dataset, kl_controller):
+    """What :class:`trl_ext.PPOTrainer`'s own arguments add to the settings: ptx data for a ptx coefficient, and a
+    controller object that is one. Returns the ptx dataset to use (None when ``ptx_coef`` is 0, with a warning)."""
+    if args.ptx_coef > 0 and ptx_dataset is None:
+        raise UserInputError(
+            f"ptx_coef: is {args.ptx_coef} but no ptx_dataset was given; pass ptx_dataset= or set ptx_coef=0"
+        )
+    if ptx_dataset is not None and args.ptx_coef == 0:
+        warnings.warn("ptx_dataset is ignored because ptx_coef is 0; set ptx_coef > 0 to use it", stacklevel=3)
+        ptx_dataset = None
+    if kl_controller is not None and not (
+        hasattr(kl_controller, "value") and callable(getattr(kl_controller, "update", None))
+    ):
+        raise UserInputError("kl_controller: needs a `value` attribute and an `update(kl, n_steps)` method")
+    return ptx_dataset

@@ -176,19 +176,20 @@ def optimize_in_micro_batches(trainer, rollout) -> UpdateStats:
     if objective.loss_aggregation == "token_mean":  # the mini-batch's token count as normaliser (module docstring)
         trainer.objective = replace(objective, loss_aggregation="global_token_mean")
     scale = accelerator.gradient_accumulation_steps  # accelerator.backward divides by it
+    kl_coef = float(trainer.kl_ctl.value)  # the update's (the controller moves after it)
     try:
         for epoch in range(args.num_ppo_epochs):
             b_inds = np.random.permutation(args.local_batch_size)
             for mini, start in enumerate(range(0, args.local_batch_size, size)):
                 inds = b_inds[start:start + size]
                 weights = micro_batch_weights(rollout, inds, spans, trainer.objective, accelerator)
-                rollout.token_normalizer = weights.token_normalizer
                 for j, (lo, hi) in enumerate(spans):
                     last = j == len(spans) - 1
                     accelerator.gradient_state._set_sync_gradients(last)
                     with contextlib.nullcontext() if last else accelerator.no_sync(model):
                         ptx_batch = trainer.next_ptx_batch() if ptx_joint else None
-                        out = trainer.compute_micro_batch_loss(model, rollout, inds[lo:hi], ptx_batch)
+                        out = trainer.compute_micro_batch_loss(model, rollout, inds[lo:hi], ptx_batch, kl_coef=kl_coef,
+                                                               token_normalizer=weights.token_normalizer)
                         loss = weighted_loss(out, weights, j, args)
                         trainer.step_guard.observe(loss, "loss/total", where=f" (PPO epoch {epoch + 1}, mini-batch "
                                                    f"{mini + 1}, micro-batch {j + 1})")

@@ -43,7 +43,6 @@ from __future__ import annotations
 import math
 import os
 import time
-import warnings
 
 import numpy as np
 import torch
@@ -63,19 +62,18 @@ from .base import OnlineTrainerState, ParentPPOTrainer
 from .checkpointing import VALUE_MODEL_DIR, PPOCheckpointMixin, ppo_state_file
 from .completions_log import CompletionsLog
 from .config import PPOConfig
+from .config_rules import check_trainer_inputs
 from .objective.critic_free import CriticFree, check_value_model, group_prompts
 from .objective.critic_free import repeat_prompts
 from .rollout.dynamic_sampling import DynamicSampling
-from .from_grpo import ppo_config_from
 from .objective.kl_controllers import KLController, build_kl_controller
 from .objective.losses import value_loss
 from .objective.masked_stats import masked_whiten
 from .objective.objectives import ObjectiveConfig, kl_penalty, mini_batch_token_normalizer, objective_metrics, rollout_objective
 from .rollout.prompt_stream import PromptStream
+from .grpo_inputs import grpo_inputs
 from .micro_batches import optimize_in_micro_batches
-from .model_ids import load_model_ids
 from .parent_fixes import ParentFixesMixin
-from .prompt_dataset import prepare_prompt_datasets
 from .ptx_data import PretrainingMix
 from .rollout.reward_funcs import (
     attach_reward_scorer,
@@ -93,9 +91,8 @@ __all__ = ["PPOConfig", "PPOTrainer", "VALUE_MODEL_DIR", "ppo_state_file"]
 class PPOTrainer(RolloutStepsMixin, ParentFixesMixin, PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
     """TRL's PPO trainer (see :mod:`trl_ext.ppo.base`) with value-clip modes, KL controllers, PPO-ptx and steps.
 
-    Takes every argument of TRL's trainer (same order), and GRPOTrainer's inputs: `args` may be a TRL `GRPOConfig`
-    (:meth:`PPOConfig.from_grpo_config`), the models model ids or paths (:mod:`trl_ext.ppo.model_ids`;
-    `processing_class` then optional), the datasets a `prompt` column (:mod:`trl_ext.ppo.prompt_dataset`). Plus:
+    Takes every argument of TRL's trainer (same order), and GRPOTrainer's: a `GRPOConfig`, model ids or paths (then
+    `processing_class` is optional), datasets with a `prompt` column (:mod:`trl_ext.ppo.grpo_inputs`). Plus:
 
     Args:
         ptx_dataset ([`~datasets.Dataset`], *optional*):
@@ -152,25 +149,13 @@ class PPOTrainer(RolloutStepsMixin, ParentFixesMixin, PPOCheckpointMixin, Atomic
         kl_controller: KLController | None = None,
         reward_funcs=None,
     ) -> None:
-        # GRPOTrainer's inputs: a GRPOConfig, model ids, `prompt` datasets (ppo/from_grpo, model_ids, prompt_dataset)
-        args = ppo_config_from(args)
-        processing_class, model, ref_model, reward_model, value_model, reward_funcs = load_model_ids(
-            args, processing_class, model, ref_model, reward_model, value_model, reward_funcs)
-        train_dataset, eval_dataset = prepare_prompt_datasets(args, processing_class, train_dataset, eval_dataset,
-                                                              keep_columns=reward_funcs is not None)
+        # GRPOTrainer's inputs: a GRPOConfig, model ids, `prompt` datasets (trl_ext/ppo/grpo_inputs.py)
+        (args, processing_class, model, ref_model, reward_model, value_model, reward_funcs, train_dataset,
+         eval_dataset) = grpo_inputs(args, processing_class, model, ref_model, reward_model, value_model, reward_funcs,
+                                     train_dataset, eval_dataset)
         if not isinstance(args, PPOConfig):
             raise UserInputError(f"args: expected a trl_ext.PPOConfig, got {type(args).__name__}")
-        if args.ptx_coef > 0 and ptx_dataset is None:
-            raise UserInputError(
-                f"ptx_coef: is {args.ptx_coef} but no ptx_dataset was given; pass ptx_dataset= or set ptx_coef=0"
-            )
-        if ptx_dataset is not None and args.ptx_coef == 0:
-            warnings.warn("ptx_dataset is ignored because ptx_coef is 0; set ptx_coef > 0 to use it", stacklevel=2)
-            ptx_dataset = None
-        if kl_controller is not None and not (
-            hasattr(kl_controller, "value") and callable(getattr(kl_controller, "update", None))
-        ):
-            raise UserInputError("kl_controller: needs a `value` attribute and an `update(kl, n_steps)` method")
+        ptx_dataset = check_trainer_inputs(args, ptx_dataset, kl_controller)  # the trainer's own arguments
         value_model = check_value_model(args, value_model)  # critic-free: a stand-in without parameters
         reward_model, data_collator, reward_list = prepare_reward_funcs(
             args, processing_class, reward_model, reward_funcs, data_collator,
