@@ -224,7 +224,8 @@ def off_policy_trainer():
             type(self).record.update(rollout=rollout, on_policy=rollout.logprobs.clone(), micro_batches=[])
             on_policy, padding = rollout.logprobs, rollout.padding_mask
             rollout.logprobs = torch.where(padding, on_policy, on_policy - planted(SHIFTS, on_policy))
-            rollout.ref_logprobs = torch.where(padding, rollout.ref_logprobs, on_policy + planted(REF_SHIFTS, on_policy))
+            ref = on_policy + planted(REF_SHIFTS, on_policy)
+            rollout.ref_logprobs = torch.where(padding, rollout.ref_logprobs, ref)
 
         def compute_micro_batch_loss(self, model, rollout, micro_batch_inds, ptx_batch=None):
             type(self).record["micro_batches"].append(torch.as_tensor(micro_batch_inds).clone())
