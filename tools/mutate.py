@@ -5,7 +5,7 @@ behaviour written differently); docs/mutation-testing.md lists the last run's su
 
     python tools/mutate.py                      # every module in MODULES, report in outputs/mutation/
     python tools/mutate.py --module rewards/pool.py --max-mutants 40 --timeout 90
-    python tools/mutate.py --list --module ppo/objectives.py    # only print the mutants
+    python tools/mutate.py --list --module ppo/objective/objectives.py    # only print the mutants
 
 The worktree is never edited: the tree is copied once into a temporary folder and each mutant is written there
 (and the original put back before the next). The tests run as ``pytest -x -q -n 0`` in a process forked from one
@@ -32,10 +32,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 MODULES = {  # module under trl_ext/ -> the test files that own its behaviour (fast ones: no trainer runs)
-    "ppo/objectives.py": ["tests/ppo/test_objectives.py"],
-    "ppo/advantages.py": ["tests/ppo/test_advantages.py", "tests/ppo/test_ppo_math.py"],
-    "ppo/critic_free.py": ["tests/ppo/test_critic_free.py"],
-    "ppo/kl_controllers.py": ["tests/ppo/test_ppo_math.py", "tests/ppo/test_critic_free.py"],
+    "ppo/objective/objectives.py": ["tests/ppo/test_objectives.py"],
+    "ppo/objective/advantages.py": ["tests/ppo/test_advantages.py", "tests/ppo/test_ppo_math.py"],
+    "ppo/objective/critic_free.py": ["tests/ppo/test_critic_free.py"],
+    "ppo/objective/kl_controllers.py": ["tests/ppo/test_ppo_math.py", "tests/ppo/test_critic_free.py"],
     "rewards/scoring.py": ["tests/rewards/test_reward_contract.py"],
     "rewards/pool.py": ["tests/rewards/test_pool.py"],
     "runtime/nonfinite.py": ["tests/runtime/test_nonfinite_policy.py"],

@@ -1,4 +1,4 @@
-"""The PPO policy loss and GRPO's k3 KL loss as trl-ext 0.1 computed them (formerly ``trl_ext.ppo.objective.losses.policy_loss``
+"""The PPO policy loss and GRPO's k3 KL loss as trl-ext 0.1 computed them (formerly ``trl_ext.ppo.losses.policy_loss``
 and ``kl_loss_k3``): the bit-for-bit references that :mod:`trl_ext.ppo.objective.objectives` must reproduce at its defaults.
 The library no longer calls them, so they live with the tests."""
 

@@ -15,7 +15,7 @@ from trl_ext.ppo.objective.advantages import (
     rloo_advantages,
     sequence_advantages_to_tokens,
 )
-from trl_ext.ppo.objective.losses import kl_loss_k3
+from loss_references import kl_loss_k3
 
 # two groups of k = 4: unequal rewards, then all equal
 REWARDS = torch.tensor([1.0, 2.0, 3.0, 6.0, 5.0, 5.0, 5.0, 5.0])

@@ -178,8 +178,7 @@ def test_group_metrics_count_groups_with_equal_scores():
     assert not [key for key in metrics if key.startswith("val/")] and metrics["objective/num_eos_tokens"] == 3
     single = {"loss/value_avg": 1.0, "val/clipfrac_avg": 0.0, "val/ratio": 1.0, "val/ratio_var": 0.0,
               "val/num_eos_tokens": 3}  # one sample per prompt (reinforce_pp): no groups, no group metrics
-    critic_free_metrics(single, rollout, stats, SimpleNamespace(num_samples_per_prompt=1),
-                        SimpleNamespace(gather_for_metrics=lambda t: t))
+    critic_free_metrics(single, rollout, stats, 1, lambda t: t)
     assert not [key for key in single if "group" in key]
 
 

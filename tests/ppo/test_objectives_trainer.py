@@ -227,9 +227,9 @@ def off_policy_trainer():
             ref = on_policy + planted(REF_SHIFTS, on_policy)
             rollout.ref_logprobs = torch.where(padding, rollout.ref_logprobs, ref)
 
-        def compute_micro_batch_loss(self, model, rollout, micro_batch_inds, ptx_batch=None):
+        def compute_micro_batch_loss(self, model, rollout, micro_batch_inds, ptx_batch=None, **step):
             type(self).record["micro_batches"].append(torch.as_tensor(micro_batch_inds).clone())
-            return super().compute_micro_batch_loss(model, rollout, micro_batch_inds, ptx_batch)
+            return super().compute_micro_batch_loss(model, rollout, micro_batch_inds, ptx_batch, **step)
 
     return OffPolicy
 

@@ -40,9 +40,9 @@ def test_mutants_of_a_small_source():
 
 
 def test_listing_the_mutants_of_a_module_changes_no_file():
-    target = ROOT / "trl_ext" / "ppo" / "kl_controllers.py"
+    target = ROOT / "trl_ext" / "ppo" / "objective" / "kl_controllers.py"
     before = target.read_bytes()
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "mutate.py"), "--list", "--module",
-                          "ppo/kl_controllers.py"], capture_output=True, text=True, check=True).stdout
-    assert out.count("ppo/kl_controllers.py #") == len(load_tool().generate(before.decode()))
+                          "ppo/objective/kl_controllers.py"], capture_output=True, text=True, check=True).stdout
+    assert out.count("ppo/objective/kl_controllers.py #") == len(load_tool().generate(before.decode()))
     assert target.read_bytes() == before
