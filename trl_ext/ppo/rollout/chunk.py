@@ -2,7 +2,7 @@
 
 The rollout generates, and the scoring passes (reference log-probs, values, scores) run, in chunks of
 ``local_rollout_forward_batch_size`` sequences. A larger chunk makes fewer, larger calls: on a GPU a generation step
-costs about the same at 8 or 64 sequences (per-call overhead; ``../shared/notes/gpu.md``), so the largest chunk that
+costs about the same at 8 or 64 sequences (per-call overhead, measured on an H100: ``docs/ppo-on-one-gpu.md``), so the largest chunk that
 fits is the fastest. What a chunk costs comes from :func:`trl_ext.ppo.rollout.memory_budget.ppo_memory_budget`: its rollout
 phase (KV cache and streamed log-probs of one chunk) and scoring phase (the reference logits and one layer's
 activations of one chunk) grow with the chunk; the training phase and what stays all run do not. So the peak
