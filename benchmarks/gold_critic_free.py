@@ -25,7 +25,16 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import RESULTS, AnonPeakSampler, load_average, print_table, setup_env, write_result  # noqa: E402
+from _common import (  # noqa: E402
+    RESULTS,
+    AnonPeakSampler,
+    load_average,
+    print_table,
+    pyplot_into,
+    save_figure,
+    setup_env,
+    write_result,
+)
 from gold_reward import FIGURES, NOISE, _cleanup, _mean, _slug, log_series, proxy_setup, train  # noqa: E402
 
 K = 4
@@ -121,15 +130,9 @@ def report(sft_point, runs) -> None:
 
 def draw_figure(folder: Path, sft_point, runs) -> None:
     """Gold vs KL (every checkpoint of every seed) and proxy vs gold, one colour per estimator."""
-    try:
-        import matplotlib
-    except ImportError:
-        print('matplotlib is not installed (pip install "trl-ext[plot]"): no figure')
+    plt = pyplot_into(folder)
+    if plt is None:
         return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder.mkdir(parents=True, exist_ok=True)
     colors = plt.get_cmap("tab10")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for i, (name, run) in enumerate(runs.items()):
@@ -148,10 +151,7 @@ def draw_figure(folder: Path, sft_point, runs) -> None:
     axes[1].set_xlabel("proxy reward (reward model score)")
     axes[1].set_title("Proxy vs gold reward over training", fontsize=10)
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(folder / "gold_critic_free.png", dpi=80)
-    plt.close(fig)
-    print(f"figure: {folder / 'gold_critic_free.png'}")
+    save_figure(fig, folder / "gold_critic_free.png", dpi=80)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,16 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import REPO, RESULTS, load_average, print_table, setup_env, write_result  # noqa: E402
+from _common import (  # noqa: E402
+    REPO,
+    RESULTS,
+    load_average,
+    print_table,
+    pyplot_into,
+    save_figure,
+    setup_env,
+    write_result,
+)
 
 GOLD = REPO / "recipes" / "gold"
 sys.path.insert(0, str(GOLD))
@@ -317,15 +326,9 @@ def similar_kl_rows(runs) -> list[list]:
 def draw_figures(folder: Path, sft_point, runs) -> None:
     """Gold vs KL (every checkpoint of every run), proxy vs gold (PPO), and the curves over training; the runs of
     the first training seed."""
-    try:
-        import matplotlib
-    except ImportError:
-        print('matplotlib is not installed (pip install "trl-ext[plot]"): no figures')
+    plt = pyplot_into(folder, "figures")
+    if plt is None:
         return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder.mkdir(parents=True, exist_ok=True)
     colors = plt.get_cmap("tab10")
     style = {name: dict(color=colors(i % 10), marker="o" if run["kind"] == "ppo" else "s",
                         linestyle="-" if run["kind"] == "ppo" else "--", markersize=3.5, linewidth=1.3)
@@ -343,9 +346,7 @@ def draw_figures(folder: Path, sft_point, runs) -> None:
     ax.set_title("Gold reward vs KL to the SFT model (every checkpoint; large: end)", fontsize=10)
     ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(folder / "gold_vs_kl.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, folder / "gold_vs_kl.png", dpi=110, announce=False)
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for name, run in runs.items():
@@ -357,9 +358,7 @@ def draw_figures(folder: Path, sft_point, runs) -> None:
     ax.set_title("PPO: proxy vs gold reward over training")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(folder / "gold_proxy_vs_gold.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, folder / "gold_proxy_vs_gold.png", dpi=110, announce=False)
 
     fig, axes = plt.subplots(2, 3, figsize=(13.5, 6.6))
     for (key, label), ax in zip((("gold", "gold reward (max 3)"), ("proxy", "proxy reward"),
@@ -395,9 +394,7 @@ def draw_figures(folder: Path, sft_point, runs) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
     axes.flat[0].legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    fig.savefig(folder / "gold_training_curves.png", dpi=90)
-    plt.close(fig)
+    save_figure(fig, folder / "gold_training_curves.png", dpi=90, announce=False)
     names = ("gold_vs_kl.png", "gold_proxy_vs_gold.png", "gold_training_curves.png")
     print(f"figures: {', '.join(str(folder / n) for n in names)}")
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import REPO, RESULTS, load_average, print_table, setup_env, write_result
+from _common import REPO, RESULTS, load_average, print_table, pyplot_into, save_figure, setup_env, write_result
 
 TASK = REPO / "recipes" / "verifiable"
 sys.path.insert(0, str(TASK))
@@ -244,15 +244,9 @@ def report(base, start, runs) -> None:
 
 def draw_figure(folder: Path, start, runs, updates) -> None:
     """Held-out greedy and sampled accuracy over RL updates, every seed, one colour per estimator."""
-    try:
-        import matplotlib
-    except ImportError:
-        print('matplotlib is not installed (pip install "trl-ext[plot]"): no figure')
+    plt = pyplot_into(folder)
+    if plt is None:
         return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder.mkdir(parents=True, exist_ok=True)
     colors = plt.get_cmap("tab10")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for i, (name, run) in enumerate(runs.items()):
@@ -268,10 +262,7 @@ def draw_figure(folder: Path, start, runs, updates) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("accuracy")
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(folder / "verifiable.png", dpi=80)
-    plt.close(fig)
-    print(f"figure: {folder / 'verifiable.png'}")
+    save_figure(fig, folder / "verifiable.png", dpi=80)
 
 
 if __name__ == "__main__":
