@@ -18,24 +18,15 @@ Writes benchmarks/results/gold_critic_free.json and benchmarks/figures/gold_crit
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import (  # noqa: E402
-    RESULTS,
-    AnonPeakSampler,
-    load_average,
-    print_table,
-    pyplot_into,
-    save_figure,
-    setup_env,
-    write_result,
-)
-from gold_reward import FIGURES, NOISE, _cleanup, _mean, _slug, log_series, proxy_setup, train  # noqa: E402
+from _common import (RESULTS, fresh_workdir, load_average, print_table, pyplot_into, save_figure, setup_env,
+                     study_cells, write_result)  # noqa: E402
+from gold_reward import FIGURES, NOISE, _mean, _slug, measured_ppo_run, ppo_overrides, proxy_setup  # noqa: E402
 
 K = 4
 ESTIMATORS = {
@@ -65,35 +56,21 @@ def main(argv=None) -> int:
     seeds = list(range(a.seeds or (1 if a.quick else 3)))
 
     setup_env(threads=1)
-    work = Path(a.workdir)
-    if work.exists():
-        shutil.rmtree(work)
+    work = fresh_workdir(a.workdir)
     started = time.perf_counter()
     data, reward_dir, evaluator = proxy_setup(work, a.samples_per_prompt)
     sft_point = {"step": 0, **evaluator.evaluate(work / "sft")}
 
-    common = {"model_name_or_path": work / "sft", "reward_model_path": reward_dir,
-              "dataset_name": data / "prompts.jsonl", "total_episodes": updates * 16, "save_strategy": "steps",
-              "save_steps": max(1, updates // 4), "disable_tqdm": True}
+    common = ppo_overrides(work, data, reward_dir, updates, checkpoints=4)
     runs = {}
-    for seed in seeds:  # seeds outermost: a cut-short study still has every estimator
-        for name, overrides in ESTIMATORS.items():
-            if a.only is not None and name not in a.only:
-                continue
-            run = runs.setdefault(name, {"overrides": overrides, "seeds": []})
-            out = work / f"{_slug(name).replace('(', '').replace(')', '').replace('=', '')}-seed{seed}"
-            with AnonPeakSampler(interval=0.02) as peak:
-                trainer, secs = train("ppo", {**common, **overrides, "output_dir": out, "seed": seed})
-            logged = log_series(trainer, *LOGGED)
-            per_update = [sum(logged[k]["value"][i] for k in ("time/rollout", "time/scoring", "time/optimization"))
-                          for i in range(1, len(logged["time/rollout"]["value"]))]  # the first update left out
-            run["seeds"].append({"seed": seed, "seconds": secs, "seconds_per_update": _mean(per_update),
-                                 "peak_anon_mb": peak.peak_mb, "points": [sft_point] + evaluator.evaluate_run(out),
-                                 "logged": {k: logged[k] for k in LOGGED[:3]}})
-            del trainer
-            _cleanup(out, False)
-            write_result("gold_critic_free", {"updates": updates, "seeds": seeds}, {"sft": sft_point, "runs": runs},
-                         out=a.out)  # after every run: a partial study is kept
+    for seed, name, overrides in study_cells(seeds, ESTIMATORS, a.only):
+        run = runs.setdefault(name, {"overrides": overrides, "seeds": []})
+        out = work / f"{_slug(name).replace('(', '').replace(')', '').replace('=', '')}-seed{seed}"
+        record, logged = measured_ppo_run({**common, **overrides, "output_dir": out, "seed": seed}, evaluator,
+                                          sft_point, LOGGED)
+        run["seeds"].append({**record, "logged": {k: logged[k] for k in LOGGED[:3]}})
+        write_result("gold_critic_free", {"updates": updates, "seeds": seeds}, {"sft": sft_point, "runs": runs},
+                     out=a.out)  # after every run: a partial study is kept
 
     total = time.perf_counter() - started
     report(sft_point, runs)

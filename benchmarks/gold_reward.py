@@ -25,7 +25,6 @@ and draws benchmarks/figures/gold_*.png (needs matplotlib: `pip install "trl-ext
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import shutil
 import sys
@@ -34,16 +33,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import (  # noqa: E402
-    REPO,
-    RESULTS,
-    load_average,
-    print_table,
-    pyplot_into,
-    save_figure,
-    setup_env,
-    write_result,
-)
+from _common import (REPO, RESULTS, AnonPeakSampler, fresh_workdir, load_average, print_table, pyplot_into, quiet_timed,
+                     save_figure, seconds_per_update, setup_env, write_result)  # noqa: E402
 
 GOLD = REPO / "recipes" / "gold"
 sys.path.insert(0, str(GOLD))
@@ -113,8 +104,6 @@ def train(recipe: str, overrides: dict) -> tuple[object, float]:
     """Train ``recipes/gold/<recipe>.yaml`` with ``overrides`` in this process; returns (trainer, seconds).
 
     The trainer's console output goes to ``<output_dir>.log``."""
-    from contextlib import redirect_stderr, redirect_stdout
-
     from trl_ext.recipe_loader import resolve_recipe
     from trl_ext.recipe_loader.pipeline import run
 
@@ -122,15 +111,36 @@ def train(recipe: str, overrides: dict) -> tuple[object, float]:
     for key, value in overrides.items():
         argv += [f"--{key}", str(value)]
     recipe_obj = resolve_recipe(GOLD / f"{recipe}.yaml", argv)
-    gc.collect()
-    gc.freeze()  # TRL's PPO loop calls gc.collect() twice per update: scan only what training creates
-    start = time.perf_counter()
-    with open(f"{recipe_obj.training_args.output_dir}.log", "w") as log, redirect_stdout(log), redirect_stderr(log):
-        trainer = run(recipe_obj)
-    seconds = time.perf_counter() - start
-    gc.unfreeze()
+    trainer, seconds = quiet_timed(lambda: run(recipe_obj), f"{recipe_obj.training_args.output_dir}.log")
     print(f"{recipe_obj.training_args.output_dir}: {seconds:.0f} s", flush=True)
     return trainer, seconds
+
+
+def ppo_overrides(work: Path, data: Path, reward_dir: Path, updates: int, checkpoints: int) -> dict:
+    """The recipes/gold/ppo.yaml overrides every PPO run of a gold study shares: from the SFT model in ``work``
+    against the proxy reward model ``reward_dir`` (as :func:`proxy_setup` built them), ``updates`` updates of 16
+    responses (the recipe's batch), a checkpoint (each is evaluated) every ``updates // checkpoints`` updates."""
+    return {"model_name_or_path": work / "sft", "reward_model_path": reward_dir,
+            "dataset_name": data / "prompts.jsonl", "total_episodes": updates * 16, "save_strategy": "steps",
+            "save_steps": max(1, updates // checkpoints), "disable_tqdm": True}
+
+
+def measured_ppo_run(overrides: dict, evaluator, sft_point: dict, logged_keys, context=None) -> tuple[dict, dict]:
+    """One PPO run (recipes/gold/ppo.yaml with ``overrides``, which name ``output_dir`` and ``seed``) of a gold study,
+    inside ``context`` (if any): trained with its peak anonymous RSS sampled, every checkpoint evaluated, then its
+    folder removed. Returns (the seed's record: seed, seconds, seconds per update, peak anonymous MB, points from
+    ``sft_point`` on; the logged series of ``logged_keys``)."""
+    from contextlib import nullcontext
+
+    out = overrides["output_dir"]
+    with AnonPeakSampler(interval=0.02) as peak, context or nullcontext():
+        trainer, secs = train("ppo", overrides)
+    logged = log_series(trainer, *logged_keys)
+    record = {"seed": overrides["seed"], "seconds": secs, "seconds_per_update": seconds_per_update(logged),
+              "peak_anon_mb": peak.peak_mb, "points": [sft_point] + evaluator.evaluate_run(out)}
+    del trainer
+    _cleanup(out, False)
+    return record, logged
 
 
 def log_series(trainer, *keys) -> dict[str, list]:
@@ -166,9 +176,7 @@ def main(argv=None) -> int:
     from make_pairs import make_pairs
     from transformers import AutoTokenizer
 
-    work = Path(a.workdir)
-    if work.exists():
-        shutil.rmtree(work)
+    work = fresh_workdir(a.workdir)
     started = time.perf_counter()
     seconds: dict[str, float] = {}
 
@@ -213,10 +221,7 @@ def main(argv=None) -> int:
                                         "logged": log_series(trainer, *logged_keys)})
             _cleanup(out, a.keep_runs)
 
-    episodes = updates * 16  # recipes/gold/ppo.yaml: 16 responses per update
-    ppo_common = {"model_name_or_path": work / "sft", "reward_model_path": reward_dir,
-                  "dataset_name": data / "prompts.jsonl", "total_episodes": episodes, "save_strategy": "steps",
-                  "save_steps": max(1, updates // 8), "disable_tqdm": True}
+    ppo_common = ppo_overrides(work, data, reward_dir, updates, checkpoints=8)
     for name, overrides in ppo_variants(updates, a.quick).items():
         if a.only is not None and name not in a.only:
             continue
