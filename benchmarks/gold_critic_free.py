@@ -26,7 +26,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _common import (RESULTS, fresh_workdir, load_average, print_table, pyplot_into, save_figure, setup_env,
                      study_cells, write_result)  # noqa: E402
-from gold_reward import FIGURES, NOISE, _mean, _slug, measured_ppo_run, ppo_overrides, proxy_setup  # noqa: E402
+from gold_reward import (FIGURES, NOISE, _mean, _slug, measured_ppo_run, ppo_overrides, proxy_setup,  # noqa: E402
+                         seed_ends)
 
 K = 4
 ESTIMATORS = {
@@ -90,10 +91,7 @@ def report(sft_point, runs) -> None:
     table = [["SFT model", "-", f"{sft_point['gold']:.2f}", sft_point["proxy"], 0.0, sft_point["lm_loss"], "-", "-",
               "-", "-", "-"]]
     for name, run in runs.items():
-        ends = [r["points"][-1] for r in run["seeds"]]
-        golds = [e["gold"] for e in ends]
-        bests = [max(r["points"], key=lambda q: q["gold"]) for r in run["seeds"]]
-        spread = f" ({min(golds):.2f}-{max(golds):.2f})" if len(golds) > 1 else ""
+        ends, golds, bests, spread = seed_ends(run)
         frac = [v for r in run["seeds"] for v in r["logged"]["objective/frac_groups_equal_scores"]["value"]]
         gain = [(e["gold"] - sft_point["gold"]) / max(e["kl"], 1e-6) for e in ends]
         table.append([name, len(ends), f"{_mean(golds):.2f}{spread}", _mean(e["proxy"] for e in ends),

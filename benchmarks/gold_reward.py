@@ -289,10 +289,7 @@ def report(sft_point, reward_rows, runs, pair_stats) -> None:
     table = [["SFT", "-", f"{sft_point['gold']:.2f}", sft_point["proxy"], 0.0, sft_point["lm_loss"], "-",
               sft_point["length"], sft_point["gold/repeats"], "-"]]
     for name, run in runs.items():
-        ends = [r["points"][-1] for r in run["seeds"]]
-        golds = [e["gold"] for e in ends]
-        bests = [max(r["points"], key=lambda q: q["gold"]) for r in run["seeds"]]
-        spread = f" ({min(golds):.2f}-{max(golds):.2f})" if len(golds) > 1 else ""
+        ends, golds, bests, spread = seed_ends(run)
         table.append([name, len(ends), f"{_mean(golds):.2f}{spread}", _mean(e["proxy"] for e in ends),
                       _mean(e["kl"] for e in ends), _mean(e["lm_loss"] for e in ends),
                       f"{_mean(b['gold'] for b in bests):.2f} ({_mean(b['kl'] for b in bests):.2f})",
@@ -307,6 +304,16 @@ def report(sft_point, reward_rows, runs, pair_stats) -> None:
 def _mean(values) -> float:
     values = list(values)
     return sum(values) / len(values)
+
+
+def seed_ends(run: dict) -> tuple[list, list, list, str]:
+    """A run's seeds at a glance: their last points, those points' gold rewards, each seed's best-gold point on the
+    way, and the gold range as the tables print it (" (min-max)"; empty for one seed)."""
+    ends = [r["points"][-1] for r in run["seeds"]]
+    golds = [e["gold"] for e in ends]
+    bests = [max(r["points"], key=lambda q: q["gold"]) for r in run["seeds"]]
+    spread = f" ({min(golds):.2f}-{max(golds):.2f})" if len(golds) > 1 else ""
+    return ends, golds, bests, spread
 
 
 def similar_kl_rows(runs) -> list[list]:
