@@ -1,5 +1,6 @@
 """Shared plumbing of the benchmark scripts: environment, machine description, alternating timed runs, peak RSS,
-child processes, tables and JSON results (written to benchmarks/results/, which git ignores).
+child processes, the study scaffold (fresh work folder, seeds x variants, quiet timed training with a held-out
+curve), tables, figures and JSON results (written to benchmarks/results/, which git ignores).
 
 Not a test module and not part of the package: the scripts import it as a sibling (`from _common import ...`).
 """
@@ -156,6 +157,92 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+# ---------------------------------------------------------------- studies
+
+
+def fresh_workdir(path, create: bool = False) -> Path:
+    """A study's work folder, emptied: what an earlier run left there is removed first; created when `create`."""
+    import shutil
+
+    work = Path(path)
+    if work.exists():
+        shutil.rmtree(work)
+    if create:
+        work.mkdir(parents=True)
+    return work
+
+
+def study_cells(seeds, variants: dict, only=None):
+    """(seed, name, overrides) of every run of a study, seeds outermost (a cut-short study still has every variant);
+    names not in `only` are left out (`only` None: all)."""
+    for seed in seeds:
+        for name, overrides in variants.items():
+            if only is not None and name not in only:
+                continue
+            yield seed, name, overrides
+
+
+def quiet_timed(fn, log_path):
+    """Call `fn()` with its console output in `log_path` and every object alive before it frozen out of the garbage
+    collector (TRL's PPO loop calls gc.collect() twice per update: scan only what training creates). Returns
+    (fn's result, seconds)."""
+    import gc
+    from contextlib import redirect_stderr, redirect_stdout
+
+    gc.collect()
+    gc.freeze()
+    start = time.perf_counter()
+    with open(log_path, "w") as log, redirect_stdout(log), redirect_stderr(log):
+        result = fn()
+    seconds = time.perf_counter() - start
+    gc.unfreeze()
+    return result, seconds
+
+
+class HeldOutCurve:
+    """A TrainerCallback: held-out accuracy of the verifiable task (recipes/verifiable/evaluate.py, on sys.path)
+    appended to ``curve`` every ``every`` updates and after the last."""
+
+    def __init__(self, trainer, tokenizer, rows, curve, every, last):
+        self.trainer, self.tokenizer, self.rows, self.curve, self.every, self.last = (trainer, tokenizer, rows, curve,
+                                                                                      every, last)
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.every == 0 or state.global_step == self.last:
+            from evaluate import accuracy
+
+            self.curve.append({"update": state.global_step,
+                               **accuracy(self.trainer.model.policy, self.tokenizer, self.rows)})
+
+
+def train_with_curve(trainer, tokenizer, heldout, start: dict, updates: int, log_path, evals: int = 4,
+                     callbacks=()) -> tuple[float, list[dict]]:
+    """Train `trainer` (quietly, timed, see :func:`quiet_timed`) while measuring held-out accuracy every
+    `updates // evals` updates and at the end (`start`: the accuracy before training, update 0); `callbacks` are
+    added after the curve's. Returns (seconds, curve)."""
+    from evaluate import accuracy
+
+    curve = [{"update": 0, **start}]
+    trainer.add_callback(HeldOutCurve(trainer, tokenizer, heldout, curve, max(1, updates // evals), updates))
+    for callback in callbacks:
+        trainer.add_callback(callback)
+    _, seconds = quiet_timed(trainer.train, log_path)
+    if curve[-1]["update"] != trainer.state.global_step:  # stopped early (a budget) or off the evaluation grid
+        curve.append({"update": trainer.state.global_step, **accuracy(trainer.model.policy, tokenizer, heldout)})
+    return seconds, curve
+
+
+def seconds_per_update(logged: dict) -> float:
+    """Mean wall time of a PPO update from the trainer's logged `time/rollout` + `time/scoring` +
+    `time/optimization` (series as `gold_reward.log_series` returns them), the first update (warm-up) left out."""
+    phases = ("time/rollout", "time/scoring", "time/optimization")
+    per_update = [sum(logged[k]["value"][i] for k in phases) for i in range(1, len(logged["time/rollout"]["value"]))]
+    return sum(per_update) / len(per_update)
+
+
 # ---------------------------------------------------------------- memory
 
 
@@ -274,6 +361,32 @@ def print_table(headers: list[str], rows: list[list]) -> None:
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for row in cells:
         print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
+
+
+def pyplot_into(folder: Path, what: str = "figure"):
+    """matplotlib's pyplot (Agg backend) with `folder` created, or None after saying so where matplotlib is not
+    installed (it is an optional extra)."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f'matplotlib is not installed (pip install "trl-ext[plot]"): no {what}')
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    return plt
+
+
+def save_figure(fig, path: Path, dpi: int, announce: bool = True) -> None:
+    """Lay out, write and close `fig`; print its path when `announce`."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    if announce:
+        print(f"figure: {path}")
 
 
 def write_result(name: str, settings: dict, results, out: str | None = None, **extra) -> Path:

@@ -18,15 +18,16 @@ Writes benchmarks/results/gold_critic_free.json and benchmarks/figures/gold_crit
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import RESULTS, AnonPeakSampler, load_average, print_table, setup_env, write_result  # noqa: E402
-from gold_reward import FIGURES, NOISE, _cleanup, _mean, _slug, log_series, proxy_setup, train  # noqa: E402
+from _common import (RESULTS, fresh_workdir, load_average, print_table, pyplot_into, save_figure, setup_env,
+                     study_cells, write_result)  # noqa: E402
+from gold_reward import (FIGURES, NOISE, _mean, _slug, measured_ppo_run, ppo_overrides, proxy_setup,  # noqa: E402
+                         seed_ends)
 
 K = 4
 ESTIMATORS = {
@@ -56,35 +57,21 @@ def main(argv=None) -> int:
     seeds = list(range(a.seeds or (1 if a.quick else 3)))
 
     setup_env(threads=1)
-    work = Path(a.workdir)
-    if work.exists():
-        shutil.rmtree(work)
+    work = fresh_workdir(a.workdir)
     started = time.perf_counter()
     data, reward_dir, evaluator = proxy_setup(work, a.samples_per_prompt)
     sft_point = {"step": 0, **evaluator.evaluate(work / "sft")}
 
-    common = {"model_name_or_path": work / "sft", "reward_model_path": reward_dir,
-              "dataset_name": data / "prompts.jsonl", "total_episodes": updates * 16, "save_strategy": "steps",
-              "save_steps": max(1, updates // 4), "disable_tqdm": True}
+    common = ppo_overrides(work, data, reward_dir, updates, checkpoints=4)
     runs = {}
-    for seed in seeds:  # seeds outermost: a cut-short study still has every estimator
-        for name, overrides in ESTIMATORS.items():
-            if a.only is not None and name not in a.only:
-                continue
-            run = runs.setdefault(name, {"overrides": overrides, "seeds": []})
-            out = work / f"{_slug(name).replace('(', '').replace(')', '').replace('=', '')}-seed{seed}"
-            with AnonPeakSampler(interval=0.02) as peak:
-                trainer, secs = train("ppo", {**common, **overrides, "output_dir": out, "seed": seed})
-            logged = log_series(trainer, *LOGGED)
-            per_update = [sum(logged[k]["value"][i] for k in ("time/rollout", "time/scoring", "time/optimization"))
-                          for i in range(1, len(logged["time/rollout"]["value"]))]  # the first update left out
-            run["seeds"].append({"seed": seed, "seconds": secs, "seconds_per_update": _mean(per_update),
-                                 "peak_anon_mb": peak.peak_mb, "points": [sft_point] + evaluator.evaluate_run(out),
-                                 "logged": {k: logged[k] for k in LOGGED[:3]}})
-            del trainer
-            _cleanup(out, False)
-            write_result("gold_critic_free", {"updates": updates, "seeds": seeds}, {"sft": sft_point, "runs": runs},
-                         out=a.out)  # after every run: a partial study is kept
+    for seed, name, overrides in study_cells(seeds, ESTIMATORS, a.only):
+        run = runs.setdefault(name, {"overrides": overrides, "seeds": []})
+        out = work / f"{_slug(name).replace('(', '').replace(')', '').replace('=', '')}-seed{seed}"
+        record, logged = measured_ppo_run({**common, **overrides, "output_dir": out, "seed": seed}, evaluator,
+                                          sft_point, LOGGED)
+        run["seeds"].append({**record, "logged": {k: logged[k] for k in LOGGED[:3]}})
+        write_result("gold_critic_free", {"updates": updates, "seeds": seeds}, {"sft": sft_point, "runs": runs},
+                     out=a.out)  # after every run: a partial study is kept
 
     total = time.perf_counter() - started
     report(sft_point, runs)
@@ -104,10 +91,7 @@ def report(sft_point, runs) -> None:
     table = [["SFT model", "-", f"{sft_point['gold']:.2f}", sft_point["proxy"], 0.0, sft_point["lm_loss"], "-", "-",
               "-", "-", "-"]]
     for name, run in runs.items():
-        ends = [r["points"][-1] for r in run["seeds"]]
-        golds = [e["gold"] for e in ends]
-        bests = [max(r["points"], key=lambda q: q["gold"]) for r in run["seeds"]]
-        spread = f" ({min(golds):.2f}-{max(golds):.2f})" if len(golds) > 1 else ""
+        ends, golds, bests, spread = seed_ends(run)
         frac = [v for r in run["seeds"] for v in r["logged"]["objective/frac_groups_equal_scores"]["value"]]
         gain = [(e["gold"] - sft_point["gold"]) / max(e["kl"], 1e-6) for e in ends]
         table.append([name, len(ends), f"{_mean(golds):.2f}{spread}", _mean(e["proxy"] for e in ends),
@@ -121,15 +105,9 @@ def report(sft_point, runs) -> None:
 
 def draw_figure(folder: Path, sft_point, runs) -> None:
     """Gold vs KL (every checkpoint of every seed) and proxy vs gold, one colour per estimator."""
-    try:
-        import matplotlib
-    except ImportError:
-        print('matplotlib is not installed (pip install "trl-ext[plot]"): no figure')
+    plt = pyplot_into(folder)
+    if plt is None:
         return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder.mkdir(parents=True, exist_ok=True)
     colors = plt.get_cmap("tab10")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for i, (name, run) in enumerate(runs.items()):
@@ -148,10 +126,7 @@ def draw_figure(folder: Path, sft_point, runs) -> None:
     axes[1].set_xlabel("proxy reward (reward model score)")
     axes[1].set_title("Proxy vs gold reward over training", fontsize=10)
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(folder / "gold_critic_free.png", dpi=80)
-    plt.close(fig)
-    print(f"figure: {folder / 'gold_critic_free.png'}")
+    save_figure(fig, folder / "gold_critic_free.png", dpi=80)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ and draws benchmarks/figures/gold_*.png (needs matplotlib: `pip install "trl-ext
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import shutil
 import sys
@@ -34,7 +33,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import REPO, RESULTS, load_average, print_table, setup_env, write_result  # noqa: E402
+from _common import (REPO, RESULTS, AnonPeakSampler, fresh_workdir, load_average, print_table, pyplot_into, quiet_timed,
+                     save_figure, seconds_per_update, setup_env, write_result)  # noqa: E402
 
 GOLD = REPO / "recipes" / "gold"
 sys.path.insert(0, str(GOLD))
@@ -104,8 +104,6 @@ def train(recipe: str, overrides: dict) -> tuple[object, float]:
     """Train ``recipes/gold/<recipe>.yaml`` with ``overrides`` in this process; returns (trainer, seconds).
 
     The trainer's console output goes to ``<output_dir>.log``."""
-    from contextlib import redirect_stderr, redirect_stdout
-
     from trl_ext.recipe_loader import resolve_recipe
     from trl_ext.recipe_loader.pipeline import run
 
@@ -113,15 +111,36 @@ def train(recipe: str, overrides: dict) -> tuple[object, float]:
     for key, value in overrides.items():
         argv += [f"--{key}", str(value)]
     recipe_obj = resolve_recipe(GOLD / f"{recipe}.yaml", argv)
-    gc.collect()
-    gc.freeze()  # TRL's PPO loop calls gc.collect() twice per update: scan only what training creates
-    start = time.perf_counter()
-    with open(f"{recipe_obj.training_args.output_dir}.log", "w") as log, redirect_stdout(log), redirect_stderr(log):
-        trainer = run(recipe_obj)
-    seconds = time.perf_counter() - start
-    gc.unfreeze()
+    trainer, seconds = quiet_timed(lambda: run(recipe_obj), f"{recipe_obj.training_args.output_dir}.log")
     print(f"{recipe_obj.training_args.output_dir}: {seconds:.0f} s", flush=True)
     return trainer, seconds
+
+
+def ppo_overrides(work: Path, data: Path, reward_dir: Path, updates: int, checkpoints: int) -> dict:
+    """The recipes/gold/ppo.yaml overrides every PPO run of a gold study shares: from the SFT model in ``work``
+    against the proxy reward model ``reward_dir`` (as :func:`proxy_setup` built them), ``updates`` updates of 16
+    responses (the recipe's batch), a checkpoint (each is evaluated) every ``updates // checkpoints`` updates."""
+    return {"model_name_or_path": work / "sft", "reward_model_path": reward_dir,
+            "dataset_name": data / "prompts.jsonl", "total_episodes": updates * 16, "save_strategy": "steps",
+            "save_steps": max(1, updates // checkpoints), "disable_tqdm": True}
+
+
+def measured_ppo_run(overrides: dict, evaluator, sft_point: dict, logged_keys, context=None) -> tuple[dict, dict]:
+    """One PPO run (recipes/gold/ppo.yaml with ``overrides``, which name ``output_dir`` and ``seed``) of a gold study,
+    inside ``context`` (if any): trained with its peak anonymous RSS sampled, every checkpoint evaluated, then its
+    folder removed. Returns (the seed's record: seed, seconds, seconds per update, peak anonymous MB, points from
+    ``sft_point`` on; the logged series of ``logged_keys``)."""
+    from contextlib import nullcontext
+
+    out = overrides["output_dir"]
+    with AnonPeakSampler(interval=0.02) as peak, context or nullcontext():
+        trainer, secs = train("ppo", overrides)
+    logged = log_series(trainer, *logged_keys)
+    record = {"seed": overrides["seed"], "seconds": secs, "seconds_per_update": seconds_per_update(logged),
+              "peak_anon_mb": peak.peak_mb, "points": [sft_point] + evaluator.evaluate_run(out)}
+    del trainer
+    _cleanup(out, False)
+    return record, logged
 
 
 def log_series(trainer, *keys) -> dict[str, list]:
@@ -157,9 +176,7 @@ def main(argv=None) -> int:
     from make_pairs import make_pairs
     from transformers import AutoTokenizer
 
-    work = Path(a.workdir)
-    if work.exists():
-        shutil.rmtree(work)
+    work = fresh_workdir(a.workdir)
     started = time.perf_counter()
     seconds: dict[str, float] = {}
 
@@ -204,10 +221,7 @@ def main(argv=None) -> int:
                                         "logged": log_series(trainer, *logged_keys)})
             _cleanup(out, a.keep_runs)
 
-    episodes = updates * 16  # recipes/gold/ppo.yaml: 16 responses per update
-    ppo_common = {"model_name_or_path": work / "sft", "reward_model_path": reward_dir,
-                  "dataset_name": data / "prompts.jsonl", "total_episodes": episodes, "save_strategy": "steps",
-                  "save_steps": max(1, updates // 8), "disable_tqdm": True}
+    ppo_common = ppo_overrides(work, data, reward_dir, updates, checkpoints=8)
     for name, overrides in ppo_variants(updates, a.quick).items():
         if a.only is not None and name not in a.only:
             continue
@@ -275,10 +289,7 @@ def report(sft_point, reward_rows, runs, pair_stats) -> None:
     table = [["SFT", "-", f"{sft_point['gold']:.2f}", sft_point["proxy"], 0.0, sft_point["lm_loss"], "-",
               sft_point["length"], sft_point["gold/repeats"], "-"]]
     for name, run in runs.items():
-        ends = [r["points"][-1] for r in run["seeds"]]
-        golds = [e["gold"] for e in ends]
-        bests = [max(r["points"], key=lambda q: q["gold"]) for r in run["seeds"]]
-        spread = f" ({min(golds):.2f}-{max(golds):.2f})" if len(golds) > 1 else ""
+        ends, golds, bests, spread = seed_ends(run)
         table.append([name, len(ends), f"{_mean(golds):.2f}{spread}", _mean(e["proxy"] for e in ends),
                       _mean(e["kl"] for e in ends), _mean(e["lm_loss"] for e in ends),
                       f"{_mean(b['gold'] for b in bests):.2f} ({_mean(b['kl'] for b in bests):.2f})",
@@ -293,6 +304,16 @@ def report(sft_point, reward_rows, runs, pair_stats) -> None:
 def _mean(values) -> float:
     values = list(values)
     return sum(values) / len(values)
+
+
+def seed_ends(run: dict) -> tuple[list, list, list, str]:
+    """A run's seeds at a glance: their last points, those points' gold rewards, each seed's best-gold point on the
+    way, and the gold range as the tables print it (" (min-max)"; empty for one seed)."""
+    ends = [r["points"][-1] for r in run["seeds"]]
+    golds = [e["gold"] for e in ends]
+    bests = [max(r["points"], key=lambda q: q["gold"]) for r in run["seeds"]]
+    spread = f" ({min(golds):.2f}-{max(golds):.2f})" if len(golds) > 1 else ""
+    return ends, golds, bests, spread
 
 
 def similar_kl_rows(runs) -> list[list]:
@@ -317,15 +338,9 @@ def similar_kl_rows(runs) -> list[list]:
 def draw_figures(folder: Path, sft_point, runs) -> None:
     """Gold vs KL (every checkpoint of every run), proxy vs gold (PPO), and the curves over training; the runs of
     the first training seed."""
-    try:
-        import matplotlib
-    except ImportError:
-        print('matplotlib is not installed (pip install "trl-ext[plot]"): no figures')
+    plt = pyplot_into(folder, "figures")
+    if plt is None:
         return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder.mkdir(parents=True, exist_ok=True)
     colors = plt.get_cmap("tab10")
     style = {name: dict(color=colors(i % 10), marker="o" if run["kind"] == "ppo" else "s",
                         linestyle="-" if run["kind"] == "ppo" else "--", markersize=3.5, linewidth=1.3)
@@ -343,9 +358,7 @@ def draw_figures(folder: Path, sft_point, runs) -> None:
     ax.set_title("Gold reward vs KL to the SFT model (every checkpoint; large: end)", fontsize=10)
     ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(folder / "gold_vs_kl.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, folder / "gold_vs_kl.png", dpi=110, announce=False)
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for name, run in runs.items():
@@ -357,9 +370,7 @@ def draw_figures(folder: Path, sft_point, runs) -> None:
     ax.set_title("PPO: proxy vs gold reward over training")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(folder / "gold_proxy_vs_gold.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, folder / "gold_proxy_vs_gold.png", dpi=110, announce=False)
 
     fig, axes = plt.subplots(2, 3, figsize=(13.5, 6.6))
     for (key, label), ax in zip((("gold", "gold reward (max 3)"), ("proxy", "proxy reward"),
@@ -395,9 +406,7 @@ def draw_figures(folder: Path, sft_point, runs) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
     axes.flat[0].legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    fig.savefig(folder / "gold_training_curves.png", dpi=90)
-    plt.close(fig)
+    save_figure(fig, folder / "gold_training_curves.png", dpi=90, announce=False)
     names = ("gold_vs_kl.png", "gold_proxy_vs_gold.png", "gold_training_curves.png")
     print(f"figures: {', '.join(str(folder / n) for n in names)}")
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import RESULTS, load_average, print_table, setup_env, write_result  # noqa: E402
+from _common import RESULTS, fresh_workdir, load_average, print_table, setup_env, write_result  # noqa: E402
 from gold_reward import GOLD, log_series, proxy_setup, train  # noqa: E402
 
 sys.path.insert(0, str(GOLD))
@@ -46,9 +46,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
 
     setup_env(threads=1)
-    work = Path(a.workdir)
-    if work.exists():
-        shutil.rmtree(work)
+    work = fresh_workdir(a.workdir)
     started = time.perf_counter()
     data, reward_dir, evaluator = proxy_setup(work, a.samples_per_prompt)
     sft_point = evaluator.evaluate(work / "sft")

@@ -34,13 +34,14 @@ import argparse
 import shutil
 import sys
 import time
-from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from contextlib import contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import RESULTS, AnonPeakSampler, load_average, print_table, setup_env, write_result  # noqa: E402
-from gold_reward import NOISE, _cleanup, _mean, _slug, log_series, proxy_setup, train  # noqa: E402
+from _common import (RESULTS, fresh_workdir, load_average, print_table, setup_env, study_cells, train_with_curve,
+                     write_result)  # noqa: E402
+from gold_reward import NOISE, _mean, _slug, measured_ppo_run, ppo_overrides, proxy_setup, seed_ends  # noqa: E402
 
 K = 4
 GRPO = {"advantage_estimator": "grpo", "num_samples_per_prompt": K}
@@ -85,39 +86,24 @@ def main(argv=None) -> int:
     seeds = list(range(a.seeds or (1 if a.quick else 3)))
 
     setup_env(threads=1)
-    work = Path(a.workdir)
-    if work.exists():
-        shutil.rmtree(work)
+    work = fresh_workdir(a.workdir)
     started = time.perf_counter()
     data, reward_dir, evaluator = proxy_setup(work, a.samples_per_prompt)
     sft_point = {"step": 0, **evaluator.evaluate(work / "sft")}
 
-    common = {"model_name_or_path": work / "sft", "reward_model_path": reward_dir,
-              "dataset_name": data / "prompts.jsonl", "total_episodes": updates * 16, "save_strategy": "steps",
-              "save_steps": max(1, updates // 4), "disable_tqdm": True, **GRPO}
+    common = {**ppo_overrides(work, data, reward_dir, updates, checkpoints=4), **GRPO}
     runs = {}
     variants = {**({} if a.skip_continuous else VARIANTS), **BINARY}
-    for seed in seeds:  # seeds outermost: a cut-short study still has every variant
-        for name, overrides in variants.items():
-            if a.only is not None and name not in a.only:
-                continue
-            run = runs.setdefault(name, {"overrides": overrides, "seeds": []})
-            out = work / f"{_slug(name)}-seed{seed}".translate(str.maketrans("", "", "()=,/.:"))
-            binary = binary_reward(sft_point["proxy"], updates * 16) if name in BINARY else None
-            with AnonPeakSampler(interval=0.02) as peak, binary or _nothing():
-                trainer, secs = train("ppo", {**common, **overrides, "output_dir": out, "seed": seed})
-            logged = log_series(trainer, *LOGGED)
-            per_update = [sum(logged[k]["value"][i] for k in ("time/rollout", "time/scoring", "time/optimization"))
-                          for i in range(1, len(logged["time/rollout"]["value"]))]  # the first update left out
-            completions = logged["sampling/completions"]["value"] or [16] * len(logged["objective/kl"]["value"])
-            run["seeds"].append({"seed": seed, "seconds": secs, "seconds_per_update": _mean(per_update),
-                                 "peak_anon_mb": peak.peak_mb, "points": [sft_point] + evaluator.evaluate_run(out),
-                                 "completions": sum(completions),
-                                 "logged": {k: logged[k] for k in LOGGED[:6]}})
-            del trainer
-            _cleanup(out, False)
-            write_result("objectives", {"updates": updates, "seeds": seeds}, {"sft": sft_point, "runs": runs},
-                         out=a.out)  # after every run: a partial study is kept
+    for seed, name, overrides in study_cells(seeds, variants, a.only):
+        run = runs.setdefault(name, {"overrides": overrides, "seeds": []})
+        out = work / f"{_slug(name)}-seed{seed}".translate(str.maketrans("", "", "()=,/.:"))
+        binary = binary_reward(sft_point["proxy"], updates * 16) if name in BINARY else None
+        record, logged = measured_ppo_run({**common, **overrides, "output_dir": out, "seed": seed}, evaluator,
+                                          sft_point, LOGGED, context=binary)
+        completions = logged["sampling/completions"]["value"] or [16] * len(logged["objective/kl"]["value"])
+        run["seeds"].append({**record, "completions": sum(completions), "logged": {k: logged[k] for k in LOGGED[:6]}})
+        write_result("objectives", {"updates": updates, "seeds": seeds}, {"sft": sft_point, "runs": runs},
+                     out=a.out)  # after every run: a partial study is kept
 
     total = time.perf_counter() - started
     report(sft_point, runs)
@@ -133,8 +119,6 @@ def verifiable_study(a) -> int:
     settings, trainer and held-out evaluation, imported): GRPO k=4 with the KL in the loss, 16 prompts x 4 samples = 64
     completions per update, ``--ppo-updates`` (default 100) x 64 completions per run. Dynamic sampling generates more
     per update: its run stops once it has generated that many (`completion_budget`), so it makes fewer updates."""
-    import gc
-
     import verifiable as vf
     from evaluate import accuracy, read_jsonl
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -146,52 +130,33 @@ def verifiable_study(a) -> int:
     setup_env(threads=1)
     work = Path(a.workdir if a.workdir != str(RESULTS / "objectives_runs") else RESULTS / "objectives_verifiable_runs")
     started = time.perf_counter()
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    if a.sft_dir:
-        sft_dir, sft_seconds, data = Path(a.sft_dir), 0.0, Path(a.sft_dir).parent / "data"
-    else:
-        (sft_dir, sft_seconds), data = vf.sft(work), work / "data"
+    fresh_workdir(work, create=True)
+    sft_dir, sft_seconds, data = vf.sft_or_reuse(work, a.sft_dir)
     tokenizer = AutoTokenizer.from_pretrained(sft_dir)
     heldout, train_rows = read_jsonl(data / "heldout.jsonl"), read_jsonl(data / "train.jsonl")
     start = accuracy(AutoModelForCausalLM.from_pretrained(sft_dir), tokenizer, heldout)
     print(f"after SFT ({sft_seconds:.0f} s) {start}", flush=True)
     runs = {}
-    for seed in seeds:  # seeds outermost: a cut-short study still has every variant
-        for name, overrides in VERIFIABLE_VARIANTS.items():
-            if a.only is not None and name not in a.only:
-                continue
-            run = runs.setdefault(name, {"overrides": overrides, "seeds": []})
-            out = work / f"{_slug(name)}-seed{seed}".translate(str.maketrans("", "", "()=,/.:"))
-            trainer = vf.make_rl_trainer(sft_dir, train_rows, out, updates=updates, seed=seed, estimator=estimator,
-                                         **overrides)
-            curve = [{"update": 0, **start}]
-            trainer.add_callback(vf.HeldOutCurve(trainer, tokenizer, heldout, curve, max(1, updates // 4), updates))
-            trainer.add_callback(completion_budget(budget))
-            gc.collect()
-            gc.freeze()
-            t = time.perf_counter()
-            with open(f"{out}.log", "w") as log, redirect_stdout(log), redirect_stderr(log):
-                trainer.train()
-            seconds = time.perf_counter() - t
-            gc.unfreeze()
-            if curve[-1]["update"] != trainer.state.global_step:
-                curve.append({"update": trainer.state.global_step, **accuracy(trainer.model.policy, tokenizer,
-                                                                              heldout)})
-            kl = vf.logged(trainer, "objective/kl")
-            run["seeds"].append({
-                "seed": seed, "seconds": seconds, "curve": curve, "updates": len(kl),
-                "completions": sum(vf.logged(trainer, "sampling/completions")) or len(kl) * vf.COMPLETIONS_PER_UPDATE,
-                **{key: vf.logged(trainer, key) for key in ("reward", "objective/kl", "policy/entropy_avg",
-                                                            "frac_reward_zero_std", "policy/clipfrac_avg",
-                                                            "sampling/rounds", "sampling/groups_dropped")}})
-            print(f"{name} seed {seed}: {seconds:.0f} s, {len(kl)} updates, held-out greedy "
-                  f"{curve[-1]['greedy']:.3f}, sampled {curve[-1]['sampled']:.3f}, KL {kl[-1]:.2f}", flush=True)
-            del trainer
-            shutil.rmtree(out, ignore_errors=True)
-            write_result("objectives_verifiable", {"updates": updates, "seeds": seeds}, {"sft": start, "runs": runs},
-                         out=a.out)  # after every run: a partial study is kept
+    for seed, name, overrides in study_cells(seeds, VERIFIABLE_VARIANTS, a.only):
+        run = runs.setdefault(name, {"overrides": overrides, "seeds": []})
+        out = work / f"{_slug(name)}-seed{seed}".translate(str.maketrans("", "", "()=,/.:"))
+        trainer = vf.make_rl_trainer(sft_dir, train_rows, out, updates=updates, seed=seed, estimator=estimator,
+                                     **overrides)
+        seconds, curve = train_with_curve(trainer, tokenizer, heldout, start, updates, f"{out}.log",
+                                          callbacks=[completion_budget(budget)])
+        kl = vf.logged(trainer, "objective/kl")
+        run["seeds"].append({
+            "seed": seed, "seconds": seconds, "curve": curve, "updates": len(kl),
+            "completions": sum(vf.logged(trainer, "sampling/completions")) or len(kl) * vf.COMPLETIONS_PER_UPDATE,
+            **{key: vf.logged(trainer, key) for key in ("reward", "objective/kl", "policy/entropy_avg",
+                                                        "frac_reward_zero_std", "policy/clipfrac_avg",
+                                                        "sampling/rounds", "sampling/groups_dropped")}})
+        print(f"{name} seed {seed}: {seconds:.0f} s, {len(kl)} updates, held-out greedy "
+              f"{curve[-1]['greedy']:.3f}, sampled {curve[-1]['sampled']:.3f}, KL {kl[-1]:.2f}", flush=True)
+        del trainer
+        shutil.rmtree(out, ignore_errors=True)
+        write_result("objectives_verifiable", {"updates": updates, "seeds": seeds}, {"sft": start, "runs": runs},
+                     out=a.out)  # after every run: a partial study is kept
     total = time.perf_counter() - started
     report_verifiable(start, runs)
     settings = {"task": "verifiable", "quick": a.quick, "updates": updates, "seeds": seeds, "k": K,
@@ -220,11 +185,6 @@ def report_verifiable(start, runs) -> None:
             _mean(r["updates"] for r in rs), _mean(_mean(r["frac_reward_zero_std"]) for r in rs),
             _mean(r["seconds"] for r in rs)])
     print_table(headers, table)
-
-
-@contextmanager
-def _nothing():
-    yield
 
 
 def completion_budget(budget: int):
@@ -274,10 +234,7 @@ def report(sft_point, runs) -> None:
                "s per update"]
     table = [["SFT model", "-", f"{sft_point['gold']:.2f}", sft_point["proxy"], 0.0, "-", "-", "-", "-", "-", "-"]]
     for name, run in runs.items():
-        ends = [r["points"][-1] for r in run["seeds"]]
-        golds = [e["gold"] for e in ends]
-        bests = [max(r["points"], key=lambda q: q["gold"]) for r in run["seeds"]]
-        spread = f" ({min(golds):.2f}-{max(golds):.2f})" if len(golds) > 1 else ""
+        ends, golds, bests, spread = seed_ends(run)
         frac = [v for r in run["seeds"] for v in r["logged"]["objective/frac_groups_equal_scores"]["value"]]
         entropy = [r["logged"]["policy/entropy_avg"]["value"][-1] for r in run["seeds"]]
         table.append([name, len(ends), f"{_mean(golds):.2f}{spread}", _mean(e["proxy"] for e in ends),

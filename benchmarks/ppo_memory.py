@@ -216,23 +216,31 @@ def ppo_config(batch, response_length, updates, **extra):
                          mini_batches=1, ppo_epochs=1, **extra)
 
 
+def shared_inputs(a):
+    """(model folder, its tokenizer padding on the left, the prompts): what every part-(b) child starts from."""
+    from transformers import AutoTokenizer
+
+    from _ppo_setup import prompts
+
+    root = Path(a.model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(root / "policy")
+    tokenizer.padding_side = "left"
+    return root, tokenizer, prompts(tokenizer, n=4 * a.shared_batch)
+
+
 def shared_child(a):
     """One design: load, then a PPO run; weight bytes, working set after loading and at the run's peak."""
     setup_env(a.threads)
     import bitsandbytes  # noqa: F401 - imported before the baseline, as every design does
     import peft  # noqa: F401
     import torch  # noqa: F401
-    from transformers import AutoTokenizer
 
-    from _ppo_setup import UpdateTimer, prompts, seed_all
+    from _ppo_setup import UpdateTimer, seed_all
     from _common import AnonPeakSampler, rss_parts_mb
     from quantization_memory import mapped_checkpoint_bytes
     from trl_ext import PPOConfig, PPOTrainer
 
-    root = Path(a.model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(root / "policy")
-    tokenizer.padding_side = "left"
-    data = prompts(tokenizer, n=4 * a.shared_batch)
+    root, tokenizer, data = shared_inputs(a)
     trim_heap()
     base = rss_parts_mb()
     seed_all(0)
@@ -266,17 +274,12 @@ def timing_child(a):
     setup_env(a.threads)
     import time
 
-    from transformers import AutoTokenizer
-
     import trl_ext.models.shared_base as shared_base
     from _common import alternate, freeze_gc, median, ratios
-    from _ppo_setup import UpdateTimer, prompts, seed_all
+    from _ppo_setup import UpdateTimer, seed_all
     from trl_ext import PPOConfig, PPOTrainer
 
-    root = Path(a.model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(root / "policy")
-    tokenizer.padding_side = "left"
-    data = prompts(tokenizer, n=4 * a.shared_batch)
+    root, tokenizer, data = shared_inputs(a)
     seed_all(0)
     models = {design: load_design(root, design, tokenizer) for design in ("separate", "shared")}
     freeze_gc()

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import shutil
 import sys
 import time
@@ -35,7 +34,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import REPO, RESULTS, load_average, print_table, setup_env, write_result
+from _common import (REPO, RESULTS, fresh_workdir, load_average, print_table, pyplot_into, save_figure, setup_env,
+                     study_cells, train_with_curve, write_result)  # noqa: E402
 
 TASK = REPO / "recipes" / "verifiable"
 sys.path.insert(0, str(TASK))
@@ -77,6 +77,15 @@ def sft(work: Path, max_steps: int | None = None) -> tuple[Path, float]:
     return work / "sft", time.perf_counter() - start
 
 
+def sft_or_reuse(work: Path, sft_dir: str | None) -> tuple[Path, float, Path]:
+    """(SFT model folder, seconds its SFT took, data folder): ``sft_dir``, a finished SFT model with its data folder
+    beside it (0 s), or else a fresh one built by :func:`sft` in ``work``."""
+    if sft_dir:
+        return Path(sft_dir), 0.0, Path(sft_dir).parent / "data"
+    sft_model, seconds = sft(work)
+    return sft_model, seconds, work / "data"
+
+
 def rl_dataset(tokenizer, rows: list[dict]):
     """The RL training set: tokenized ``input_ids`` beside the ``prompt`` and ``answer`` columns the reward function
     reads (the trainer passes every column through)."""
@@ -114,24 +123,6 @@ def make_rl_trainer(sft_dir: Path, train_rows: list[dict], out: Path, *, updates
                               reward_funcs=[exact_match_reward])
 
 
-class HeldOutCurve:
-    """A TrainerCallback: held-out accuracy (appended to ``curve``) every ``every`` updates and after the last."""
-
-    def __init__(self, trainer, tokenizer, rows, curve, every, last):
-        self.trainer, self.tokenizer, self.rows, self.curve, self.every, self.last = (trainer, tokenizer, rows, curve,
-                                                                                      every, last)
-
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step % self.every == 0 or state.global_step == self.last:
-            from evaluate import accuracy
-
-            self.curve.append({"update": state.global_step,
-                               **accuracy(self.trainer.model.policy, self.tokenizer, self.rows)})
-
-
 def logged(trainer, key: str) -> list[float]:
     return [h[key] for h in trainer.state.log_history if key in h]
 
@@ -158,15 +149,9 @@ def main(argv=None) -> int:
     from evaluate import accuracy, read_jsonl
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    work = Path(a.workdir)
     started = time.perf_counter()
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    if a.sft_dir:  # a finished SFT model; its data folder beside it
-        sft_dir, sft_seconds, data = Path(a.sft_dir), 0.0, Path(a.sft_dir).parent / "data"
-    else:
-        (sft_dir, sft_seconds), data = sft(work), work / "data"
+    work = fresh_workdir(a.workdir, create=True)
+    sft_dir, sft_seconds, data = sft_or_reuse(work, a.sft_dir)
     overrides = {k: v for k, v in (("learning_rate", a.lr), ("kl_coef", a.kl_coef)) if v is not None}
     import yaml
 
@@ -179,37 +164,22 @@ def main(argv=None) -> int:
     print(f"before SFT {base}; after SFT ({sft_seconds:.0f} s) {start}", flush=True)
 
     runs = {}
-    for seed in seeds:  # seeds outermost: a cut-short study still has every estimator
-        for name, estimator in ESTIMATORS.items():
-            if a.only is not None and name not in a.only:
-                continue
-            run = runs.setdefault(name, {"settings": {**RL_SETTINGS, **estimator, **overrides}, "seeds": []})
-            out = work / f"rl-{estimator['advantage_estimator']}-seed{seed}"
-            trainer = make_rl_trainer(sft_dir, train_rows, out, updates=updates, seed=seed, estimator=estimator,
-                                      **overrides)
-            curve = [{"update": 0, **start}]
-
-            trainer.add_callback(HeldOutCurve(trainer, tokenizer, heldout, curve, max(1, updates // evals), updates))
-            gc.collect()
-            gc.freeze()
-            t = time.perf_counter()
-            with open(f"{out}.log", "w") as log, redirect_stdout(log), redirect_stderr(log):
-                trainer.train()
-            seconds = time.perf_counter() - t
-            gc.unfreeze()
-            if curve[-1]["update"] != trainer.state.global_step:
-                curve.append({"update": trainer.state.global_step, **accuracy(trainer.model.policy, tokenizer,
-                                                                              heldout)})
-            run["seeds"].append({"seed": seed, "seconds": seconds, "curve": curve,
-                                 "reward": logged(trainer, "reward"), "kl": logged(trainer, "objective/kl"),
-                                 "frac_reward_zero_std": logged(trainer, "frac_reward_zero_std")})
-            print(f"{name} seed {seed}: {seconds:.0f} s, held-out greedy {start['greedy']:.3f} -> "
-                  f"{curve[-1]['greedy']:.3f}, sampled {start['sampled']:.3f} -> {curve[-1]['sampled']:.3f}",
-                  flush=True)
-            del trainer
-            shutil.rmtree(out, ignore_errors=True)
-            write_result("verifiable", {"updates": updates, "seeds": seeds}, {"base": base, "sft": start,
-                                                                              "runs": runs}, out=a.out)
+    for seed, name, estimator in study_cells(seeds, ESTIMATORS, a.only):
+        run = runs.setdefault(name, {"settings": {**RL_SETTINGS, **estimator, **overrides}, "seeds": []})
+        out = work / f"rl-{estimator['advantage_estimator']}-seed{seed}"
+        trainer = make_rl_trainer(sft_dir, train_rows, out, updates=updates, seed=seed, estimator=estimator,
+                                  **overrides)
+        seconds, curve = train_with_curve(trainer, tokenizer, heldout, start, updates, f"{out}.log", evals)
+        run["seeds"].append({"seed": seed, "seconds": seconds, "curve": curve,
+                             "reward": logged(trainer, "reward"), "kl": logged(trainer, "objective/kl"),
+                             "frac_reward_zero_std": logged(trainer, "frac_reward_zero_std")})
+        print(f"{name} seed {seed}: {seconds:.0f} s, held-out greedy {start['greedy']:.3f} -> "
+              f"{curve[-1]['greedy']:.3f}, sampled {start['sampled']:.3f} -> {curve[-1]['sampled']:.3f}",
+              flush=True)
+        del trainer
+        shutil.rmtree(out, ignore_errors=True)
+        write_result("verifiable", {"updates": updates, "seeds": seeds}, {"base": base, "sft": start,
+                                                                          "runs": runs}, out=a.out)
 
     total = time.perf_counter() - started
     report(base, start, runs)
@@ -244,15 +214,9 @@ def report(base, start, runs) -> None:
 
 def draw_figure(folder: Path, start, runs, updates) -> None:
     """Held-out greedy and sampled accuracy over RL updates, every seed, one colour per estimator."""
-    try:
-        import matplotlib
-    except ImportError:
-        print('matplotlib is not installed (pip install "trl-ext[plot]"): no figure')
+    plt = pyplot_into(folder)
+    if plt is None:
         return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder.mkdir(parents=True, exist_ok=True)
     colors = plt.get_cmap("tab10")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for i, (name, run) in enumerate(runs.items()):
@@ -268,10 +232,7 @@ def draw_figure(folder: Path, start, runs, updates) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("accuracy")
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(folder / "verifiable.png", dpi=80)
-    plt.close(fig)
-    print(f"figure: {folder / 'verifiable.png'}")
+    save_figure(fig, folder / "verifiable.png", dpi=80)
 
 
 if __name__ == "__main__":

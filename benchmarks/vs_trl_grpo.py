@@ -38,25 +38,16 @@ Needs TRL >= 1.13 (GRPOTrainer with the reward-function contract used here). Wri
 from __future__ import annotations
 
 import argparse
-import gc
 import shutil
 import statistics
 import sys
 import time
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import (
-    RESULTS,
-    alternate,
-    load_average,
-    print_table,
-    setup_env,
-    write_result,
-)
-from verifiable import RL_SETTINGS, sft
+from _common import RESULTS, alternate, fresh_workdir, load_average, print_table, quiet_timed, setup_env, write_result
+from verifiable import RL_SETTINGS, sft_or_reuse
 
 K = 4
 OURS_ONLY = {"local_rollout_forward_batch_size": RL_SETTINGS["local_rollout_forward_batch_size"]}
@@ -179,14 +170,8 @@ def main(argv=None) -> int:
     from evaluate import accuracy, read_jsonl
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    work = Path(a.workdir)
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    if a.sft_dir:
-        sft_dir, data = Path(a.sft_dir), Path(a.sft_dir).parent / "data"
-    else:
-        (sft_dir, _), data = sft(work), work / "data"
+    work = fresh_workdir(a.workdir, create=True)
+    sft_dir, _, data = sft_or_reuse(work, a.sft_dir)
     tokenizer = AutoTokenizer.from_pretrained(sft_dir)
     heldout, train_rows = read_jsonl(data / "heldout.jsonl"), read_jsonl(data / "train.jsonl")
     start = accuracy(AutoModelForCausalLM.from_pretrained(sft_dir), tokenizer, heldout)
@@ -198,13 +183,7 @@ def main(argv=None) -> int:
             seed = next(seeds[name])
             out = work / f"{name}-seed{seed}"
             trainer, policy, clock = build(sft_dir, train_rows, out, updates, seed)
-            gc.collect()
-            gc.freeze()
-            t = time.perf_counter()
-            with open(f"{out}.log", "w") as log, redirect_stdout(log), redirect_stderr(log):
-                trainer.train()
-            wall = time.perf_counter() - t
-            gc.unfreeze()
+            _, wall = quiet_timed(trainer.train, f"{out}.log")
             acc = accuracy(policy, tokenizer, heldout)
             result = {"seed": seed, "seconds_per_update": clock.seconds_per_update(), "wall_s": wall,
                       "updates": len(clock.stamps), **acc}
