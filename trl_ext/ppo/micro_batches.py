@@ -39,11 +39,11 @@ from .rollout.allocator_margin import allocator_margin, expandable_segments_on
 from .rollout.memory_budget import DEVICE_OVERHEAD_BYTES, GIB, ppo_memory_budget
 from .objective.objectives import global_token_normalizer, loss_mask
 from .rollout import UpdateStats
+from .rollout.chunk import AUTO, positive_int_or_auto
 
 __all__ = ["AUTO", "MicroBatchWeights", "largest_fitting_micro_batch", "micro_batch_value", "micro_batch_weights",
            "optimize_in_micro_batches", "resolve_train_micro_batch"]
 
-AUTO = "auto"
 KEY = "train_micro_batch_size"
 
 
@@ -54,19 +54,7 @@ class MicroBatchError(UserInputError, argparse.ArgumentTypeError):
 def micro_batch_value(value) -> int | str | None:
     """A ``train_micro_batch_size`` as given (None, an int, a numeric string, ``"auto"``) -> None, a positive int or
     ``"auto"``. Also the field's argparse type."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text == AUTO:
-            return AUTO
-        try:
-            value = int(text)
-        except ValueError:
-            raise MicroBatchError(f"{KEY}: must be a positive integer or 'auto', got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise MicroBatchError(f"{KEY}: must be a positive integer or 'auto', got {value!r}")
-    return value
+    return None if value is None else positive_int_or_auto(value, KEY, MicroBatchError)
 
 
 def largest_fitting_micro_batch(shape, run, target_bytes: int, *, shared: bool, value_model: bool = True,

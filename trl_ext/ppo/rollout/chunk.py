@@ -54,10 +54,9 @@ class RolloutChunkError(UserInputError, argparse.ArgumentTypeError):
     ``HfArgumentParser`` (recipes, command lines) shows its message instead of a generic one."""
 
 
-def rollout_chunk_value(value) -> int | str:
-    """A ``local_rollout_forward_batch_size`` as given (an int, a numeric string from a command line or recipe, or
-    ``"auto"``) -> a positive int or ``"auto"``. Also the field's argparse type, so ``--local_rollout_forward_batch_size
-    auto`` parses with ``HfArgumentParser``."""
+def positive_int_or_auto(value, key: str, error: type = UserInputError) -> int | str:
+    """``value`` as given for an int-or-``"auto"`` key (an int, a numeric string from a command line or recipe, or
+    ``"auto"``) -> a positive int or ``"auto"``; anything else raises ``error`` naming ``key``."""
     if isinstance(value, str):
         text = value.strip().lower()
         if text == AUTO:
@@ -65,12 +64,17 @@ def rollout_chunk_value(value) -> int | str:
         try:
             value = int(text)
         except ValueError:
-            raise RolloutChunkError(
-                f"local_rollout_forward_batch_size: must be a positive integer or 'auto', got {value!r}"
-            ) from None
+            raise error(f"{key}: must be a positive integer or 'auto', got {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise RolloutChunkError(f"local_rollout_forward_batch_size: must be a positive integer or 'auto', got {value!r}")
+        raise error(f"{key}: must be a positive integer or 'auto', got {value!r}")
     return value
+
+
+def rollout_chunk_value(value) -> int | str:
+    """A ``local_rollout_forward_batch_size`` as given -> a positive int or ``"auto"``
+    (:func:`positive_int_or_auto`). Also the field's argparse type, so ``--local_rollout_forward_batch_size auto``
+    parses with ``HfArgumentParser``."""
+    return positive_int_or_auto(value, "local_rollout_forward_batch_size", RolloutChunkError)
 
 
 @dataclass(frozen=True)
