@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+from ...runtime.cuda_memory import ALLOC_CONF_ENV, EXPANDABLE_SEGMENTS
 from .memory_budget import DEVICE_OVERHEAD_BYTES, MemoryBudget
 
 __all__ = ["allocator_margin", "expandable_segments_on", "planned_reserved_bytes"]
@@ -27,7 +28,7 @@ EXPANDABLE_MARGIN = 1.05
 
 def expandable_segments_on(environ=os.environ) -> bool:
     """``PYTORCH_CUDA_ALLOC_CONF`` turns expandable segments on."""
-    return "expandable_segments:true" in environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
+    return EXPANDABLE_SEGMENTS.lower() in environ.get(ALLOC_CONF_ENV, "").replace(" ", "").lower()
 
 
 def allocator_margin(chunk: int, *, device_type: str, expandable_segments: bool,
