@@ -38,8 +38,8 @@ def quickstart_commands(readme: str, heading: str) -> list[str]:
     """The shell commands of the ```bash blocks in the README section under ``heading`` (up to the next heading),
     continuation lines joined, comments dropped, ``&&`` chains split."""
     start = readme.index(heading + "\n")
-    end = readme.find("\n#", start + len(heading))
-    section = readme[start:end if end != -1 else len(readme)]
+    after = re.search(r"\n#{2,6} ", readme[start + len(heading):])  # the next heading (a bash comment has one #)
+    section = readme[start:start + len(heading) + after.start() if after else len(readme)]
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", section, flags=re.S):
         text = block.replace("\\\n", " ")
