@@ -1,0 +1,68 @@
+"""A tiny tokenizer that speaks TRL's tool-calling chat format, for tests, demos and benchmarks of tool use.
+
+:func:`build_tool_tokenizer` trains a byte-level BPE (digits split one per token, so numbers are copied digit by
+digit) on a corpus made of the Qwen2.5 chat template's own text, JSON tool calls and tool schemas, and the caller's
+extra lines, and gives it TRL's Qwen2.5 chat template (``trl/chat_templates/qwen2_5.jinja``) with its special tokens
+(``<|im_start|>``, ``<|im_end|>`` = EOS, ``<|endoftext|>`` = pad) and the ``<tool_call>``/``<tool_response>`` tags.
+TRL's ``add_response_schema`` recognises that template, so ``parse_response`` parses the tool calls the tiny models
+write exactly as it parses Qwen's: what TRL's ``GRPOTrainer(tools=...)`` and :class:`trl_ext.PPOTrainer` need.
+Byte-level: any text round-trips through encode/decode unchanged. Offline and deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+__all__ = ["TOOL_SPECIAL_TOKENS", "build_tool_tokenizer", "qwen2_5_chat_template"]
+
+TOOL_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TOOL_TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+
+
+def qwen2_5_chat_template() -> str:
+    """TRL's copy of the Qwen2.5 chat template (the text ``add_response_schema`` compares against)."""
+    import trl
+
+    return (Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja").read_text(encoding="utf-8")
+
+
+def _corpus(extra_lines: list[str], seed: int) -> list[str]:
+    rng = random.Random(seed)
+    template = qwen2_5_chat_template()
+    lines = [template, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
+             "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
+             "function signatures within <tools></tools> XML tags:\n<tools>\n</tools>\n\nFor each function call, "
+             "return a json object with function name and arguments within <tool_call></tool_call> XML tags:"]
+    for _ in range(200):
+        name = rng.choice(["add", "multiply", "guess", "lookup", "echo", "calculator"])
+        args = {rng.choice("abxyn"): rng.randint(0, 99999) for _ in range(rng.randint(1, 2))}
+        lines.append('<tool_call>\n' + json.dumps({"name": name, "arguments": args}) + '\n</tool_call>')
+        lines.append(json.dumps({"type": "function", "function": {"name": name, "description": "Adds two integers.",
+                                 "parameters": {"type": "object", "properties": {"a": {"type": "integer",
+                                 "description": "The first number."}}, "required": ["a"]},
+                                 "return": {"type": "integer", "description": "The result."}}}))
+        lines.append(f"<tool_response>\n{rng.randint(0, 10**6)}\n</tool_response>")
+    lines.append("".join(chr(c) for c in range(32, 127)))  # every printable character
+    return lines + list(extra_lines)
+
+
+def build_tool_tokenizer(extra_lines: list[str] = (), vocab_size: int = 1000, seed: int = 0):
+    """A byte-level BPE tokenizer with TRL's Qwen2.5 chat template (module docstring); ``extra_lines``: text the
+    task's prompts and answers use, so that its words become single tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=TOOL_SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_corpus(list(extra_lines), seed), trainer=trainer)
+    tok.add_tokens([AddedToken(tag, normalized=False, special=False) for tag in TOOL_TAGS])
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|endoftext|>", eos_token="<|im_end|>",
+                                      additional_special_tokens=["<|im_start|>"])
+    wrapped.chat_template = qwen2_5_chat_template()
+    return wrapped
