@@ -1,0 +1,157 @@
+"""Held-out exact match of policies on the tool-use task, greedy, with or without the ``add`` tool.
+
+    python recipes/tool_use/evaluate.py outputs/tool_use/sft_tools --tools
+    python recipes/tool_use/evaluate.py outputs/tool_use/sft_no_tools
+    (--data: the held-out file, default outputs/tool_use/data/heldout.jsonl)
+
+Every held-out problem is played as an episode, as RL plays it (TRL's ``GRPOTrainer(tools=...)`` contract): the
+prompt is rendered by the chat template (with the tools' schemas when ``--tools``), the model generates a turn up to
+its end-of-turn token, the turn is parsed by TRL's ``parse_response``; a turn that calls tools gets each call run and
+the results appended as ``tool`` messages (the tokens TRL appends: the template's rendering of the tool messages and
+the next generation prompt), and generation resumes, at most ``max_tool_calling_iterations`` times and
+``response_length`` completion tokens in all. The episode (a list of messages) is scored by
+``tool_task.exact_match``, the reward function RL trains on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tool_task
+
+
+def tool_suffix_ids(tokenizer, tool_messages: list[dict]) -> list[int]:
+    """The tokens that follow an assistant turn ending in EOS when ``tool_messages`` answer it: the template's
+    rendering of the tool messages and the next generation prompt (TRL's ``GRPOTrainer._get_tool_suffix_ids``)."""
+    calls = [{"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}]
+    dummy = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": calls}]
+    prefix = tokenizer.apply_chat_template(dummy, tokenize=True, return_dict=False)
+    full = tokenizer.apply_chat_template(dummy + tool_messages, add_generation_prompt=True, tokenize=True,
+                                         return_dict=False)
+    eos = [i for i, t in enumerate(prefix) if t == tokenizer.eos_token_id]
+    prefix = prefix[:eos[-1] + 1] if eos else prefix
+    if full[:len(prefix)] != prefix:
+        raise ValueError("the chat template renders the tool messages' prefix differently: no suffix to append")
+    return full[len(prefix):]
+
+
+def run_tool_calls(tool_calls: list[dict], tools: list) -> list[dict]:
+    """The ``tool`` messages answering ``tool_calls`` (TRL's contract: a failing call's message is ``{"error": ...}``)."""
+    by_name = {fn.__name__: fn for fn in tools}
+    messages = []
+    for call in tool_calls:
+        function = call.get("function", {})
+        name = function.get("name", "unknown")
+        try:
+            if name not in by_name:
+                raise ValueError(f"Tool {name} not found.")
+            result = by_name[name](**function.get("arguments", {}))
+        except Exception as e:  # noqa: BLE001 - the error text goes back to the model, as TRL does
+            result = {"error": str(e)}
+        messages.append({"role": "tool", "name": name, "content": str(result)})
+    return messages
+
+
+@torch.no_grad()
+def generate_turn(model, tokenizer, sequences: list[list[int]], budgets: list[int], *, greedy: bool) -> list[list[int]]:
+    """One turn for each sequence (left-padded batch): the new tokens up to and including EOS, at most its budget."""
+    from transformers import GenerationConfig
+
+    width = max(len(s) for s in sequences)
+    pad = tokenizer.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(s)) + s for s in sequences])
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences])
+    config = GenerationConfig(max_new_tokens=max(budgets), do_sample=not greedy, temperature=1.0, top_k=0, top_p=1.0,
+                              eos_token_id=tokenizer.eos_token_id, pad_token_id=pad)
+    out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)[:, width:].tolist()
+    turns = []
+    for new, budget in zip(out, budgets):
+        new = new[:budget]
+        if tokenizer.eos_token_id in new:
+            new = new[:new.index(tokenizer.eos_token_id) + 1]
+        turns.append(new)
+    return turns
+
+
+def episodes(model, tokenizer, prompts: list[list[dict]], *, tools: list | None, greedy: bool = True,
+             max_tool_calling_iterations: int = 2,
+             response_length: int = tool_task.RESPONSE_LENGTH) -> list[list[dict]]:
+    """Play each prompt (chat messages) as an episode (module docstring); returns the completions as TRL passes them
+    to reward functions: lists of messages (assistant turns, tool results)."""
+    from trl.chat_template_utils import add_response_schema, parse_response
+
+    tokenizer = add_response_schema(tokenizer)
+    seqs = [tokenizer.apply_chat_template(p, tools=tools or None, add_generation_prompt=True, tokenize=True,
+                                          return_dict=False) for p in prompts]
+    starts = [len(s) for s in seqs]
+    completions: list[list[dict]] = [[] for _ in prompts]
+    active, calls_left = list(range(len(prompts))), max_tool_calling_iterations
+    while active:
+        budgets = [response_length - (len(seqs[i]) - starts[i]) for i in active]
+        turns = generate_turn(model, tokenizer, [seqs[i] for i in active], budgets, greedy=greedy)
+        still = []
+        for i, new in zip(active, turns):
+            message = parse_response(tokenizer, new, prefix=seqs[i], tools=tools)
+            completions[i].append(message)
+            seqs[i] = seqs[i] + new
+            if not (tools and message.get("tool_calls") and calls_left > 0):
+                continue
+            results = run_tool_calls(message["tool_calls"], tools)
+            suffix = tool_suffix_ids(tokenizer, results)
+            if len(seqs[i]) + len(suffix) - starts[i] >= response_length:
+                continue  # no room for the results and an answer: the episode ends truncated, as TRL drops them
+            completions[i].extend(results)
+            seqs[i] = seqs[i] + suffix
+            still.append(i)
+        active, calls_left = still, calls_left - 1
+    return completions
+
+
+def accuracy(model, tokenizer, rows: list[dict], *, tools: bool, greedy: bool = True) -> dict[str, float]:
+    """``{"exact_match": mean reward of the episodes, "tool_calls": fraction of episodes that called a tool}`` on
+    ``rows`` (dicts with ``prompt`` and ``answer``), with the task's tools when ``tools``."""
+    was_training = model.training
+    model.eval()
+    done = episodes(model, tokenizer, [r["prompt"] for r in rows], tools=tool_task.TOOLS if tools else None,
+                    greedy=greedy)
+    model.train(was_training)
+    rewards = tool_task.exact_match(done, [r["answer"] for r in rows])
+    called = [any(m.get("role") == "tool" for m in c) for c in done]
+    return {"exact_match": sum(rewards) / len(rewards), "tool_calls": sum(called) / len(called)}
+
+
+def read_jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in open(path)]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("models", nargs="+", help="model directories (tokenizer saved beside the model)")
+    p.add_argument("--tools", action="store_true", help="offer the add tool (the tool-use recipes' setting)")
+    p.add_argument("--data", default="outputs/tool_use/data/heldout.jsonl")
+    p.add_argument("--show", type=int, default=0, help="print the first N episodes")
+    a = p.parse_args(argv)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    rows = read_jsonl(a.data)
+    print(f"{'model':40s} {'exact match':>12s} {'tool calls':>11s}   ({len(rows)} held-out problems, greedy)")
+    for path in a.models:
+        model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+        acc = accuracy(model, tokenizer, rows, tools=a.tools)
+        print(f"{path:40s} {acc['exact_match']:12.3f} {acc['tool_calls']:11.3f}")
+        if a.show:
+            shown = episodes(model, tokenizer, [r["prompt"] for r in rows[:a.show]],
+                             tools=tool_task.TOOLS if a.tools else None)
+            for row, episode in zip(rows, shown):
+                print(f"  {row['prompt'][0]['content']} -> {json.dumps(episode)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""The tool-use task: sums of two five-digit numbers, with an ``add`` tool (recipes/tool_use/README.md).
+
+* **Prompt** (the dataset's ``prompt`` column, chat messages): ``[{"role": "user", "content": "What is 48213 +
+  90577?"}]``; with tools the chat template (TRL's Qwen2.5 template, :mod:`trl_ext.testing_tools`) renders the
+  ``add`` schema in a system turn before it.
+* **Answer** (the ``answer`` column): the sum as a plain number, ``"138790"``.
+* **Episode with the tool**: the assistant calls ``add(a=48213, b=90577)``, the tool's result comes back as a
+  ``tool`` message, the assistant answers ``"The sum is 138790."``. Without the tool it answers at once.
+* **Reward**: :func:`exact_match`, TRL's reward-function contract: 1.0 when the last integer in the last
+  assistant message (or in a plain-text completion) equals ``answer``.
+
+A tiny Llama cannot add five-digit numbers written most significant digit first after a short SFT (it must carry
+through five columns), but it can learn to copy digits: into the tool call, and from the tool's result into its
+answer. The two SFT recipes (``sft_tools.yaml``, ``sft_no_tools.yaml``) train on the same problems and stop early,
+so RL has room in both.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+LOW, HIGH = 10_000, 99_999  # five-digit operands
+TRAIN = 2000
+HELDOUT = 200
+#: Positions the model has: the prompt with the tool schema (~240 tokens) + the episode (~70 tokens) + room.
+MAX_POSITIONS = 384
+#: Completion tokens of a whole episode with the tool (tool call 34 + tool result turn ~16 + answer ~12) + room.
+RESPONSE_LENGTH = 72
+
+
+def add(a: int, b: int) -> int:
+    """Adds two integers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+
+    Returns:
+        The sum of a and b.
+    """
+    return a + b
+
+
+#: The tools of the task, as ``trl_ext.PPOTrainer(tools=...)`` and TRL's ``GRPOTrainer(tools=...)`` take them.
+TOOLS = [add]
+
+
+def tools_json() -> str:
+    """The tools' JSON schemas as the SFT data's ``tools`` column holds them (TRL's SFTTrainer ``json.loads`` a string
+    column): the chat template renders them exactly as it renders the functions themselves."""
+    from transformers.utils import get_json_schema
+
+    return json.dumps([get_json_schema(fn) for fn in TOOLS])
+
+
+def question(a: int, b: int) -> str:
+    """``(48213, 90577)`` -> ``"What is 48213 + 90577?"``."""
+    return f"What is {a} + {b}?"
+
+
+def answer_text(total: int) -> str:
+    """The final assistant message: ``"The sum is 138790."``."""
+    return f"The sum is {total}."
+
+
+def prompt_messages(a: int, b: int) -> list[dict]:
+    """The RL prompt: one user message."""
+    return [{"role": "user", "content": question(a, b)}]
+
+
+def tool_call_message(a: int, b: int) -> dict:
+    """The assistant turn that calls ``add``, as TRL's ``parse_response`` returns it."""
+    return {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": a, "b": b}}}]}
+
+
+def tool_transcript(a: int, b: int) -> list[dict]:
+    """The completion of an SFT transcript with the tool: call, result (as TRL appends it), answer."""
+    return [tool_call_message(a, b), {"role": "tool", "name": "add", "content": str(add(a, b))},
+            {"role": "assistant", "content": answer_text(a + b)}]
+
+
+def direct_transcript(a: int, b: int) -> list[dict]:
+    """The completion of an SFT transcript without the tool: the answer at once."""
+    return [{"role": "assistant", "content": answer_text(a + b)}]
+
+
+def row(a: int, b: int) -> dict:
+    """One problem: ``prompt`` (chat messages) and ``answer`` (the sum as a plain number)."""
+    return {"prompt": prompt_messages(a, b), "answer": str(a + b)}
+
+
+def split(seed: int = 0, train: int = TRAIN, heldout: int = HELDOUT) -> tuple[list[tuple], list[tuple]]:
+    """(train pairs, held-out pairs) ``(a, b)``: distinct random pairs of five-digit numbers drawn with ``seed``; the first
+    ``heldout`` are held out. Disjoint by construction, deterministic given ``seed``."""
+    rng = random.Random(seed)
+    pairs: dict[tuple[int, int], None] = {}
+    while len(pairs) < train + heldout:
+        pairs[(rng.randint(LOW, HIGH), rng.randint(LOW, HIGH))] = None
+    problems = list(pairs)
+    return problems[heldout:], problems[:heldout]
+
+
+# ---------------------------------------------------------------- the reward
+
+_INTEGER = re.compile(r"-?\d+")
+
+
+def final_text(completion) -> str:
+    """The text a completion answers with: a plain string, or the content of the last assistant message of a
+    conversational completion (a list of messages: tool calls, tool results, the final answer)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, (list, tuple)):
+        for message in reversed(completion):
+            if isinstance(message, dict) and message.get("role") == "assistant":
+                content = message.get("content")
+                return content if isinstance(content, str) else ""
+        return ""
+    raise TypeError(f"a completion must be text or a list of messages, got {type(completion).__name__}")
+
+
+def parse_answer(completion) -> int | None:
+    """The last integer in :func:`final_text`, None when there is none.
+
+    >>> parse_answer("The sum is 138790."), parse_answer([{"role": "assistant", "content": "no idea"}])
+    (138790, None)
+    """
+    found = _INTEGER.findall(final_text(completion))
+    return int(found[-1]) if found else None
+
+
+def exact_match(completions, answer, **kwargs) -> list[float]:
+    """TRL's reward-function contract: 1.0 where a completion's answer (:func:`parse_answer`) equals the row's
+    ``answer`` (a number or its text), else 0.0; other keywords (``prompts``, ``completion_ids``, ...) ignored."""
+    if len(completions) != len(answer):
+        raise ValueError(f"exact_match: {len(completions)} completions but {len(answer)} answers")
+    return [float(parse_answer(c) is not None and parse_answer(c) == int(ref)) for c, ref in zip(completions, answer)]
+
+
+# ---------------------------------------------------------------- tokenizer and base model
+
+
+def build_tokenizer():
+    """:func:`trl_ext.testing_tools.build_tool_tokenizer` with the task's sentences (digits stay one per token)."""
+    from trl_ext.testing_tools import build_tool_tokenizer
+
+    rng = random.Random(1)
+    lines = []
+    for _ in range(100):
+        a, b = rng.randint(LOW, HIGH), rng.randint(LOW, HIGH)
+        lines += [question(a, b), answer_text(a + b)]
+    return build_tool_tokenizer(lines)
+
+
+def write_base_model(directory: str | Path, seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Path:
+    """Save the tokenizer and a randomly initialised tiny Llama to ``directory``."""
+    from trl_ext.testing import build_causal_lm
+
+    directory = Path(directory)
+    tokenizer = build_tokenizer()
+    model = build_causal_lm(tokenizer, seed=seed, hidden_size=hidden_size, num_layers=num_layers,
+                            max_position_embeddings=MAX_POSITIONS)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

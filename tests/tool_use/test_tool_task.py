@@ -1,0 +1,131 @@
+"""The tool-use task's pieces (recipes/tool_use): the tool, the reward on TRL's multi-turn completions, the data, and
+that an SFT transcript is token for token the episode RL plays with ``tools=[add]``.
+
+What must hold: ``add`` is a tool TRL accepts (its JSON schema comes from the type hints and docstring); the reward
+reads the last assistant message of a message list (or a plain string); the SFT transcripts that TRL's SFTTrainer
+tokenizes start with exactly the prompt tokens RL renders with the tool and go on with exactly the tokens an RL
+episode concatenates (the tool call, TRL's tool-result suffix, the answer); TRL's ``parse_response`` reads the
+transcript's tool-call turn back as the call it was written from."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from recipe_modules import recipe_module
+
+tool_task = recipe_module("tool_use", "tool_task")
+
+
+@pytest.fixture(scope="module")
+def modules():
+    return tool_task, recipe_module("tool_use", "make_data"), recipe_module("tool_use", "evaluate")
+
+
+@pytest.fixture(scope="module")
+def task_data(modules, tmp_path_factory):
+    """make_data with 6 training problems and 3 held out."""
+    _, make_data, _ = modules
+    work = tmp_path_factory.mktemp("tool_use")
+    make_data.make_data(work, train=6, heldout=3)
+    return work
+
+
+def read(path) -> list[dict]:
+    return [json.loads(line) for line in open(path)]
+
+
+def test_add_is_a_tool_trl_accepts():
+    from transformers.utils import get_json_schema
+
+    assert tool_task.add(48213, 90577) == 138790
+    schema = get_json_schema(tool_task.add)["function"]
+    assert schema["name"] == "add"
+    assert schema["parameters"]["properties"] == {"a": {"type": "integer", "description": "The first number."},
+                                                  "b": {"type": "integer", "description": "The second number."}}
+    assert json.loads(tool_task.tools_json()) == [get_json_schema(tool_task.add)]
+
+
+def test_exact_match_on_message_lists_and_strings():
+    episode = tool_task.tool_transcript(48213, 90577)
+    assert tool_task.exact_match([episode], ["138790"]) == [1.0]
+    assert tool_task.exact_match([episode], [138791]) == [0.0]
+    # the answer is read from the LAST assistant message only: the tool's correct result does not count
+    wrong_final = episode[:2] + [{"role": "assistant", "content": "The sum is 138780."}]
+    assert tool_task.exact_match([wrong_final], ["138790"]) == [0.0]
+    cut_after_tool = episode[:2]  # truncated: the last assistant message is the call, whose content is empty
+    assert tool_task.exact_match([cut_after_tool], ["138790"]) == [0.0]
+    # plain text, the last integer, none at all
+    assert tool_task.exact_match(["The sum is 138790.", "48213 + 90577 = 138790", "no idea", "138790 or 5"],
+                                 ["138790"] * 4) == [1.0, 1.0, 0.0, 0.0]
+    assert tool_task.exact_match([tool_task.direct_transcript(1, 2)], ["3"]) == [1.0]
+    with pytest.raises(ValueError, match="2 completions but 1 answers"):
+        tool_task.exact_match(["1", "2"], ["1"])
+
+
+def test_split_is_disjoint_and_deterministic():
+    train, heldout = tool_task.split(seed=0, train=50, heldout=20)
+    assert (len(train), len(heldout)) == (50, 20) and not set(train) & set(heldout)
+    assert all(10_000 <= x <= 99_999 for pair in train + heldout for x in pair)
+    assert tool_task.split(seed=0, train=50, heldout=20) == (train, heldout)
+
+
+def test_data_files(task_data):
+    rows = {name: read(task_data / "data" / f"{name}.jsonl")
+            for name in ("train", "heldout", "sft_tools", "sft_no_tools")}
+    assert [len(rows[n]) for n in rows] == [6, 3, 6, 6]
+    for rl, with_tool, without in zip(rows["train"], rows["sft_tools"], rows["sft_no_tools"]):
+        assert with_tool["prompt"] == without["prompt"] == rl["prompt"]
+        a, b = (int(x) for x in rl["prompt"][0]["content"][len("What is "):-1].split(" + "))
+        assert rl["answer"] == str(a + b)
+        assert with_tool["completion"][0]["tool_calls"][0]["function"]["arguments"] == {"a": a, "b": b}
+        assert with_tool["completion"][1] == {"role": "tool", "name": "add", "content": str(a + b)}
+        assert tool_task.exact_match([with_tool["completion"], without["completion"]], [rl["answer"]] * 2) == [1.0, 1.0]
+        assert json.loads(with_tool["tools"]) == json.loads(tool_task.tools_json())
+
+
+def test_sft_transcript_is_the_rl_episode(task_data, modules):
+    """TRL's SFTTrainer tokenizes the tool transcripts (conversational prompt-completion + `tools` column) into
+    prompt tokens = the RL prompt rendered with tools=[add], then the RL episode's tokens: the call the model writes,
+    TRL's tool-result suffix, the answer (and the template's closing newline); the loss's labels cover all of the
+    completion and none of the prompt."""
+    from datasets import load_dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl.chat_template_utils import add_response_schema, parse_response
+
+    import trl_ext
+
+    _, _, evaluate = modules
+    base = task_data / "base"
+    tok = AutoTokenizer.from_pretrained(base)
+    ds = load_dataset("json", data_files=str(task_data / "data" / "sft_tools.jsonl"), split="train")
+    args = trl_ext.SFTConfig(output_dir=str(task_data / "sft"), max_length=tool_task.MAX_POSITIONS, use_cpu=True,
+                             report_to="none")
+    trainer = trl_ext.SFTTrainer(model=AutoModelForCausalLM.from_pretrained(base), args=args, train_dataset=ds,
+                                 processing_class=tok)
+    add_response_schema(tok)
+    for row, example in zip(read(task_data / "data" / "train.jsonl"), trainer.train_dataset):
+        a, b = (int(x) for x in row["prompt"][0]["content"][len("What is "):-1].split(" + "))
+        prompt = tok.apply_chat_template(row["prompt"], tools=tool_task.TOOLS, add_generation_prompt=True,
+                                         tokenize=True, return_dict=False)
+        call = tok('<tool_call>\n{"name": "add", "arguments": {"a": %d, "b": %d}}\n</tool_call><|im_end|>'
+                   % (a, b))["input_ids"]
+        suffix = evaluate.tool_suffix_ids(tok, [{"role": "tool", "name": "add", "content": str(a + b)}])
+        answer = tok(f"The sum is {a + b}.<|im_end|>\n")["input_ids"]
+        assert example["input_ids"] == prompt + call + suffix + answer
+        # the loss covers the completion (the tool's result too: SFT has no observation mask), never the prompt
+        assert example["labels"] == [-100] * len(prompt) + call + suffix + answer
+        assert parse_response(tok, call, prefix=prompt, tools=tool_task.TOOLS) == tool_task.tool_call_message(a, b)
+        assert tok.decode(suffix) == f"\n<|im_start|>user\n<tool_response>\n{a + b}\n</tool_response><|im_end|>\n" \
+                                     "<|im_start|>assistant\n"
+
+
+def test_run_tool_calls_follows_trl():
+    evaluate = recipe_module("tool_use", "evaluate")
+    calls = [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}},
+             {"type": "function", "function": {"name": "mul", "arguments": {"a": 2}}},
+             {"type": "function", "function": {"name": "add", "arguments": {"a": 2}}}]
+    out = evaluate.run_tool_calls(calls, tool_task.TOOLS)
+    assert out[0] == {"role": "tool", "name": "add", "content": "5"}
+    assert out[1] == {"role": "tool", "name": "mul", "content": "{'error': 'Tool mul not found.'}"}
+    assert out[2]["content"].startswith("{'error': ") and "'b'" in out[2]["content"]
