@@ -80,7 +80,7 @@ def generate_turn(model, tokenizer, sequences: list[list[int]], budgets: list[in
 
 
 def episodes(model, tokenizer, prompts: list[list[dict]], *, tools: list | None, greedy: bool = True,
-             max_tool_calling_iterations: int = 2,
+             max_tool_calling_iterations: int = tool_task.MAX_TOOL_CALLING_ITERATIONS,
              response_length: int = tool_task.RESPONSE_LENGTH) -> list[list[dict]]:
     """Play each prompt (chat messages) as an episode (module docstring); returns the completions as TRL passes them
     to reward functions: lists of messages (assistant turns, tool results)."""
@@ -113,13 +113,16 @@ def episodes(model, tokenizer, prompts: list[list[dict]], *, tools: list | None,
     return completions
 
 
-def accuracy(model, tokenizer, rows: list[dict], *, tools: bool, greedy: bool = True) -> dict[str, float]:
+def accuracy(model, tokenizer, rows: list[dict], *, tools: bool, greedy: bool = True,
+             max_tool_calling_iterations: int = tool_task.MAX_TOOL_CALLING_ITERATIONS,
+             response_length: int = tool_task.RESPONSE_LENGTH) -> dict[str, float]:
     """``{"exact_match": mean reward of the episodes, "tool_calls": fraction of episodes that called a tool}`` on
     ``rows`` (dicts with ``prompt`` and ``answer``), with the task's tools when ``tools``."""
     was_training = model.training
     model.eval()
     done = episodes(model, tokenizer, [r["prompt"] for r in rows], tools=tool_task.TOOLS if tools else None,
-                    greedy=greedy)
+                    greedy=greedy, max_tool_calling_iterations=max_tool_calling_iterations,
+                    response_length=response_length)
     model.train(was_training)
     rewards = tool_task.exact_match(done, [r["answer"] for r in rows])
     called = [any(m.get("role") == "tool" for m in c) for c in done]

@@ -10,7 +10,10 @@
   prompt-completion format: ``prompt`` (the user message), ``completion`` (assistant tool call, tool result,
   assistant answer) and ``tools`` (the ``add`` schema as JSON, which TRL's SFTTrainer hands the chat template, so
   the prompt renders exactly as RL renders it with ``tools=[add]``);
-* ``data/sft_no_tools.jsonl``: the same problems answered at once (``prompt``, ``completion``; no tools).
+* ``data/sft_no_tools.jsonl``: the same problems answered at once (``prompt``, ``completion``; no tools);
+* ``guess_base/``, ``data/guess_sft.jsonl``, ``data/guess_train.jsonl``: the guessing game (guess_env.py): its
+  tokenizer and random tiny Llama (512 positions: a game is longer), 1000 SFT games (``prompt``, ``completion``,
+  ``tools``) and 1000 RL rows (``prompt``, ``secret``, which ``GuessEnv.reset`` reads).
 
 Deterministic given ``--seed``; held-out and training problems are disjoint.
 """
@@ -23,7 +26,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import guess_env
 import tool_task
+
+GUESS_SFT, GUESS_RL = 1000, 1000
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -52,6 +58,9 @@ def make_data(out: str | Path, *, seed: int = 0, train: int = tool_task.TRAIN,
     write_jsonl(out / "data" / "heldout.jsonl", [tool_task.row(a, b) for a, b in heldout_pairs])
     write_jsonl(out / "data" / "sft_tools.jsonl", sft_rows(train_pairs, with_tools=True))
     write_jsonl(out / "data" / "sft_no_tools.jsonl", sft_rows(train_pairs, with_tools=False))
+    guess_env.write_base_model(out / "guess_base", seed=seed)
+    write_jsonl(out / "data" / "guess_sft.jsonl", guess_env.sft_rows(min(train, GUESS_SFT), seed=seed))
+    write_jsonl(out / "data" / "guess_train.jsonl", guess_env.rl_rows(min(train, GUESS_RL), seed=seed + 1))
     return out
 
 

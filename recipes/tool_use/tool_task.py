@@ -29,6 +29,8 @@ HELDOUT = 200
 MAX_POSITIONS = 384
 #: Completion tokens of a whole episode with the tool (tool call 34 + tool result turn ~16 + answer ~12) + room.
 RESPONSE_LENGTH = 72
+#: Rounds of tool calls per episode (``max_tool_calling_iterations``): one is all the task needs, one more is room.
+MAX_TOOL_CALLING_ITERATIONS = 2
 
 
 def add(a: int, b: int) -> int:
@@ -156,14 +158,15 @@ def build_tokenizer():
     return build_tool_tokenizer(lines)
 
 
-def write_base_model(directory: str | Path, seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Path:
-    """Save the tokenizer and a randomly initialised tiny Llama to ``directory``."""
+def write_base_model(directory: str | Path, seed: int = 0, hidden_size: int = 64, num_layers: int = 2,
+                     tokenizer=None, max_positions: int = MAX_POSITIONS) -> Path:
+    """Save the tokenizer (default :func:`build_tokenizer`) and a randomly initialised tiny Llama to ``directory``."""
     from trl_ext.testing import build_causal_lm
 
     directory = Path(directory)
-    tokenizer = build_tokenizer()
+    tokenizer = tokenizer if tokenizer is not None else build_tokenizer()
     model = build_causal_lm(tokenizer, seed=seed, hidden_size=hidden_size, num_layers=num_layers,
-                            max_position_embeddings=MAX_POSITIONS)
+                            max_position_embeddings=max_positions)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory

@@ -370,9 +370,10 @@ def test_dataset_formats_and_splits(tmp_path):
 
 
 REAL_RECIPES = sorted((ROOT / "recipes").glob("*/*.yaml"))
-# recipes/gold and recipes/verifiable read what their scripts generate: their recipes run end to end in
-# tests/recipes/test_gold_pipeline.py and tests/rewards/test_verifiable_task.py
-REAL_RECIPES = [p for p in REAL_RECIPES if p.parent.name not in ("accelerate", "demo", "gold", "verifiable")]
+# recipes/gold, recipes/verifiable and recipes/tool_use read what their scripts generate: their recipes run end to end
+# in tests/recipes/test_gold_pipeline.py, tests/rewards/test_verifiable_task.py and tests/tool_use/
+REAL_RECIPES = [p for p in REAL_RECIPES
+                if p.parent.name not in ("accelerate", "demo", "gold", "verifiable", "tool_use")]
 
 
 def test_real_model_recipes_exist_for_each_trainer():

@@ -1,0 +1,226 @@
+"""The tool-use task (issue 33 §2): multi-turn RL with a tool in trl_ext.PPOTrainer, with and without the tool, for
+GAE (a value model across the turns), RLOO and GRPO, measured by held-out exact match.
+
+Task (recipes/tool_use/README.md): ``"What is 48213 + 90577?"``, sums of two five-digit numbers, which a tiny Llama
+(hidden 64, 2 layers) cannot add after a short SFT but can copy into an ``add(a, b)`` tool call and back out of the
+tool's result. The pipeline, in this process: data and base model (recipes/tool_use/make_data.py); two SFT warm
+starts on the same 2000 problems (recipes/tool_use/sft_tools.yaml: transcripts that call the tool;
+sft_no_tools.yaml: the answer at once); then RL from each SFT model with ``reward_funcs=[exact_match]``
+(recipes/tool_use/tool_task.py), with ``tools=[add]`` and ``max_tool_calling_iterations`` from the tool start and
+without tools from the no-tool start, for each estimator at the same number of episodes per update, seeds 0..2:
+
+* GAE with a value model (from the SFT model with a fresh scalar head): advantages over the action tokens only;
+* RLOO k=4 and GRPO k=4 (KL in the loss, k3), the group's prompts x 4 samples.
+
+Exact match is measured on the 200 held-out problems, greedy, each a whole episode (recipes/tool_use/evaluate.py),
+after SFT and after RL.
+
+    python benchmarks/tool_use.py              # RL_UPDATES updates x 3 estimators x {tools, no tools} x 3 seeds
+    python benchmarks/tool_use.py --quick      # 5 updates, 1 seed
+
+Writes benchmarks/results/tool_use.json (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import shutil
+import statistics
+import sys
+import time
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _common import (REPO, RESULTS, fresh_workdir, load_average, print_table, quiet_timed, setup_env,  # noqa: E402
+                     study_cells, write_result)
+
+TASK = REPO / "recipes" / "tool_use"
+sys.path.insert(0, str(TASK))
+
+K = 4
+EPISODES_PER_UPDATE = 32
+RL_UPDATES = 20
+ESTIMATORS = {
+    "GAE (value model)": {"advantage_estimator": "gae"},
+    f"RLOO k={K}": {"advantage_estimator": "rloo", "num_samples_per_prompt": K},
+    f"GRPO k={K} (KL in loss)": {"advantage_estimator": "grpo", "num_samples_per_prompt": K, "kl_in": "loss"},
+}
+#: The variants: each estimator with the tool (from the tool SFT model) and without (from the no-tool SFT model).
+VARIANTS = {f"{name}, {'tools' if tools else 'no tools'}": {**est, "tools": tools}
+            for name, est in ESTIMATORS.items() for tools in (True, False)}
+#: The RL settings every run shares (recipes/tool_use/{gae,rloo,grpo}{_tools,_no_tools}.yaml carry the same).
+RL_SETTINGS = dict(  # noqa: C408 - keyword form: these are PPOConfig's keywords
+    per_device_train_batch_size=EPISODES_PER_UPDATE, gradient_accumulation_steps=1, num_mini_batches=1,
+    num_ppo_epochs=2, learning_rate=3e-4, lr_scheduler_type="constant", stop_token="eos", temperature=1.0,
+    kl_coef=0.01, local_rollout_forward_batch_size=EPISODES_PER_UPDATE,
+)
+#: Per start: the episode's token budget (with the tool: call, result, answer) and the tool-calling rounds.
+WITH_TOOLS = {"response_length": 72, "max_tool_calling_iterations": 2}
+WITHOUT_TOOLS = {"response_length": 16}
+
+
+def sft(work: Path, *, train: int | None = None, heldout: int | None = None, max_steps: int | None = None) -> float:
+    """Data and base model (make_data), then both SFT recipes in this process (``<work>/sft_tools``,
+    ``<work>/sft_no_tools``; console output in ``<work>/sft_*.log``). Returns the seconds SFT took."""
+    from make_data import make_data
+
+    from trl_ext.recipe_loader import resolve_recipe
+    from trl_ext.recipe_loader.pipeline import run
+
+    sizes = {k: v for k, v in (("train", train), ("heldout", heldout)) if v is not None}
+    make_data(work, **sizes)
+    start = time.perf_counter()
+    for name in ("sft_tools", "sft_no_tools"):
+        argv = ["--model_name_or_path", str(work / "base"), "--dataset_name", str(work / "data" / f"{name}.jsonl"),
+                "--output_dir", str(work / name), "--disable_tqdm", "true"]
+        if max_steps is not None:
+            argv += ["--max_steps", str(max_steps)]
+        with open(work / f"{name}.log", "w") as log, redirect_stdout(log), redirect_stderr(log):
+            run(resolve_recipe(TASK / f"{name}.yaml", argv))
+    return time.perf_counter() - start
+
+
+def rl_dataset(rows: list[dict]):
+    """The RL prompts: ``prompt`` (chat messages; the trainer renders them, with the tools' schemas when it has
+    tools) and ``answer``, which the reward function reads."""
+    from datasets import Dataset
+
+    return Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
+
+
+def make_rl_trainer(sft_dir: Path, train_rows: list[dict], out: Path, *, updates: int, seed: int, variant: dict,
+                    **overrides):
+    """A trl_ext.PPOTrainer from ``sft_dir`` with ``reward_funcs=[exact_match]``, no reward model, and
+    ``tools=[add]`` when ``variant["tools"]``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    import trl_ext
+    from tool_task import TOOLS, exact_match
+
+    variant = dict(variant)
+    tools = variant.pop("tools")
+    tokenizer = AutoTokenizer.from_pretrained(sft_dir, padding_side="left")
+    torch.manual_seed(seed)
+    policy = AutoModelForCausalLM.from_pretrained(sft_dir)
+    value = None
+    if variant.get("advantage_estimator", "gae") == "gae":
+        value = AutoModelForSequenceClassification.from_pretrained(sft_dir, num_labels=1)
+    settings = {**RL_SETTINGS, **(WITH_TOOLS if tools else WITHOUT_TOOLS), **variant, **overrides}
+    args = trl_ext.PPOConfig(output_dir=str(out), total_episodes=updates * settings["per_device_train_batch_size"],
+                             seed=seed, use_cpu=True, report_to="none", logging_steps=1, save_strategy="no",
+                             num_sample_generations=0, disable_tqdm=True, **settings)
+    return trl_ext.PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=copy.deepcopy(policy),
+                              reward_model=None, train_dataset=rl_dataset(train_rows), value_model=value,
+                              reward_funcs=[exact_match], tools=TOOLS if tools else None)
+
+
+def logged(trainer, key: str) -> list[float]:
+    return [h[key] for h in trainer.state.log_history if key in h]
+
+
+def held_out(model_dir_or_model, tokenizer, rows, tools: bool, iterations: int | None = None) -> dict:
+    """Greedy held-out exact match and tool-call rate (recipes/tool_use/evaluate.py)."""
+    from evaluate import accuracy
+    from transformers import AutoModelForCausalLM
+
+    model = model_dir_or_model
+    if isinstance(model, (str, Path)):
+        model = AutoModelForCausalLM.from_pretrained(model)
+    iterations = iterations if iterations is not None else WITH_TOOLS["max_tool_calling_iterations"]
+    return accuracy(model, tokenizer, rows, tools=tools, max_tool_calling_iterations=iterations,
+                    response_length=(WITH_TOOLS if tools else WITHOUT_TOOLS)["response_length"])
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="5 updates, one seed")
+    p.add_argument("--updates", type=int, default=None, help=f"RL updates per run (default {RL_UPDATES}, quick 5)")
+    p.add_argument("--seeds", type=int, default=None, help="training seeds per variant (default 3, quick 1)")
+    p.add_argument("--only", nargs="*", default=None, help="run only these variants (names as in the table)")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="PPOConfig overrides (YAML values)")
+    p.add_argument("--sft-dir", default=None, help="reuse a finished run's folder (data/, sft_tools/, sft_no_tools/)")
+    p.add_argument("--sft-steps", type=int, default=None, help="SFT steps (default: the recipes')")
+    p.add_argument("--train", type=int, default=None, help="training problems (default: make_data's)")
+    p.add_argument("--heldout", type=int, default=None, help="held-out problems (default: make_data's)")
+    p.add_argument("--workdir", default=str(RESULTS / "tool_use_runs"), help="where data and models are written")
+    p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/tool_use.json)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    updates = a.updates or (5 if a.quick else RL_UPDATES)
+    seeds = list(range(a.seeds or (1 if a.quick else 3)))
+    setup_env(threads=1)
+    import yaml
+    from evaluate import read_jsonl
+    from transformers import AutoTokenizer
+
+    started = time.perf_counter()
+    if a.sft_dir:
+        work, sft_seconds = Path(a.sft_dir), 0.0
+    else:
+        work = fresh_workdir(a.workdir, create=True)
+        sft_seconds = sft(work, train=a.train, heldout=a.heldout, max_steps=a.sft_steps)
+    overrides = {kv.split("=", 1)[0]: yaml.safe_load(kv.split("=", 1)[1]) for kv in a.set}
+    tokenizer = AutoTokenizer.from_pretrained(work / "sft_tools")
+    heldout, train_rows = read_jsonl(work / "data" / "heldout.jsonl"), read_jsonl(work / "data" / "train.jsonl")
+    starts = {True: held_out(work / "sft_tools", tokenizer, heldout, True),
+              False: held_out(work / "sft_no_tools", tokenizer, heldout, False)}
+    print(f"after SFT ({sft_seconds:.0f} s): with tools {starts[True]}, without {starts[False]}", flush=True)
+
+    runs = {}
+    for seed, name, variant in study_cells(seeds, VARIANTS, a.only):
+        tools = variant["tools"]
+        run = runs.setdefault(name, {"settings": {**RL_SETTINGS, **(WITH_TOOLS if tools else WITHOUT_TOOLS),
+                                                  **variant, **overrides}, "seeds": []})
+        out = work / f"rl-{variant['advantage_estimator']}-{'tools' if tools else 'no_tools'}-seed{seed}"
+        trainer = make_rl_trainer(work / ("sft_tools" if tools else "sft_no_tools"), train_rows, out,
+                                  updates=updates, seed=seed, variant=variant, **overrides)
+        _, seconds = quiet_timed(trainer.train, f"{out}.log")
+        end = held_out(trainer.model.policy, tokenizer, heldout, tools,
+                       trainer.args.max_tool_calling_iterations if tools else None)
+        run["seeds"].append({"seed": seed, "seconds": seconds, "start": starts[tools], "end": end,
+                             "reward": logged(trainer, "reward"), "kl": logged(trainer, "objective/kl"),
+                             "tool_calls": logged(trainer, "tools/call_frequency")})
+        print(f"{name} seed {seed}: {seconds:.0f} s, held-out exact match {starts[tools]['exact_match']:.3f} -> "
+              f"{end['exact_match']:.3f}", flush=True)
+        del trainer
+        shutil.rmtree(out, ignore_errors=True)
+        write_result("tool_use", {"updates": updates, "seeds": seeds}, {"sft": starts, "runs": runs}, out=a.out)
+
+    total = time.perf_counter() - started
+    report(starts, runs)
+    settings = {"quick": a.quick, "updates": updates, "seeds": seeds, "k": K, "episodes_per_update":
+                EPISODES_PER_UPDATE, "rl": RL_SETTINGS, "with_tools": WITH_TOOLS, "without_tools": WITHOUT_TOOLS,
+                "overrides": overrides, "seconds": {"total": total, "sft": sft_seconds}}
+    write_result("tool_use", settings, {"sft": {str(k): v for k, v in starts.items()}, "runs": runs}, out=a.out)
+    print(f"total {total:.0f} s; load average now {load_average()}")
+    return 0
+
+
+def _mean(xs) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs)
+
+
+def report(starts, runs) -> None:
+    headers = ["start -> RL", "seeds", "held-out exact match: mean ± sd (per seed)", "tool-call rate", "train reward,"
+               " last 5", "s per run"]
+    table = [[f"SFT {'with' if t else 'without'} tools", "-", f"{starts[t]['exact_match']:.3f}",
+              f"{starts[t]['tool_calls']:.2f}", "-", "-"] for t in (True, False)]
+    for name, run in runs.items():
+        ends = [r["end"]["exact_match"] for r in run["seeds"]]
+        sd = statistics.stdev(ends) if len(ends) > 1 else 0.0
+        table.append([f"RL: {name}", len(ends), f"{_mean(ends):.3f} ± {sd:.3f} ({' / '.join(f'{e:.3f}' for e in ends)})",
+                      f"{_mean(r['end']['tool_calls'] for r in run['seeds']):.2f}",
+                      _mean(_mean(r["reward"][-5:]) for r in run["seeds"]), _mean(r["seconds"] for r in run["seeds"])])
+    print_table(headers, table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
