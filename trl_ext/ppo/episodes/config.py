@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ...config_rules import help_from_docstring
 
@@ -30,9 +30,9 @@ class ToolArgs:
             its worker); environment methods always run in the training process (their state lives there).
     """
 
-    max_tool_calling_iterations: int | None = field(
-        default=None, metadata={"range": "[1, inf)"})
-    tool_timeout_s: float | None = field(default=30.0, metadata={"range": "(0, inf)"})
+    # ranges: trl_ext.config_rules.RANGES
+    max_tool_calling_iterations: int | None = None
+    tool_timeout_s: float | None = 30.0
     tool_num_workers: int = 0
 
     def __post_init__(self):
