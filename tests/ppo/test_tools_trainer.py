@@ -130,9 +130,18 @@ def first_rollout(ppo):
     {},
     {"advantage_estimator": "grpo", "num_samples_per_prompt": 2, "kl_in": "loss", "entropy_coef": 0.01,
      "loss_aggregation": "global_token_mean"},
-], ids=["gae", "grpo-kl-in-loss-entropy"])
+    {"advantage_estimator": "rloo", "num_samples_per_prompt": 2, "rollout_engine": "continuous_batching",
+     "peft": True},
+], ids=["gae", "grpo-kl-in-loss-entropy", "rloo-engine-lora"])
 def test_observation_tokens_are_in_no_loss_term_by_gradients(models, tmp_path, settings):
-    ppo = trainer(models, tmp_path, args=settings)
+    settings = dict(settings)
+    extra = {}
+    if settings.pop("peft", False):
+        from peft import LoraConfig
+
+        extra["peft_config"] = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                          task_type="CAUSAL_LM")
+    ppo = trainer(models, tmp_path, args=settings, **extra)
     rollout, kl_coef = first_rollout(ppo)
     obs = rollout.observation_mask
     assert obs is not None and obs.any(), "the model called no tool: the test needs one"
@@ -319,3 +328,27 @@ def test_with_tools_never_called_every_number_is_the_single_turn_runs(models, tm
 
     assert numbers(with_tools.state.log_history) == numbers(without.state.log_history)
 
+
+
+def test_trls_grpo_trainer_takes_the_same_tools_and_environment_and_renders_alike(models, tmp_path):
+    """The objects a TRL user has run with GRPOTrainer unchanged: TRL renders the prompts and the tool results into
+    the same tokens as ours, and trains with the same environment class for a step."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    root, tok = models
+    grpo_args = GRPOConfig(output_dir=str(tmp_path / "grpo"), use_cpu=True, bf16=False, per_device_train_batch_size=2,
+                           num_generations=2, max_completion_length=64, max_steps=1, report_to="none",
+                           logging_steps=1, temperature=0.3, save_strategy="no")
+    grpo = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(root / "caller"), processing_class=tok,
+                       reward_funcs=[exact], args=grpo_args, train_dataset=prompts_dataset(),
+                       environment_factory=AddEnv)
+    grpo.train()
+    assert "tools/call_frequency" in grpo.state.log_history[0] and "rewards/AddEnv/mean" in grpo.state.log_history[0]
+    ours = trainer(models, tmp_path, tools=None, environment_factory=AddEnv, reward_funcs=[exact])
+    box = ours.multi_turn.toolbox
+    prompts = [row["prompt"] for row in prompts_dataset()]
+    box.start_batch([{"prompt": p} for p in prompts], prompts)
+    grpo._batch_environments = [None] * len(prompts)
+    assert grpo._tokenize_prompts(prompts)[0] == [box.render_prompt(p, i) for i, p in enumerate(prompts)]
+    results = [{"role": "tool", "name": "add", "content": "5"}, {"role": "tool", "name": "add", "content": "7"}]
+    assert grpo._get_tool_suffix_ids(results) == box.tool_suffix_ids(results)

@@ -175,6 +175,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, ParentFixesMixin, PPOChe
         toolbox = None
         if tools or environment_factory:  # multi-turn episodes (trl_ext/ppo/episodes): TRL's contract
             toolbox = Toolbox.for_trainer(tools, environment_factory, processing_class, args, train_dataset)
+            train_dataset = toolbox.render_dataset(train_dataset)  # prompt lengths with the tools' schema
             reward_funcs = toolbox.with_environment_rewards(reward_funcs)
         reward_model, data_collator, reward_list = prepare_reward_funcs(
             args, processing_class, reward_model, reward_funcs, data_collator,
@@ -236,6 +237,10 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, ParentFixesMixin, PPOChe
         self.dynamic_sampling = (DynamicSampling(args, self.accelerator, processing_class.pad_token_id)
                                  if args.dynamic_sampling else None)
         self.multi_turn = MultiTurnRollout(toolbox, args, processing_class) if toolbox is not None else None
+        if self.multi_turn is not None:
+            self.multi_turn.check_launch(self)
+            if self.rollout_engine is not None:
+                self.multi_turn.engine_prompt_length = self.rollout_engine.plan.prompt_length
         self.prompt_iterator = None
         self._resumed_dataloader_stack = None
         self._update_start_state = None

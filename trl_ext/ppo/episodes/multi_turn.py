@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...errors import UserInputError
 from .tool_calls import ToolCallCounts, ToolExecutor
 from .toolbox import Toolbox
 
@@ -126,9 +127,24 @@ class MultiTurnRollout:
         self.eos_token_id = processing_class.eos_token_id
         self.executor = ToolExecutor(toolbox.standalone_tools, args.tool_timeout_s, args.tool_num_workers)
         self.prompt_ids: list[list[int]] = []
+        self.engine_prompt_length: int | None = None
+        """With the continuous-batching engine: the prompt length its cache was sized for (set by the trainer)."""
 
     def close(self) -> None:
         self.executor.close()
+
+    @staticmethod
+    def check_launch(trainer) -> None:
+        """Each process runs its own turns, so the number of ``generate`` calls differs between processes: refused
+        where a forward pass is collective (FSDP; ZeRO-3 without ``ds3_gather_for_generation``)."""
+        from ...runtime.engines import zero3_enabled
+
+        if getattr(trainer, "is_fsdp_enabled", False):
+            raise UserInputError("tools: not supported under FSDP (each process runs its own number of turns, and "
+                                 "FSDP's forward passes need every process); use DDP or DeepSpeed")
+        if zero3_enabled(trainer.accelerator) and not trainer.args.ds3_gather_for_generation:
+            raise UserInputError("ds3_gather_for_generation: false with tools under ZeRO-3 (each process runs its "
+                                 "own number of turns, and sharded generation needs every process); set it to true")
 
     def begin(self, data: dict) -> dict:
         """The prompt batch with each row's environment reset and its prompt rendered with its tools: new left-padded
@@ -138,6 +154,12 @@ class MultiTurnRollout:
         rows = [{k: v[i] for k, v in columns.items()} for i in range(n)]
         prompts = self.toolbox.start_batch(rows, data["prompt"])
         self.prompt_ids = [self.toolbox.render_prompt(prompt, i) for i, prompt in enumerate(prompts)]
+        longest = max(map(len, self.prompt_ids))
+        if self.engine_prompt_length is not None and longest > self.engine_prompt_length:
+            raise UserInputError(
+                f"rollout_engine: a prompt of {longest} tokens (with its environment's reset text) is longer than the "
+                f"{self.engine_prompt_length} the continuous-batching cache was sized for (the longest dataset prompt "
+                "with its tools); use rollout_engine: generate, or shorter reset text")
         return {**data, "prompt": prompts, "input_ids": left_pad(self.prompt_ids, self.pad_token_id,
                                                                  data["input_ids"])}
 

@@ -108,6 +108,20 @@ class Toolbox:
             funcs = [reward_funcs]
         return funcs + self.reward_functions()[0]
 
+    def render_dataset(self, dataset):
+        """``dataset`` with ``input_ids`` = each row's prompt rendered with its tools (its environment's, by the
+        ``environment`` column): the lengths the trainer plans memory and the engine's cache with. ``reset`` text is
+        not known before an episode starts (checked then, :meth:`MultiTurnRollout.begin`)."""
+        def render(row):
+            name = row.get("environment") if self.multi_environment else None
+            tools = self.env_tools[name] if self.factories is not None else self.tools
+            ids = self.processing_class.apply_chat_template(
+                row["prompt"], tools=tools or None, chat_template=self.chat_template, add_generation_prompt=True,
+                tokenize=True, return_dict=True, **self.chat_template_kwargs)["input_ids"]
+            return {"input_ids": list(ids)}
+
+        return dataset.map(render)
+
     def _check_template(self, processing_class):
         """TRL's checks and setup of the tokenizer; returns the template to render with (None: the tokenizer's)."""
         from trl.chat_template_utils import (
