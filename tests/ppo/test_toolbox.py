@@ -117,3 +117,17 @@ def test_tool_suffix_is_what_the_template_renders_after_a_tool_call(tok):
     box = Toolbox([add], None, tok)
     suffix = box.tool_suffix_ids([{"role": "tool", "name": "add", "content": "5"}])
     assert tok.decode(suffix) == "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_launches_where_turns_cannot_differ_between_processes_are_refused():
+    from types import SimpleNamespace
+
+    from trl_ext.ppo.episodes.multi_turn import MultiTurnRollout
+
+    class Accelerator:
+        distributed_type = "MULTI_CPU"
+
+    fsdp = SimpleNamespace(is_fsdp_enabled=True, accelerator=Accelerator(), args=None)
+    with pytest.raises(UserInputError, match="tools: not supported under FSDP"):
+        MultiTurnRollout.check_launch(fsdp)
+    MultiTurnRollout.check_launch(SimpleNamespace(is_fsdp_enabled=False, accelerator=Accelerator(), args=None))

@@ -198,6 +198,8 @@ def test_episodes_follow_trls_contract_and_metrics_count_them(models, tmp_path):
     turns = [sum(m["role"] == "assistant" for m in c) for c in completions]
     assert metrics["episodes/turns_mean"] == pytest.approx(np.mean(turns))
     assert metrics["tools/failure_frequency"] == 0 and metrics["tools/timeout_frequency"] == 0
+    assert metrics["completions/mean_length"] == metrics["episodes/action_tokens_mean"]  # TRL: the model's tokens
+    assert metrics["episodes/observation_tokens_mean"] > 0
     import json
 
     rows = [json.loads(line) for line in open(tmp_path / "out" / "completions.jsonl")]

@@ -7,7 +7,8 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
 
 1. ``next_prompt_batch()``: the next batch of prompts from ``self.prompt_iterator``.
 2. ``generate_rollouts(queries) -> Rollout``: sample responses and their log-probs (torch RNG), the log-probs taken
-   as the tokens are sampled (:mod:`trl_ext.ppo.rollout.logprobs`).
+   as the tokens are sampled (:mod:`trl_ext.ppo.rollout.logprobs`), each turn by ``sample_turn``; with ``tools``, a
+   multi-turn episode per prompt (:mod:`trl_ext.ppo.episodes`).
 3. ``score_rollouts(rollout)``: reference log-probs (``compute_ref_logprobs``), values (``compute_values``),
    truncation at the stop token (``postprocess_responses``), scores (``compute_scores``), padding masks.
    Then ``check_finite("objective/scores", ...)`` and ``clip_scores`` (``reward_clip``); ``sample_and_score(data)``
@@ -20,8 +21,8 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
 6. ``optimize(rollout) -> UpdateStats``: PPO epochs (numpy permutation per epoch) over mini/micro-batches;
    each micro-batch calls ``compute_micro_batch_loss`` (policy, value and joint ptx losses from
    :mod:`trl_ext.ppo.objective.losses`); separate ptx steps go through ``ptx_step``.
-7. ``update_metrics(...) -> dict`` and ``log_update(metrics)``: TRL's metrics plus ours, then the KL controller
-   (``self.kl_ctl``) updates from the update's ``objective/kl``.
+7. ``update_metrics(...) -> dict`` and ``log_update(metrics)`` (:mod:`trl_ext.ppo.update_metrics`): TRL's metrics
+   plus ours, then the KL controller (``self.kl_ctl``) updates from the update's ``objective/kl``.
 8. Callbacks, sample generations, then the checkpoint if one is due (``save_extra_checkpoint_files`` adds the value
    model and the trl-ext state; ``load_checkpoint`` restores them on ``train(resume_from_checkpoint=...)``).
 
@@ -29,7 +30,8 @@ Each extension is one object, built once from the config by ``build_features`` (
 steps above: ``reward_scoring`` (:class:`~trl_ext.ppo.rollout.reward_funcs.RewardFunctionScoring`), ``critic_free``
 (:class:`~trl_ext.ppo.objective.critic_free.CriticFree`), ``dynamic_sampling``
 (:class:`~trl_ext.ppo.rollout.dynamic_sampling.DynamicSampling`), ``ptx`` (:class:`~trl_ext.ppo.ptx_data.PretrainingMix`),
-``completions_log`` (:class:`~trl_ext.ppo.completions_log.CompletionsLog`). Per-step values (the update's KL
+``completions_log`` (:class:`~trl_ext.ppo.completions_log.CompletionsLog`), ``multi_turn``
+(:class:`~trl_ext.ppo.episodes.multi_turn.MultiTurnRollout`, with ``tools``/``environment_factory``). Per-step values (the update's KL
 coefficient, a mini-batch's token normaliser) travel as arguments, not on the ``Rollout``. The sampling and scoring
 steps are in :mod:`trl_ext.ppo.rollout.steps`, the parent's fixes in :mod:`trl_ext.ppo.parent_fixes`.
 

@@ -159,7 +159,10 @@ class RewardFunctionScoring:
 
     def metrics(self, rollout) -> dict:
         """The reward-function metrics of the update (:mod:`trl_ext.rewards.metrics`)."""
-        return reward_metrics(rollout.reward_scores, rollout.sequence_lengths, rollout.contain_eos_token,
+        sequence_lengths = rollout.sequence_lengths
+        if rollout.observation_mask is not None:  # tools: TRL counts the model's tokens only (its `tool_mask`)
+            sequence_lengths = (~rollout.padding_mask).sum(1) - 1
+        return reward_metrics(rollout.reward_scores, sequence_lengths, rollout.contain_eos_token,
                               self.num_samples_per_prompt, self.gather, with_workers=self.scorer.pool is not None)
 
     def close(self) -> None:
