@@ -104,6 +104,8 @@ RANGES: dict[str, str] = {
     "num_samples_per_prompt": "[1, inf)",
     "max_memory_gib": "(0, inf)",
     "reward_timeout_s": "(0, inf)",
+    "max_tool_calling_iterations": "[1, inf)",  # trl_ext.ppo.episodes.config
+    "tool_timeout_s": "(0, inf)",
     "max_consecutive_nonfinite_skips": "[1, inf)",
     # local_rollout_forward_batch_size (an int or "auto") is checked by its own argparse type,
     # trl_ext.ppo.rollout.chunk.rollout_chunk_value

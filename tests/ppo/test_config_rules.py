@@ -58,6 +58,9 @@ CASES = [
     (dict(max_memory_gib=0.0), "max_memory_gib"),
     (dict(reward_num_workers=-1), "reward_num_workers"),
     (dict(reward_timeout_s=0.0, reward_num_workers=1), "reward_timeout_s"),
+    (dict(max_tool_calling_iterations=0), "max_tool_calling_iterations"),
+    (dict(tool_timeout_s=0.0), "tool_timeout_s"),
+    (dict(tool_num_workers=-1), "tool_num_workers"),
     (dict(num_completions_to_print=-1), "num_completions_to_print"),
     (dict(max_consecutive_nonfinite_skips=0), "max_consecutive_nonfinite_skips"),
     # choices (the Literal of each field)

@@ -5,7 +5,8 @@ One row per completion (all processes gathered): ``step``, ``prompt``, ``complet
 where it said None, timed out or failed), ``score`` (the weighted sum, or the reward model's score without
 ``reward_funcs``; before ``missing_eos_penalty`` and ``reward_clip``), ``advantage`` (the mean advantage over the
 response's tokens: for ``rloo``/``grpo`` the sequence's advantage itself) and the columns reward functions added with
-``log_extra``. The main process appends the rows to ``<output_dir>/completions.jsonl``, logs them to wandb as a
+``log_extra``; with ``tools``, ``episode``: the episode's text, tool results between ``[observation]`` and
+``[/observation]``. The main process appends the rows to ``<output_dir>/completions.jsonl``, logs them to wandb as a
 ``wandb.Table`` named ``completions`` (when wandb is in ``report_to`` and a run is active) and prints
 the first ``num_completions_to_print`` of them (default 4: the console stays readable; the file and table get all).
 """
@@ -64,9 +65,12 @@ class CompletionsLog:
             penalty = self.args.missing_eos_penalty
             if penalty is not None:  # undo the penalty: the reward model's own score
                 score = [s + penalty * (not eos) for s, eos in zip(score, rollout.contain_eos_token.tolist())]
+        episodes = rollout.episodes.marked_texts(self.tokenizer) if rollout.episodes is not None else None
         rows = []
         for j in range(len(completions)):
             row = {"step": step, "prompt": prompts[j], "completion": completions[j]}
+            if episodes is not None:  # tools: the whole episode, observation spans marked
+                row["episode"] = episodes[j]
             row.update({name: values[j] for name, values in rewards.items()})
             row["score"] = score[j]
             row["advantage"] = advantages[j]

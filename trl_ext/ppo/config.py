@@ -10,6 +10,7 @@ from ..runtime.nonfinite import NonFinitePolicyArgs
 from .objective.advantages import AdvantageEstimator
 from .base import ParentPPOConfig
 from .config_rules import check_combinations, check_launch
+from .episodes.config import ToolArgs
 from .micro_batches import micro_batch_value
 from .model_ids import ModelInitArgs
 from .objective.kl_controllers import KLControllerName
@@ -26,7 +27,7 @@ PTX_MODES, KL_IN = get_args(PTXMode), get_args(KLIn)
 
 @help_from_docstring
 @dataclass
-class PPOConfig(EngineOnCPUArgsMixin, RewardFunctionArgs, ModelInitArgs, PromptArgs, NonFinitePolicyArgs,
+class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArgs, PromptArgs, NonFinitePolicyArgs,
                 ParentPPOConfig):
     r"""Configuration for [`trl_ext.PPOTrainer`]: every field of TRL 1.12's `experimental.ppo.PPOConfig` (TRL's class
     on TRL 1.10-1.12, trl-ext's copy from 1.13 on, see :mod:`trl_ext.ppo.base`), plus the extensions below (all of

@@ -34,13 +34,13 @@ class TrainerInputs(NamedTuple):
 
 
 def grpo_inputs(args, processing_class, model, ref_model, reward_model, value_model, reward_funcs, train_dataset,
-                eval_dataset) -> TrainerInputs:
+                eval_dataset, multi_turn: bool = False) -> TrainerInputs:
     """The trainer's inputs with GRPOTrainer's forms resolved: a ``PPOConfig``, loaded models and tokenizer,
-    tokenized datasets."""
+    tokenized datasets (the other columns kept for reward functions, and for tools: ``multi_turn``)."""
     args = ppo_config_from(args)
     processing_class, model, ref_model, reward_model, value_model, reward_funcs = load_model_ids(
         args, processing_class, model, ref_model, reward_model, value_model, reward_funcs)
     train_dataset, eval_dataset = prepare_prompt_datasets(args, processing_class, train_dataset, eval_dataset,
-                                                          keep_columns=reward_funcs is not None)
+                                                          keep_columns=reward_funcs is not None or multi_turn)
     return TrainerInputs(args, processing_class, model, ref_model, reward_model, value_model, reward_funcs,
                          train_dataset, eval_dataset)

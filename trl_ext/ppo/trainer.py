@@ -7,7 +7,8 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
 
 1. ``next_prompt_batch()``: the next batch of prompts from ``self.prompt_iterator``.
 2. ``generate_rollouts(queries) -> Rollout``: sample responses and their log-probs (torch RNG), the log-probs taken
-   as the tokens are sampled (:mod:`trl_ext.ppo.rollout.logprobs`).
+   as the tokens are sampled (:mod:`trl_ext.ppo.rollout.logprobs`), each turn by ``sample_turn``; with ``tools``, a
+   multi-turn episode per prompt (:mod:`trl_ext.ppo.episodes`).
 3. ``score_rollouts(rollout)``: reference log-probs (``compute_ref_logprobs``), values (``compute_values``),
    truncation at the stop token (``postprocess_responses``), scores (``compute_scores``), padding masks.
    Then ``check_finite("objective/scores", ...)`` and ``clip_scores`` (``reward_clip``); ``sample_and_score(data)``
@@ -20,8 +21,8 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
 6. ``optimize(rollout) -> UpdateStats``: PPO epochs (numpy permutation per epoch) over mini/micro-batches;
    each micro-batch calls ``compute_micro_batch_loss`` (policy, value and joint ptx losses from
    :mod:`trl_ext.ppo.objective.losses`); separate ptx steps go through ``ptx_step``.
-7. ``update_metrics(...) -> dict`` and ``log_update(metrics)``: TRL's metrics plus ours, then the KL controller
-   (``self.kl_ctl``) updates from the update's ``objective/kl``.
+7. ``update_metrics(...) -> dict`` and ``log_update(metrics)`` (:mod:`trl_ext.ppo.update_metrics`): TRL's metrics
+   plus ours, then the KL controller (``self.kl_ctl``) updates from the update's ``objective/kl``.
 8. Callbacks, sample generations, then the checkpoint if one is due (``save_extra_checkpoint_files`` adds the value
    model and the trl-ext state; ``load_checkpoint`` restores them on ``train(resume_from_checkpoint=...)``).
 
@@ -29,7 +30,8 @@ Each extension is one object, built once from the config by ``build_features`` (
 steps above: ``reward_scoring`` (:class:`~trl_ext.ppo.rollout.reward_funcs.RewardFunctionScoring`), ``critic_free``
 (:class:`~trl_ext.ppo.objective.critic_free.CriticFree`), ``dynamic_sampling``
 (:class:`~trl_ext.ppo.rollout.dynamic_sampling.DynamicSampling`), ``ptx`` (:class:`~trl_ext.ppo.ptx_data.PretrainingMix`),
-``completions_log`` (:class:`~trl_ext.ppo.completions_log.CompletionsLog`). Per-step values (the update's KL
+``completions_log`` (:class:`~trl_ext.ppo.completions_log.CompletionsLog`), ``multi_turn``
+(:class:`~trl_ext.ppo.episodes.multi_turn.MultiTurnRollout`, with ``tools``/``environment_factory``). Per-step values (the update's KL
 coefficient, a mini-batch's token normaliser) travel as arguments, not on the ``Rollout``. The sampling and scoring
 steps are in :mod:`trl_ext.ppo.rollout.steps`, the parent's fixes in :mod:`trl_ext.ppo.parent_fixes`.
 
@@ -57,10 +59,13 @@ from ..runtime.checkpoints import AtomicCheckpointMixin, latest_checkpoint, reso
 from ..runtime.devices import empty_cache, release_memory
 from ..runtime.interruption import raise_if_interrupted, watch_signals
 from ..runtime.nonfinite import Finding, NonFiniteError, StepGuard, count_nonfinite, guarded_optimizer_step
+from .objective.action_gae import gae_over_steps
 from .objective.advantages import gae_advantages
 from .base import OnlineTrainerState, ParentPPOTrainer
 from .checkpointing import VALUE_MODEL_DIR, PPOCheckpointMixin, ppo_state_file
 from .completions_log import CompletionsLog
+from .episodes.multi_turn import MultiTurnRollout
+from .episodes.toolbox import Toolbox
 from .config import PPOConfig
 from .config_rules import check_trainer_inputs
 from .objective.critic_free import CriticFree, check_value_model, group_prompts
@@ -69,7 +74,7 @@ from .rollout.dynamic_sampling import DynamicSampling
 from .objective.kl_controllers import KLController, build_kl_controller
 from .objective.losses import value_loss
 from .objective.masked_stats import masked_whiten
-from .objective.objectives import ObjectiveConfig, kl_penalty, mini_batch_token_normalizer, objective_metrics, rollout_objective
+from .objective.objectives import ObjectiveConfig, kl_penalty, mini_batch_token_normalizer, rollout_objective
 from .rollout.prompt_stream import PromptStream
 from .grpo_inputs import grpo_inputs
 from .micro_batches import optimize_in_micro_batches
@@ -83,12 +88,13 @@ from .rollout import MicroBatchOutput, Rollout, UpdateStats
 from .rollout.chunk import AUTO, resolve_auto_rollout_chunk
 from .rollout.steps import RolloutStepsMixin
 from .shared_base_roles import check_shared_base_roles
+from .update_metrics import UpdateMetricsMixin
 from .rollout.engine import build_rollout_engine
 from .rollout.sequences import INVALID_LOGPROB, forward
 
 __all__ = ["PPOConfig", "PPOTrainer", "VALUE_MODEL_DIR", "ppo_state_file"]
 
-class PPOTrainer(RolloutStepsMixin, ParentFixesMixin, PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
+class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, ParentFixesMixin, PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
     """TRL's PPO trainer (see :mod:`trl_ext.ppo.base`) with value-clip modes, KL controllers, PPO-ptx and steps.
 
     Takes every argument of TRL's trainer (same order), and GRPOTrainer's: a `GRPOConfig`, model ids or paths (then
@@ -109,6 +115,15 @@ class PPOTrainer(RolloutStepsMixin, ParentFixesMixin, PPOCheckpointMixin, Atomic
             reward model is the first reward. The score is `sum_i reward_weights[i] * r_i` over the rewards that did
             not return None; it then goes through the same pipeline as a reward model's score. Guide:
             `docs/reward-functions.md`.
+        tools (list of `callable`, *optional*):
+            TRL GRPOTrainer's tools: typed, docstring'd functions (sync or async) the model may call; each episode
+            then runs several turns (:mod:`trl_ext.ppo.episodes`), tool results masked out of every loss term and
+            GAE advancing over the policy's tokens only. The train dataset's `prompt` column must be chat messages
+            and the chat template must support tool calling. Guide: `docs/tools.md`.
+        environment_factory (`callable` or `dict[str, callable]`, *optional*):
+            TRL GRPOTrainer's environments: a callable returning an object whose public methods are tools, with
+            `reset(**row)` (its text, if any, appended to the last user message) and optionally `get_reward()` (an
+            extra reward of weight 1 named after the class); a dict chooses one per row by an `environment` column.
 
     `value_model` is None with a critic-free `args.advantage_estimator` (:mod:`trl_ext.ppo.objective.critic_free`).
     `reward_model` and `value_model` may be [`trl_ext.models.shared_base.SharedBaseScalarModel`]s made by
@@ -148,18 +163,26 @@ class PPOTrainer(RolloutStepsMixin, ParentFixesMixin, PPOCheckpointMixin, Atomic
         ptx_dataset=None,
         kl_controller: KLController | None = None,
         reward_funcs=None,
+        tools=None,
+        environment_factory=None,
     ) -> None:
         # GRPOTrainer's inputs: a GRPOConfig, model ids, `prompt` datasets (trl_ext/ppo/grpo_inputs.py)
         (args, processing_class, model, ref_model, reward_model, value_model, reward_funcs, train_dataset,
          eval_dataset) = grpo_inputs(args, processing_class, model, ref_model, reward_model, value_model, reward_funcs,
-                                     train_dataset, eval_dataset)
+                                     train_dataset, eval_dataset, multi_turn=bool(tools or environment_factory))
         if not isinstance(args, PPOConfig):
             raise UserInputError(f"args: expected a trl_ext.PPOConfig, got {type(args).__name__}")
         ptx_dataset = check_trainer_inputs(args, ptx_dataset, kl_controller)  # the trainer's own arguments
         value_model = check_value_model(args, value_model)  # critic-free: a stand-in without parameters
+        toolbox = None
+        if tools or environment_factory:  # multi-turn episodes (trl_ext/ppo/episodes): TRL's contract
+            toolbox = Toolbox.for_trainer(tools, environment_factory, processing_class, args, train_dataset)
+            train_dataset = toolbox.render_dataset(train_dataset)  # prompt lengths with the tools' schema
+            reward_funcs = toolbox.with_environment_rewards(reward_funcs)
         reward_model, data_collator, reward_list = prepare_reward_funcs(
             args, processing_class, reward_model, reward_funcs, data_collator,
-            getattr(train_dataset, "column_names", None))  # each function's signature against the columns
+            getattr(train_dataset, "column_names", None),  # each function's signature against the columns
+            extra_keywords=("environments",) if toolbox is not None and toolbox.factories else ())
         if peft_config is not None and isinstance(model, nn.Module):  # as the loaders and `trl-ext check` do
             check_lora_targets(model, peft_config)
         self.shared_base = check_shared_base_roles(model, reward_model, value_model, peft_config, args)
@@ -182,12 +205,13 @@ class PPOTrainer(RolloutStepsMixin, ParentFixesMixin, PPOCheckpointMixin, Atomic
             peft_config=peft_config,
         )
         args.kl_estimator = kl_estimator
-        self.build_features(reward_list, ptx_dataset, kl_controller)
+        self.build_features(reward_list, ptx_dataset, kl_controller, toolbox)
 
-    def build_features(self, reward_list, ptx_dataset, kl_controller: KLController | None) -> None:
+    def build_features(self, reward_list, ptx_dataset, kl_controller: KLController | None, toolbox=None) -> None:
         """After the parent's ``__init__``: each extension's one object, built once from the config (None when it is
         off): the objective's keys, reward-function scoring, the rollout chunk and engine, the KL controller, the
-        pretraining mix, critic-free advantages, the completions log, dynamic sampling, the NaN/inf guard."""
+        pretraining mix, critic-free advantages, the completions log, dynamic sampling, multi-turn episodes with
+        tools (``toolbox``: :class:`~trl_ext.ppo.episodes.toolbox.Toolbox`), the NaN/inf guard."""
         args, processing_class = self.args, self.processing_class
         self.objective = ObjectiveConfig.from_args(args)  # the loss keys of trl_ext.ppo.objective.objectives
         # Nothing below may touch the global torch/numpy RNGs: the parent left them exactly where its train() expects.
@@ -214,6 +238,11 @@ class PPOTrainer(RolloutStepsMixin, ParentFixesMixin, PPOCheckpointMixin, Atomic
                                 if args.log_completions else None)
         self.dynamic_sampling = (DynamicSampling(args, self.accelerator, processing_class.pad_token_id)
                                  if args.dynamic_sampling else None)
+        self.multi_turn = MultiTurnRollout(toolbox, args, processing_class) if toolbox is not None else None
+        if self.multi_turn is not None:
+            self.multi_turn.check_launch(self)
+            if self.rollout_engine is not None:
+                self.multi_turn.engine_prompt_length = self.rollout_engine.plan.prompt_length
         self.prompt_iterator = None
         self._resumed_dataloader_stack = None
         self._update_start_state = None
@@ -253,6 +282,8 @@ class PPOTrainer(RolloutStepsMixin, ParentFixesMixin, PPOCheckpointMixin, Atomic
             finally:
                 if self.reward_scoring is not None:
                     self.reward_scoring.close()  # the reward workers (restarted by the next train())
+                if self.multi_turn is not None:
+                    self.multi_turn.close()  # the tool workers (restarted by the next train())
             # HF trainer specifics
             self.control = self.callback_handler.on_train_end(args, self.state, self.control)
             if self.control.should_save:
@@ -347,6 +378,8 @@ class PPOTrainer(RolloutStepsMixin, ParentFixesMixin, PPOCheckpointMixin, Atomic
         """Steps 2 and 3 for one prompt batch (the update's, or a dynamic-sampling round's): `generate_rollouts`,
         `score_rollouts`, the NaN/inf check of the scores and `clip_scores`. Returns the rollout, whether its scores
         are finite (else the guard's `skip`) and `time.perf_counter()` when generation ended."""
+        if self.multi_turn is not None:  # tools: environments reset, prompts rendered with their tools
+            data = self.multi_turn.begin(data)
         if self.reward_scoring is not None:  # reward_funcs: prompts and dataset columns of this batch
             self.reward_scoring.begin(data, self.state)
         rollout = self.generate_rollouts(data["input_ids"].to(self.accelerator.device))
@@ -429,7 +462,11 @@ class PPOTrainer(RolloutStepsMixin, ParentFixesMixin, PPOCheckpointMixin, Atomic
             kl_coef = float(self.kl_ctl.value) if kl_coef is None else kl_coef
             self.critic_free.advantages(rollout, kl_coef)
         else:
-            advantages, returns = gae_advantages(rollout.rewards, rollout.values, self.args.gamma, self.args.lam)
+            if rollout.observation_mask is not None:  # tools: GAE over the action tokens (objective/action_gae.py)
+                advantages, returns = gae_over_steps(rollout.rewards, rollout.values, ~rollout.padding_mask_p1,
+                                                     self.args.gamma, self.args.lam)
+            else:
+                advantages, returns = gae_advantages(rollout.rewards, rollout.values, self.args.gamma, self.args.lam)
             advantages = masked_whiten(advantages, ~rollout.padding_mask)
             rollout.advantages = torch.masked_fill(advantages, rollout.padding_mask, 0)
             rollout.returns = returns
@@ -544,54 +581,3 @@ class PPOTrainer(RolloutStepsMixin, ParentFixesMixin, PPOCheckpointMixin, Atomic
         self.optimizer_step()
         self.optimizer.zero_grad()
         return lm_loss.detach()
-
-    # ------------------------------------------------------------------ logging
-
-    def update_metrics(self, rollout: Rollout, stats: UpdateStats, kl_coef: float, timings: dict) -> dict:
-        """TRL's metrics of one update (same names and formulas), plus `objective/kl_coef`, `loss/ptx_avg`, `time/*`."""
-        gather = self.accelerator.gather_for_metrics
-        padding_mask = rollout.padding_mask
-        mean_kl = rollout.kl.sum(1).mean()
-        # Mask padding positions, filled with INVALID_LOGPROB, else they'd drag the entropy negative
-        mean_entropy = ((-rollout.logprobs) * (~padding_mask).float()).sum(1).mean()
-        mean_non_score_reward = rollout.non_score_reward.sum(1).mean()
-        rlhf_reward = mean_non_score_reward + rollout.scores.mean()
-        metrics = {}
-        metrics["eps"] = int(self.state.episode / (time.time() - self.start_time))
-        metrics["objective/kl"] = gather(mean_kl).mean().item()
-        metrics["objective/entropy"] = gather(mean_entropy).mean().item()
-        metrics["objective/non_score_reward"] = gather(mean_non_score_reward).mean().item()
-        metrics["objective/rlhf_reward"] = gather(rlhf_reward).mean().item()
-        metrics["objective/scores"] = gather(rollout.scores.mean()).mean().item()
-        metrics["policy/approxkl_avg"] = gather(stats.approxkl).mean().item()
-        metrics["policy/clipfrac_avg"] = gather(stats.pg_clipfrac).mean().item()
-        metrics["loss/policy_avg"] = gather(stats.pg_loss).mean().item()
-        metrics["loss/value_avg"] = gather(stats.vf_loss).mean().item()
-        metrics["val/clipfrac_avg"] = gather(stats.vf_clipfrac).mean().item()
-        metrics["policy/entropy_avg"] = gather(stats.entropy).mean().item()
-        metrics["val/ratio"] = gather(stats.ratio).mean().item()
-        ratios = gather(stats.ratio)  # one value (one epoch, minibatch, micro-batch): no spread, 0 (TRL: NaN + warning)
-        metrics["val/ratio_var"] = ratios.var().item() if ratios.numel() > 1 else 0.0
-        metrics["val/num_eos_tokens"] = (rollout.responses == self.processing_class.eos_token_id).sum().item()
-        metrics["objective/kl_coef"] = kl_coef
-        if rollout.scores_clipfrac is not None:
-            metrics["objective/scores_clipfrac"] = gather(rollout.scores_clipfrac).mean().item()
-        if stats.ptx_losses:
-            metrics["loss/ptx_avg"] = gather(torch.stack(stats.ptx_losses).mean()).mean().item()
-        metrics.update(objective_metrics(rollout, stats, self.objective, self.accelerator))
-        if self.args.critic_free:
-            self.critic_free.metrics(metrics, rollout, stats)
-        if self.reward_scoring is not None:  # reward_funcs: rewards/*, reward, completions/*
-            metrics.update(self.reward_scoring.metrics(rollout))
-        metrics.update(timings)
-        metrics.update(self.step_guard.metrics())  # nonfinite/*: only under `skip` or fp16's loss scaler
-        metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
-        metrics["episode"] = self.state.episode
-        return metrics
-
-    def log_update(self, metrics: dict) -> None:
-        """Advance the step counters, log `metrics`, then let the KL controller see this update's KL."""
-        self.state.epoch = self.state.episode / self.train_dataset_len  # used by self.log
-        self.state.global_step += 1
-        self.log(metrics)
-        self.kl_ctl.update(metrics["objective/kl"], self.args.batch_size)

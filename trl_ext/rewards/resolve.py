@@ -297,7 +297,7 @@ def check_requirements(func, where: str) -> None:
                              f"{'s' if len(missing) > 1 else ''}, not installed ({install})")
 
 
-def check_reward_func(func, name: str, columns: Optional[list[str]]) -> None:
+def check_reward_func(func, name: str, columns: Optional[list[str]], extra_keywords=()) -> None:
     """Check ``func``'s signature against what the trainer passes it (see the module docstring).
 
     ``name`` names the entry in the message (e.g. ``"recipe: key 'reward_funcs' entry 1 'f.py:f'"``); ``columns``
@@ -315,7 +315,7 @@ def check_reward_func(func, name: str, columns: Optional[list[str]]) -> None:
         signature = inspect.signature(func)
     except (TypeError, ValueError):  # no Python signature to read (a builtin): the call will tell
         return
-    passed = list(TRAINER_KEYWORDS)
+    passed = list(TRAINER_KEYWORDS) + list(extra_keywords)  # extra: `environments` in a run with environments
     if columns is not None:  # the columns the trainer passes (contract.keyword_columns: not prompt, input_ids, ...)
         passed += [c for c in keyword_columns({c: None for c in columns}) if c not in passed]
     params = signature.parameters

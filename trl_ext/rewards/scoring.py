@@ -116,6 +116,7 @@ class RewardScorer:
             self.pool = RewardWorkerPool([rewards[i] for i in self.func_indices], num_workers, timeout_s)
         self._prompts, self._columns, self._pending, self._state = [], {}, {}, None
         self._extras, self._metrics = {}, {}
+        self._episode_completions, self._environments = None, None
 
     @property
     def reward_models(self) -> list:
@@ -144,6 +145,13 @@ class RewardScorer:
         self._state = trainer_state
         self._pending = {}
         self._extras, self._metrics = {}, {}
+        self._episode_completions, self._environments = None, None
+
+    def use_episodes(self, completions: list, environments: list | None = None) -> None:
+        """Multi-turn episodes (``tools``): the completions are these message lists (assistant turns with their
+        ``tool_calls``, tool results), as TRL passes them, and ``environments`` (one per row, or None) goes to every
+        function as the ``environments`` keyword. Until the next :meth:`begin`."""
+        self._episode_completions, self._environments = list(completions), environments
 
     def _completion_inputs(self, responses: torch.Tensor, start: int) -> dict:
         """The contract's keywords for rows ``start .. start + len(responses)`` (truncated responses)."""
@@ -153,11 +161,15 @@ class RewardScorer:
         texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
         stop = start + len(ids)
         prompts = self._prompts[start:stop]
-        if prompts and isinstance(prompts[0], list):  # conversational: completions as assistant messages
+        if self._episode_completions is not None:  # multi-turn: the episode's messages
+            completions = self._episode_completions[start:stop]
+        elif prompts and isinstance(prompts[0], list):  # conversational: completions as assistant messages
             completions = [[{"role": "assistant", "content": text}] for text in texts]
         else:
             completions = texts
         inputs = {"prompts": prompts, "completions": completions, "completion_ids": ids}
+        if self._environments is not None:
+            inputs["environments"] = self._environments[start:stop]
         inputs.update({key: values[start:stop] for key, values in self._columns.items()})
         return inputs
 

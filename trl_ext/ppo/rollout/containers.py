@@ -48,6 +48,14 @@ class Rollout:
     """`dynamic_sampling`'s metrics of this update (:mod:`trl_ext.ppo.rollout.dynamic_sampling`), reduced over processes."""
     reward_scores: object | None = None
     """With ``reward_funcs``: every reward of every completion (:class:`trl_ext.rewards.scoring.RewardScores`)."""
+    episodes: object | None = None
+    """With ``tools``: the multi-turn episodes (:class:`trl_ext.ppo.episodes.multi_turn.EpisodeBatch`)."""
+
+    @property
+    def observation_mask(self) -> torch.Tensor | None:
+        """With ``tools``: True at the observation tokens (tool results; already folded into ``padding_mask`` and
+        ``padding_mask_p1`` by ``score_rollouts``); None when no episode called a tool."""
+        return None if self.episodes is None else self.episodes.observation_mask
 
 
 @dataclass

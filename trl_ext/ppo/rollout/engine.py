@@ -358,7 +358,7 @@ class ContinuousBatchingRollout:
 
     @torch.no_grad()
     def sample(self, model, queries: torch.Tensor, pad_token_id: int, generation_config: GenerationConfig,
-               on_finished=None):
+               on_finished=None, max_new_tokens: int | None = None):
         """Generate one response per left-padded query. Returns ``(query_responses, logprobs, processors)``:
         the trainer's layout (see the module docstring), the engine's per-token log-probs (0 after each end) and
         the engine's logits processors. ``on_finished(row, response)``, if given, is called with each response
@@ -372,7 +372,7 @@ class ContinuousBatchingRollout:
         if manager.batch_processor is not None:  # prefix blocks hold the previous rollout's (older) weights' KV
             manager.batch_processor.cache.reset()
             self._hold_cache(manager, True)
-        request_ids = manager.add_requests(inputs=inputs, max_new_tokens=config.max_new_tokens)
+        request_ids = manager.add_requests(inputs=inputs, max_new_tokens=max_new_tokens or config.max_new_tokens)
         results, rows = {}, {rid: row for row, rid in enumerate(request_ids)}
         manager.start()  # all requests are queued: the scheduler sees them at once (same batches every run)
         try:
@@ -407,12 +407,15 @@ class ContinuousBatchingRollout:
                 logprobs[i, :n] = torch.tensor(output.logprobs, dtype=torch.float32)
         return torch.cat((queries, responses), 1), logprobs, list(manager.logit_processor.logits_processor)
 
-    def generate(self, trainer, policy, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rollout of :meth:`trl_ext.PPOTrainer.generate_rollouts`: ``(query_responses, logprobs)``."""
+    def generate(self, trainer, policy, queries: torch.Tensor, max_new_tokens: int | None = None,
+                 on_finished=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One turn of :meth:`trl_ext.PPOTrainer.sample_turn`: ``(query_responses, logprobs)``. ``max_new_tokens``:
+        the trainer's config's unless given (a later turn of a multi-turn episode: the tokens left; the manager and
+        its cache are kept); ``on_finished(row, response)``: called as each row is done."""
         pad_token_id = trainer.processing_class.pad_token_id
         query_responses, logprobs, processors = self.sample(
-            _generating_model(policy), queries, pad_token_id, trainer.generation_config,
-            on_finished=trainer.submit_rollout_chunk)
+            _generating_model(policy), queries, pad_token_id, trainer.generation_config, on_finished=on_finished,
+            max_new_tokens=max_new_tokens)
         self.logprobs_from_engine = engine_logprobs_usable(processors, trainer.generation_config,
                                                            trainer.args.temperature)
         if not self.logprobs_from_engine:

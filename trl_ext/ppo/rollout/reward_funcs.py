@@ -41,7 +41,8 @@ class NoRewardModel(nn.Module):
         self.placeholder = nn.Parameter(torch.zeros(1), requires_grad=False)
 
 
-def prepare_reward_funcs(args, processing_class, reward_model, reward_funcs, data_collator, columns=None):
+def prepare_reward_funcs(args, processing_class, reward_model, reward_funcs, data_collator, columns=None,
+                         extra_keywords=()):
     """Before the parent's ``__init__``: ``(reward_model for the parent, data_collator, rewards)``, ``rewards`` being
     ``(rewards, weights, names)`` (:func:`~trl_ext.rewards.scoring.build_reward_list`), or None without
     ``reward_funcs``.
@@ -51,7 +52,8 @@ def prepare_reward_funcs(args, processing_class, reward_model, reward_funcs, dat
 
     Raises:
         UserInputError: no reward at all, a bad ``reward_funcs`` entry, ``reward_weights`` of the wrong length, a
-            function whose signature does not fit the train dataset's ``columns`` (None: not known).
+            function whose signature does not fit the train dataset's ``columns`` (None: not known) and the
+            trainer's ``extra_keywords`` (``environments`` with environments).
     """
     if reward_funcs is None:
         if reward_model is None:
@@ -69,7 +71,7 @@ def prepare_reward_funcs(args, processing_class, reward_model, reward_funcs, dat
 
     for func, name in zip(*rewards[::2]):  # each function's signature against the train dataset's columns
         if not isinstance(func, nn.Module):
-            check_reward_func(func, f"reward_funcs: {name}", columns)
+            check_reward_func(func, f"reward_funcs: {name}", columns, extra_keywords)
     data_collator = ColumnsCollator(data_collator or DataCollatorWithPadding(processing_class))
     return (reward_model if reward_model is not None else NoRewardModel()), data_collator, rewards
 
@@ -130,6 +132,10 @@ class RewardFunctionScoring:
         """Right after a chunk is generated: its truncated responses to the workers (a no-op in process)."""
         self.scorer.submit(start, truncated_responses)
 
+    def use_episodes(self, episodes, environments) -> None:
+        """With ``tools``, after generation: the episodes' messages are the completions (and ``environments``)."""
+        self.scorer.use_episodes(episodes.completions, environments)
+
     def model_scores(self, postprocessed_query_response: torch.Tensor, context_length: int) -> torch.Tensor:
         """``(chunk, models)`` scores of the reward models among the rewards (the scoring pass, per chunk)."""
         scores = [scalar_model_outputs(model, postprocessed_query_response, self.pad_token_id, context_length)[1]
@@ -153,7 +159,10 @@ class RewardFunctionScoring:
 
     def metrics(self, rollout) -> dict:
         """The reward-function metrics of the update (:mod:`trl_ext.rewards.metrics`)."""
-        return reward_metrics(rollout.reward_scores, rollout.sequence_lengths, rollout.contain_eos_token,
+        sequence_lengths = rollout.sequence_lengths
+        if rollout.observation_mask is not None:  # tools: TRL counts the model's tokens only (its `tool_mask`)
+            sequence_lengths = (~rollout.padding_mask).sum(1) - 1
+        return reward_metrics(rollout.reward_scores, sequence_lengths, rollout.contain_eos_token,
                               self.num_samples_per_prompt, self.gather, with_workers=self.scorer.pool is not None)
 
     def close(self) -> None:

@@ -1,0 +1,133 @@
+"""TRL GRPOTrainer's tools / environment_factory contract as trl_ext's Toolbox holds it
+(trl_ext/ppo/episodes/toolbox.py): environments' tools, reset, get_reward, several environments, the refusals."""
+
+import pytest
+
+from trl_ext.errors import UserInputError
+from trl_ext.ppo.episodes.toolbox import Toolbox
+from trl_ext.testing_tools import build_tool_tokenizer
+
+
+def add(a: int, b: int) -> int:
+    """Adds two integers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return a + b
+
+
+class Counter:
+    """An environment: one tool (`bump`), a reset that greets, a reward from its state."""
+
+    def __init__(self):
+        self.count, self.reset_with = 0, None
+
+    def reset(self, **row):
+        self.count, self.reset_with = 0, row
+        return f" Start at {row['start']}."
+
+    def bump(self, by: int) -> int:
+        """Adds to the counter.
+
+        Args:
+            by: How much.
+        """
+        self.count += by
+        return self.count
+
+    def get_reward(self) -> float:
+        return float(self.count)
+
+    def _private(self):
+        return None
+
+
+class Quiet:
+    def reset(self, **row):
+        return None
+
+    def ping(self) -> str:
+        """Answers pong."""
+        return "pong"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tool_tokenizer()
+
+
+def rows(n, environment=None):
+    return [{"prompt": [{"role": "user", "content": f"q{i}"}], "start": i,
+             **({"environment": environment[i]} if environment else {})} for i in range(n)]
+
+
+def test_environment_methods_are_tools_and_reset_text_joins_the_last_user_message(tok):
+    box = Toolbox([add], Counter, tok)
+    batch = rows(3)
+    prompts = box.start_batch(batch, [r["prompt"] for r in batch])
+    assert [t.__name__ for t in box.tools] == ["add", "bump"]  # not reset, get_reward, _private
+    assert [p[-1]["content"] for p in prompts] == ["q0 Start at 0.", "q1 Start at 1.", "q2 Start at 2."]
+    assert batch[0]["prompt"][-1]["content"] == "q0"  # the rows are left untouched
+    assert len({id(e) for e in box.environments}) == 3  # one instance per episode
+    assert box.environments[1].reset_with == batch[1]
+    assert sorted(box.tool_dict(1)) == ["add", "bump"] and box.tool_dict(1)["bump"].__self__ is box.environments[1]
+    box.environments[2].bump(5)
+    funcs, names = box.reward_functions()
+    assert names == ["Counter"]
+    assert funcs[0](environments=box.environments) == [0.0, 0.0, 5.0]
+    again = box.start_batch(batch, [r["prompt"] for r in batch])  # pooled: the same instances, reset
+    assert again == prompts and box.environments[2].count == 0 and len(box.pool[None]) == 3
+
+
+def test_several_environments_by_the_environment_column(tok):
+    box = Toolbox(None, {"count": Counter, "quiet": Quiet}, tok)
+    batch = rows(3, environment=["quiet", "count", "quiet"])
+    prompts = box.start_batch(batch, [r["prompt"] for r in batch])
+    assert [type(e).__name__ for e in box.environments] == ["Quiet", "Counter", "Quiet"]
+    assert [p[-1]["content"] for p in prompts] == ["q0", "q1 Start at 1.", "q2"]
+    assert "environment" not in box.environments[1].reset_with  # a control column, not reset's
+    assert [t.__name__ for t in box.row_tools[0]] == ["ping"] and [t.__name__ for t in box.row_tools[1]] == ["bump"]
+    funcs, names = box.reward_functions()
+    assert names == ["Counter"] and funcs[0](environments=box.environments) == [None, 0.0, None]
+    rendered = tok.decode(box.render_prompt(prompts[0], 0))
+    assert '"name": "ping"' in rendered and '"name": "bump"' not in rendered  # each row's own tools
+    with pytest.raises(UserInputError, match=r"environment column: 'other' not among"):
+        box.start_batch(rows(1, environment=["other"]), [[{"role": "user", "content": "x"}]])
+
+
+def test_refusals_name_the_culprit(tok):
+    from trl_ext.testing import build_tokenizer
+
+    class NoReset:
+        def act(self) -> str:
+            """Acts."""
+            return ""
+
+    with pytest.raises(UserInputError, match="NoReset has no reset method"):
+        Toolbox(None, NoReset, tok)
+    with pytest.raises(UserInputError, match=r"tools\[1\]: 3 is not a function"):
+        Toolbox([add, 3], None, tok)
+    with pytest.raises(UserInputError, match="does not render a tool-calling conversation"):
+        Toolbox([add], None, build_tokenizer())  # the plain tiny tokenizer's template has no tools
+
+
+def test_tool_suffix_is_what_the_template_renders_after_a_tool_call(tok):
+    box = Toolbox([add], None, tok)
+    suffix = box.tool_suffix_ids([{"role": "tool", "name": "add", "content": "5"}])
+    assert tok.decode(suffix) == "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_launches_where_turns_cannot_differ_between_processes_are_refused():
+    from types import SimpleNamespace
+
+    from trl_ext.ppo.episodes.multi_turn import MultiTurnRollout
+
+    class Accelerator:
+        distributed_type = "MULTI_CPU"
+
+    fsdp = SimpleNamespace(is_fsdp_enabled=True, accelerator=Accelerator(), args=None)
+    with pytest.raises(UserInputError, match="tools: not supported under FSDP"):
+        MultiTurnRollout.check_launch(fsdp)
+    MultiTurnRollout.check_launch(SimpleNamespace(is_fsdp_enabled=False, accelerator=Accelerator(), args=None))

@@ -1,0 +1,356 @@
+"""PPOTrainer with tools and environments (trl_ext/ppo/episodes), end to end on a tiny Llama that learned, in a few
+seconds of training on four transcripts, to call `add` and then answer: the observation tokens are in no loss term
+(by gradients), the episodes are what TRL's contract says, failing and hanging tools do not stop a run, an
+environment owns its reward, a resumed run matches, TRL's GRPOTrainer takes the same objects, and with tools that
+are never called every number equals the single-turn run's."""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+from trl_ext import PPOConfig, PPOTrainer
+from trl_ext.ppo.objective.objectives import mini_batch_token_normalizer
+from trl_ext.ppo.rollout.sequences import INVALID_LOGPROB
+from trl_ext.testing import build_causal_lm, build_scalar_model
+from trl_ext.testing_tools import build_tool_tokenizer
+
+from ppo_helpers import seed_all
+
+PAIRS = [(2, 3), (4, 1), (7, 5), (6, 6)]
+
+
+def add(a: int, b: int) -> int:
+    """Adds two integers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+
+    Returns:
+        The sum of a and b.
+    """
+    return a + b
+
+
+def transcript(a, b):
+    return [{"role": "user", "content": f"Add {a} and {b}."},
+            {"role": "assistant", "content": "",
+             "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": a, "b": b}}}]},
+            {"role": "tool", "name": "add", "content": str(a + b)},
+            {"role": "assistant", "content": f"The sum is {a + b}."}]
+
+
+def teach_tool_calls(model, tok, steps=100):
+    """A few Adam steps on the assistant turns of four transcripts: the model then calls `add` and answers."""
+    seqs, starts = [], []
+    for a, b in PAIRS:
+        seqs.append(tok.apply_chat_template(transcript(a, b), tools=[add], tokenize=True, return_dict=True)["input_ids"])
+        starts.append(len(tok.apply_chat_template(transcript(a, b)[:1], tools=[add], add_generation_prompt=True,
+                                                  tokenize=True, return_dict=True)["input_ids"]))
+    width = max(map(len, seqs))
+    ids = torch.full((len(seqs), width), tok.pad_token_id)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+    attention = ids != tok.pad_token_id
+    labels = ids.masked_fill(~attention, -100)
+    for i, start in enumerate(starts):
+        labels[i, :start] = -100
+    torch.manual_seed(0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tool_models")
+    tok = build_tool_tokenizer(["Add 2 and 3.", "The sum is 5."])
+    for name, model in [("caller", teach_tool_calls(build_causal_lm(tok, max_position_embeddings=512), tok)),
+                        ("untrained", build_causal_lm(tok, max_position_embeddings=512)),
+                        ("value", build_scalar_model(tok, max_position_embeddings=512))]:
+        model.save_pretrained(root / name)
+    tok.save_pretrained(root / "tok")
+    return root, tok
+
+
+def exact(completions, answer, **kwargs):
+    return [1.0 if str(a) in (c[-1]["content"] if isinstance(c, list) else c) else 0.0
+            for c, a in zip(completions, answer)]
+
+
+def prompts_dataset():
+    return Dataset.from_list([{"prompt": [{"role": "user", "content": f"Add {a} and {b}."}], "answer": a + b}
+                              for a, b in PAIRS])
+
+
+def config(tmp_path, **overrides):
+    settings = dict(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, per_device_train_batch_size=2,
+                    gradient_accumulation_steps=1, num_mini_batches=1, total_episodes=4, response_length=64,
+                    temperature=0.3, report_to="none", seed=0, num_sample_generations=0, stop_token="eos",
+                    save_strategy="no", logging_steps=1, num_ppo_epochs=1)
+    settings.update(overrides)
+    return PPOConfig(**settings)
+
+
+def trainer(models, tmp_path, policy="caller", dataset=None, **kwargs):
+    root, tok = models
+    seed_all(0)
+    overrides = kwargs.pop("args", {})
+    args = config(tmp_path, **overrides)
+    value = None if args.critic_free else AutoModelForSequenceClassification.from_pretrained(root / "value",
+                                                                                             num_labels=1)
+    kwargs.setdefault("reward_funcs", [exact])
+    kwargs.setdefault("tools", [add])
+    return PPOTrainer(args, tok, AutoModelForCausalLM.from_pretrained(root / policy), None, None,
+                      dataset if dataset is not None else prompts_dataset(), value, **kwargs)
+
+
+def first_rollout(ppo):
+    ppo.model.train()
+    ppo.init_train_state()
+    ppo.init_data_streams()
+    with torch.no_grad():
+        rollout, scored, _ = ppo.sample_and_score(ppo.next_prompt_batch())
+        assert scored
+        kl_coef = float(ppo.kl_ctl.value)
+        ppo.compute_rewards(rollout, kl_coef)
+        ppo.compute_advantages(rollout)
+    return rollout, kl_coef
+
+
+@pytest.mark.parametrize("settings", [
+    {},
+    {"advantage_estimator": "grpo", "num_samples_per_prompt": 2, "kl_in": "loss", "entropy_coef": 0.01,
+     "loss_aggregation": "global_token_mean"},
+    {"advantage_estimator": "rloo", "num_samples_per_prompt": 2, "rollout_engine": "continuous_batching",
+     "peft": True},
+], ids=["gae", "grpo-kl-in-loss-entropy", "rloo-engine-lora"])
+def test_observation_tokens_are_in_no_loss_term_by_gradients(models, tmp_path, settings):
+    settings = dict(settings)
+    extra = {}
+    if settings.pop("peft", False):
+        from peft import LoraConfig
+
+        extra["peft_config"] = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                          task_type="CAUSAL_LM")
+    ppo = trainer(models, tmp_path, args=settings, **extra)
+    rollout, kl_coef = first_rollout(ppo)
+    obs = rollout.observation_mask
+    assert obs is not None and obs.any(), "the model called no tool: the test needs one"
+    tok, box = models[1], ppo.multi_turn.toolbox
+    for i, episode in enumerate(rollout.episodes.episodes):  # the observations are exactly the tool suffixes
+        tool_messages = [m for m in episode.messages if m["role"] == "tool"]
+        if tool_messages:
+            assert rollout.responses[i][obs[i]].tolist() == box.tool_suffix_ids(tool_messages)
+    assert torch.all(rollout.logprobs[obs] == INVALID_LOGPROB) and torch.all(rollout.kl[obs] == 0)
+    assert torch.all(rollout.advantages[obs] == 0) and torch.all(rollout.values[obs] == 0)
+    captured = {}
+
+    def keep(name):
+        def hook(module, inputs):
+            inputs[0].retain_grad()
+            captured[name] = inputs[0]
+        return hook
+
+    handles = [ppo.model.policy.lm_head.register_forward_pre_hook(keep("policy"))]
+    if not ppo.args.critic_free:
+        handles.append(ppo.model.value_model.score.register_forward_pre_hook(keep("value")))
+    inds = np.arange(rollout.queries.shape[0])
+    normalizer = mini_batch_token_normalizer(ppo.objective, rollout, inds, 1, ppo.accelerator)
+    out = ppo.compute_micro_batch_loss(ppo.model, rollout, inds, kl_coef=kl_coef, token_normalizer=normalizer)
+    out.loss.backward()
+    for handle in handles:
+        handle.remove()
+    start = rollout.context_length - 1  # the hidden state at position start + t predicts response token t
+    width = rollout.responses.shape[1]
+    for name, grad in ((n, t.grad[:, start : start + width].abs().sum(-1)) for n, t in captured.items()):
+        assert torch.all(grad[obs] == 0), name
+        assert torch.all(grad[~rollout.padding_mask].sum() > 0), name  # the actions do get gradients
+
+
+def test_episodes_follow_trls_contract_and_metrics_count_them(models, tmp_path):
+    seen = {}
+
+    def record(prompts, completions, completion_ids, **kwargs):
+        seen.update(prompts=prompts, completions=completions, completion_ids=completion_ids)
+        return [0.0] * len(prompts)
+
+    ppo = trainer(models, tmp_path, reward_funcs=[exact, record], args={"log_completions": True})
+    ppo.train()
+    metrics = ppo.state.log_history[-1]
+    completions = seen["completions"]
+    calls = sum(len(m.get("tool_calls") or []) for c in completions for m in c if m["role"] == "assistant")
+    assert calls > 0 and metrics["tools/call_frequency"] == calls / len(completions)
+    for completion, ids in zip(completions, seen["completion_ids"]):
+        for message, nxt in zip(completion, completion[1:]):
+            if message.get("tool_calls"):  # each call is answered by TRL's tool message, str() of the result
+                call = message["tool_calls"][0]["function"]
+                assert nxt == {"role": "tool", "name": "add", "content": str(add(**call["arguments"]))}
+        assert ids[-1] == models[1].eos_token_id or len(ids) == 64
+    turns = [sum(m["role"] == "assistant" for m in c) for c in completions]
+    assert metrics["episodes/turns_mean"] == pytest.approx(np.mean(turns))
+    assert metrics["tools/failure_frequency"] == 0 and metrics["tools/timeout_frequency"] == 0
+    assert metrics["completions/mean_length"] == metrics["episodes/action_tokens_mean"]  # TRL: the model's tokens
+    assert metrics["episodes/observation_tokens_mean"] > 0
+    import json
+
+    rows = [json.loads(line) for line in open(tmp_path / "out" / "completions.jsonl")]
+    assert any("[observation]\n<|im_start|>user\n<tool_response>" in row["episode"] for row in rows)
+
+
+def test_failing_and_hanging_tools_do_not_stop_the_run(models, tmp_path):
+    def add(a: int, b: int) -> int:  # noqa: F811 - the name the model calls
+        """Adds two integers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+
+        Returns:
+            The sum of a and b.
+        """
+        if a % 2:
+            raise ValueError("odd numbers are not supported")
+        time.sleep(5)
+        return a + b
+
+    seen = []
+    ppo = trainer(models, tmp_path, tools=[add], reward_funcs=[lambda completions, **kw: seen.extend(completions)
+                                                             or [0.0] * len(completions)],
+                  args={"tool_timeout_s": 0.3, "total_episodes": 2, "response_length": 128})
+    ppo.train()
+    metrics = ppo.state.log_history[-1]
+    results = [m["content"] for c in seen for m in c if m["role"] == "tool"]
+    errors = [r for r in results if r == "{'error': 'odd numbers are not supported'}"]
+    timeouts = [r for r in results if r == "{'error': 'Tool add timed out after 0.3 s'}"]
+    assert results and len(errors) + len(timeouts) == len(results)
+    assert metrics["tools/failure_frequency"] == 1.0
+    assert metrics["tools/timeout_frequency"] == len(timeouts) / len(results)
+
+
+class AddEnv:
+    """The environment form of the same tool: it counts the calls and owns the reward."""
+
+    def __init__(self):
+        self.calls, self.row = 0, None
+
+    greeting = None  # what reset adds to the prompt
+
+    def reset(self, **row):
+        self.calls, self.row = 0, row
+        return self.greeting
+
+    def add(self, a: int, b: int) -> int:
+        """Adds two integers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+
+        Returns:
+            The sum of a and b.
+        """
+        self.calls += 1
+        return a + b
+
+    def get_reward(self) -> float:
+        return 1.0 if self.calls else 0.0
+
+
+def test_an_environment_is_reset_with_its_row_and_owns_its_reward(models, tmp_path):
+    seen = {}
+
+    def record(prompts, completions, environments, **kwargs):
+        seen.update(prompts=prompts, environments=list(environments), completions=completions)
+        return [None] * len(prompts)
+
+    ppo = trainer(models, tmp_path, tools=None, environment_factory=AddEnv, reward_funcs=[record],
+                  args={"total_episodes": 2})
+    ppo.train()
+    metrics = ppo.state.log_history[-1]
+    envs = seen["environments"]
+    for prompt, env in zip(seen["prompts"], envs):  # reset got the row (its prompt and answer)
+        assert env.row["prompt"] == prompt
+        assert env.row["answer"] == sum(int(w.strip(".")) for w in prompt[-1]["content"].split()[1::2])
+    called = [float(any(m["role"] == "tool" for m in c)) for c in seen["completions"]]
+    assert [float(e.calls > 0) for e in envs] == called and sum(called) > 0
+    assert metrics["rewards/AddEnv/mean"] == pytest.approx(np.mean(called))
+    assert metrics["objective/scores"] == pytest.approx(np.mean(called))  # `record` said None: the env's reward
+
+
+def test_the_text_reset_returns_joins_the_prompt_reward_functions_get(models, tmp_path):
+    class GreetingAddEnv(AddEnv):
+        greeting = " Use the tool."
+
+    seen = {}
+    ppo = trainer(models, tmp_path, policy="untrained", tools=None, environment_factory=GreetingAddEnv,
+                  reward_funcs=[lambda prompts, **kw: seen.setdefault("prompts", prompts) and [0.0] * len(prompts)],
+                  args={"total_episodes": 2})
+    ppo.train()
+    for prompt, env in zip(seen["prompts"], ppo.multi_turn.toolbox.environments):
+        assert prompt[-1]["content"] == env.row["prompt"][-1]["content"] + " Use the tool."
+        assert ppo.processing_class.decode(ppo.multi_turn.toolbox.render_prompt(prompt, 0)).count("Use the tool.") == 1
+
+
+def test_resume_with_an_environment_logs_what_the_uninterrupted_run_logs(models, tmp_path):
+    keys = ("objective/scores", "loss/policy_avg", "loss/value_avg", "tools/call_frequency", "objective/kl")
+    full = trainer(models, tmp_path / "a", tools=None, environment_factory=AddEnv, reward_funcs=None,
+                   args={"total_episodes": 4, "save_strategy": "steps", "save_steps": 1})
+    full.train()
+    resumed = trainer(models, tmp_path / "a", tools=None, environment_factory=AddEnv, reward_funcs=None,
+                      args={"total_episodes": 4, "output_dir": str(tmp_path / "b")})
+    resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "out" / "checkpoint-1"))
+    expected = [{k: h[k] for k in keys} for h in full.state.log_history if "objective/scores" in h]
+    got = [{k: h[k] for k in keys} for h in resumed.state.log_history if "objective/scores" in h]
+    assert got[-1] == expected[-1]
+
+
+def test_with_tools_never_called_every_number_is_the_single_turn_runs(models, tmp_path):
+    tok = models[1]
+    with_tools = trainer(models, tmp_path / "tools", policy="untrained", args={"total_episodes": 4})
+    with_tools.train()
+    rendered = prompts_dataset().map(lambda row: {"input_ids": tok.apply_chat_template(
+        row["prompt"], tools=[add], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]})
+    without = trainer(models, tmp_path / "plain", policy="untrained", tools=None, dataset=rendered,
+                      args={"total_episodes": 4})
+    without.train()
+    assert all(h["tools/call_frequency"] == 0 for h in with_tools.state.log_history if "tools/call_frequency" in h)
+
+    def numbers(history):
+        return [{k: v for k, v in h.items() if not k.startswith(("tools/", "episodes/", "time/", "eps"))}
+                for h in history]
+
+    assert numbers(with_tools.state.log_history) == numbers(without.state.log_history)
+
+
+
+def test_trls_grpo_trainer_takes_the_same_tools_and_environment_and_renders_alike(models, tmp_path):
+    """The objects a TRL user has run with GRPOTrainer unchanged: TRL renders the prompts and the tool results into
+    the same tokens as ours, and trains with the same environment class for a step."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    root, tok = models
+    grpo_args = GRPOConfig(output_dir=str(tmp_path / "grpo"), use_cpu=True, bf16=False, per_device_train_batch_size=2,
+                           num_generations=2, max_completion_length=64, max_steps=1, report_to="none",
+                           logging_steps=1, temperature=0.3, save_strategy="no")
+    grpo = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(root / "caller"), processing_class=tok,
+                       reward_funcs=[exact], args=grpo_args, train_dataset=prompts_dataset(),
+                       environment_factory=AddEnv)
+    grpo.train()
+    assert "tools/call_frequency" in grpo.state.log_history[0] and "rewards/AddEnv/mean" in grpo.state.log_history[0]
+    ours = trainer(models, tmp_path, tools=None, environment_factory=AddEnv, reward_funcs=[exact])
+    box = ours.multi_turn.toolbox
+    prompts = [row["prompt"] for row in prompts_dataset()]
+    box.start_batch([{"prompt": p} for p in prompts], prompts)
+    grpo._batch_environments = [None] * len(prompts)
+    assert grpo._tokenize_prompts(prompts)[0] == [box.render_prompt(p, i) for i, p in enumerate(prompts)]
+    results = [{"role": "tool", "name": "add", "content": "5"}, {"role": "tool", "name": "add", "content": "7"}]
+    assert grpo._get_tool_suffix_ids(results) == box.tool_suffix_ids(results)

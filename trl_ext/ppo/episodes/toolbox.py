@@ -1,0 +1,250 @@
+"""TRL GRPOTrainer's ``tools`` / ``environment_factory`` contract (TRL 1.16), as :class:`trl_ext.PPOTrainer` takes it.
+
+* ``tools``: typed, docstring'd Python functions (sync or ``async def``); the model sees their JSON schema in the
+  prompt (``apply_chat_template(..., tools=...)``) and calls them by name.
+* ``environment_factory``: a callable returning an environment, or ``{name: callable}`` with an ``environment``
+  column choosing one per row. An environment's public methods are tools (besides ``reset`` and ``get_reward``);
+  ``reset(**row)`` starts an episode and may return text appended to the last user message; an optional
+  ``get_reward()`` owns the reward: an extra reward source of weight 1 named after the class (rows of another class
+  score None). One instance per episode, pooled and reset across updates (built once, reset often).
+* Reward functions get ``environments=`` (the episodes' instances) when the run has environments.
+* The chat template must render a tool-calling conversation (TRL's ``supports_tool_calling``); tool calls are parsed
+  with TRL's ``parse_response`` after ``add_response_schema``; a template that is not prefix-preserving is replaced,
+  for rendering, by TRL's training template (``get_training_chat_template``), as GRPOTrainer does.
+
+:class:`Toolbox` holds all of that for one trainer; the turn loop is :mod:`trl_ext.ppo.episodes.multi_turn`.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from ...errors import UserInputError
+
+__all__ = ["Toolbox", "environment_methods"]
+
+
+def environment_methods(instance) -> list:
+    """The tool methods of an environment instance: public functions of its class but ``reset``/``get_reward``
+    (listed on the class, as TRL does: ``getmembers`` on the instance would evaluate properties)."""
+    return [getattr(instance, name) for name, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)
+            if name not in ("reset", "get_reward") and not name.startswith("_")]
+
+
+def _check_tool(tool, where: str) -> None:
+    if not callable(tool) or not hasattr(tool, "__name__"):
+        raise UserInputError(f"{where}: {tool!r} is not a function")
+
+
+class Toolbox:
+    """The run's tools and environments (module docstring): built once from the trainer's ``tools`` and
+    ``environment_factory``, then per update :meth:`start_batch` gives each row its environment and its tools."""
+
+    def __init__(self, tools, environment_factory, processing_class, chat_template_kwargs: dict | None = None):
+        tools = list(tools or [])
+        for i, tool in enumerate(tools):
+            _check_tool(tool, f"tools[{i}]")
+        self.standalone_tools = tools
+        self.multi_environment = isinstance(environment_factory, dict)
+        if environment_factory is None:
+            self.factories = None
+        elif self.multi_environment:
+            self.factories = dict(environment_factory)
+        else:
+            self.factories = {None: environment_factory}
+        self.env_tools: dict = {}
+        self.pool: dict = {}
+        self.reward_types: list[type] = []
+        self.tools = list(tools)  # the union over environments: where only their presence matters
+        for name, factory in (self.factories or {}).items():
+            if not callable(factory):
+                raise UserInputError(f"environment_factory{'' if name is None else f'[{name!r}]'}: {factory!r} "
+                                     "is not callable")
+            instance = factory()
+            if not callable(getattr(instance, "reset", None)):
+                raise UserInputError(f"environment_factory: {type(instance).__name__} has no reset method; each "
+                                     "environment must define reset(**row)")
+            methods = environment_methods(instance)
+            self.env_tools[name] = tools + methods
+            self.pool[name] = [instance]
+            self.tools += [m for m in methods if m not in self.tools]
+            if callable(getattr(instance, "get_reward", None)) and type(instance) not in self.reward_types:
+                self.reward_types.append(type(instance))
+        self.processing_class = processing_class
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.chat_template = self._check_template(processing_class)
+        self.environments: list | None = None
+        self.row_tools: list[list] = []
+
+    @classmethod
+    def for_trainer(cls, tools, environment_factory, processing_class, args, train_dataset) -> "Toolbox":
+        """The trainer's toolbox, after the checks of what the trainer was given with it (one line each)."""
+        columns = getattr(train_dataset, "column_names", None)
+        if columns is not None:
+            if "prompt" not in columns:
+                raise UserInputError("train_dataset: tools need a 'prompt' column of chat messages (the prompt is "
+                                     "rendered with the tools' schema each update); the dataset has "
+                                     f"{', '.join(columns) or 'no columns'}")
+            first = train_dataset[0]["prompt"] if len(train_dataset) else []
+            if not isinstance(first, list):
+                raise UserInputError("train_dataset: with tools the 'prompt' column must hold chat messages (a list "
+                                     "of {'role', 'content'} dicts), not text")
+        stop = args.stop_token_id
+        if stop is not None and stop != processing_class.eos_token_id:
+            raise UserInputError(f"stop_token_id: {stop} with tools; each turn ends at the tokenizer's EOS "
+                                 f"({processing_class.eos_token_id}): leave stop_token_id unset or use stop_token: eos")
+        if environment_factory is not None and args.reward_num_workers:
+            raise UserInputError("reward_num_workers: reward functions receive the environments, which live in the "
+                                 "training process; set reward_num_workers: 0 with environment_factory")
+        return cls(tools, environment_factory, processing_class, args.chat_template_kwargs)
+
+    def with_environment_rewards(self, reward_funcs) -> list:
+        """``reward_funcs`` as a list (possibly empty) with the environments' ``get_reward`` sources appended."""
+        if reward_funcs is None:
+            funcs = []
+        elif isinstance(reward_funcs, (list, tuple)):
+            funcs = list(reward_funcs)
+        else:
+            funcs = [reward_funcs]
+        return funcs + self.reward_functions()[0]
+
+    def render_dataset(self, dataset):
+        """``dataset`` with ``input_ids`` = each row's prompt rendered with its tools (its environment's, by the
+        ``environment`` column): the lengths the trainer plans memory and the engine's cache with. ``reset`` text is
+        not known before an episode starts (checked then, :meth:`MultiTurnRollout.begin`)."""
+        def render(row):
+            name = row.get("environment") if self.multi_environment else None
+            tools = self.env_tools[name] if self.factories is not None else self.tools
+            ids = self.processing_class.apply_chat_template(
+                row["prompt"], tools=tools or None, chat_template=self.chat_template, add_generation_prompt=True,
+                tokenize=True, return_dict=True, **self.chat_template_kwargs)["input_ids"]
+            return {"input_ids": list(ids)}
+
+        return dataset.map(render)
+
+    def _check_template(self, processing_class):
+        """TRL's checks and setup of the tokenizer; returns the template to render with (None: the tokenizer's)."""
+        from trl.chat_template_utils import (
+            add_response_schema,
+            get_training_chat_template,
+            is_chat_template_prefix_preserving,
+            supports_tool_calling,
+        )
+
+        if not self.tools:
+            raise UserInputError("tools: none given (environment_factory's environments have no public method "
+                                 "either); pass tools, or environments with tool methods")
+        if not supports_tool_calling(processing_class):
+            raise UserInputError("processing_class: its chat template does not render a tool-calling conversation "
+                                 "(user -> assistant with tool_calls -> tool); use a model whose template does "
+                                 "(e.g. Qwen2.5/Qwen3, Llama 3.1)")
+        has_template = getattr(processing_class, "response_template", None) is not None
+        if not has_template and getattr(processing_class, "response_schema", None) is None:
+            try:
+                add_response_schema(processing_class)
+            except ValueError as err:
+                raise UserInputError(f"processing_class: cannot parse tool calls with this chat template ({err})"
+                                     ) from None
+        if is_chat_template_prefix_preserving(processing_class):
+            return None
+        return get_training_chat_template(processing_class)
+
+    # ------------------------------------------------------------------ rewards
+
+    def reward_functions(self) -> tuple[list, list[str]]:
+        """One reward function per environment class with ``get_reward`` (TRL's: ``environments`` in, one value or
+        None per row), and their names (the class names)."""
+        funcs, names = [], []
+        for env_type in self.reward_types:
+            if inspect.iscoroutinefunction(env_type.get_reward):
+                async def get_reward(environments, _env_type=env_type, **kwargs):
+                    return [await e.get_reward() if type(e) is _env_type else None for e in environments]
+            else:
+                def get_reward(environments, _env_type=env_type, **kwargs):
+                    return [e.get_reward() if type(e) is _env_type else None for e in environments]
+            get_reward.__name__ = env_type.__name__
+            funcs.append(get_reward)
+            names.append(env_type.__name__)
+        return funcs, names
+
+    # ------------------------------------------------------------------ one batch
+
+    def start_batch(self, rows: list[dict], prompts: list) -> list:
+        """Give each row an environment (from the pool) and its tools, reset the environments with the rows
+        (``environment`` left out in multi-environment mode) and return the prompts with their ``reset`` text
+        appended to the last user message (new lists; the rows are left untouched)."""
+        prompts = list(prompts)
+        if self.factories is None:
+            self.environments = None
+            self.row_tools = [self.standalone_tools] * len(rows)
+            return prompts
+        names = [row.get("environment") if self.multi_environment else None for row in rows]
+        unknown = sorted({repr(n) for n in names if n not in self.factories})
+        if unknown:
+            raise UserInputError(f"environment column: {', '.join(unknown)} not among environment_factory's "
+                                 f"environments {list(self.factories)}")
+        cursor: dict = {}
+        self.environments = []
+        for name in names:
+            pool, index = self.pool[name], cursor.get(name, 0)
+            if index == len(pool):
+                pool.append(self.factories[name]())
+            cursor[name] = index + 1
+            self.environments.append(pool[index])
+        self.row_tools = [self.standalone_tools + environment_methods(env) for env in self.environments]
+        for i, (row, env) in enumerate(zip(rows, self.environments)):
+            kwargs = {k: v for k, v in row.items() if k != "environment"} if self.multi_environment else dict(row)
+            observation = env.reset(**kwargs)
+            if observation is not None:
+                last = prompts[i][-1]
+                prompts[i] = prompts[i][:-1] + [{**last, "content": last["content"] + observation}]
+        return prompts
+
+    def replace_environment(self, row: int) -> None:
+        """After a method of row ``row``'s environment timed out (its thread cannot be stopped): a fresh instance
+        takes its place in the pool for the next updates."""
+        if self.environments is None:
+            return
+        env = self.environments[row]
+        for name, pool in self.pool.items():
+            if env in pool:
+                pool[pool.index(env)] = self.factories[name]()
+
+    def render_prompt(self, prompt: list, row: int) -> list[int]:
+        """The prompt's token ids with row ``row``'s tools in the system turn (TRL's ``_tokenize_prompts``)."""
+        tools = self.row_tools[row] if self.row_tools else self.tools
+        ids = self.processing_class.apply_chat_template(
+            prompt, tools=tools or None, chat_template=self.chat_template, add_generation_prompt=True,
+            tokenize=True, return_dict=True, **self.chat_template_kwargs)["input_ids"]
+        return list(ids[0] if ids and isinstance(ids[0], list) else ids)
+
+    def tool_suffix_ids(self, tool_messages: list[dict]) -> list[int]:
+        """The tokens that follow an assistant turn with tool calls: the tool results as the template renders them
+        and the next assistant header (TRL's ``_get_tool_suffix_ids``: a dummy conversation, EOS-trimmed prefix)."""
+        tok = self.processing_class
+        dummy = [{"role": "user", "content": "dummy"},
+                 {"role": "assistant", "content": "",
+                  "tool_calls": [{"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}]}]
+        kwargs = dict(tokenize=True, chat_template=self.chat_template, return_dict=False, **self.chat_template_kwargs)
+        prefix = list(tok.apply_chat_template(dummy, add_generation_prompt=False, **kwargs))
+        full = list(tok.apply_chat_template(dummy + tool_messages, add_generation_prompt=True, **kwargs))
+        eos = [i for i, t in enumerate(prefix) if t == tok.eos_token_id]
+        if eos:
+            prefix = prefix[: eos[-1] + 1]
+        if full[: len(prefix)] != prefix:
+            raise UserInputError("processing_class: the chat template renders a tool call differently when a tool "
+                                 "result follows it (not prefix-preserving)")
+        return full[len(prefix):]
+
+    def parse(self, ids: list[int], prefix: list[int], row: int) -> dict:
+        """One assistant turn's message (``tool_calls`` when it calls tools): TRL's ``parse_response``."""
+        from trl.chat_template_utils import parse_response
+
+        tools = self.row_tools[row] if self.row_tools else self.tools
+        if "tools" in inspect.signature(parse_response).parameters:  # TRL >= 1.14
+            return parse_response(self.processing_class, ids, prefix=prefix, tools=tools)
+        return parse_response(self.processing_class, ids, prefix=prefix)
+
+    def tool_dict(self, row: int) -> dict:
+        """Row ``row``'s tools by name."""
+        return {tool.__name__: tool for tool in (self.row_tools[row] if self.row_tools else self.tools)}

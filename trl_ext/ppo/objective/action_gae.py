@@ -1,0 +1,59 @@
+"""GAE over the policy's own tokens in a multi-turn episode: tool results and environment text are not steps.
+
+An episode with tools is one token sequence: the policy's tokens (actions) interleaved with spans the policy did not
+choose (observations: tool results, environment text, the chat template's role headers around them). PPO treats
+each action token as a step, its state being every token before it. An observation span is part of the transition
+from the last action before it to the first action after it, not a step of its own: the advantage of the last action
+``t`` before a span bootstraps from the value at the next action ``t'`` after it,
+
+    delta_t = r_t + gamma * V(s_t') - V(s_t),      A_t = delta_t + gamma * lam * A_t'
+
+(the value model predicts at every token; those at observation tokens are simply not used). That is GAE
+(Schulman et al. 2016, eq. 16) over the subsequence of steps, which :func:`gae_over_steps` computes by moving each
+row's steps to the front (order kept), running TRL's :func:`~trl_ext.ppo.objective.advantages.gae_advantages` on that
+and putting the results back. A reward that falls on a non-step position (the score when an episode ends on an
+observation) is added to the step before it. verl's multi-turn rollouts mask observations out of the loss the same way
+(``response_mask``); the bootstrapping across the span is what a critic needs to learn values of tool-using states.
+
+With no observation span in a row, its steps are a prefix of the row and the result is TRL's GAE exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .advantages import gae_advantages
+
+__all__ = ["gae_over_steps"]
+
+
+def gae_over_steps(rewards: torch.Tensor, values: torch.Tensor, steps: torch.Tensor, gamma: float, lam: float
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE advantages and returns ``(batch, T)`` over the positions where ``steps`` is True (module docstring).
+
+    Args:
+        rewards, values: ``(batch, T)`` per-token rewards and values (the trainer's, padding positions 0).
+        steps: ``(batch, T)`` bool, True at the positions that are steps: the episode's action tokens (and the
+            position after its last token, where TRL's PPO puts the score and the final value).
+        gamma, lam: the discount and the GAE lambda.
+
+    Returns:
+        ``(advantages, returns)``; 0 at the positions that are not steps.
+    """
+    width = rewards.shape[1]
+    positions = torch.arange(width, device=rewards.device).expand_as(steps)
+    # Steps first, each row's order kept: sort by (not a step, position).
+    order = torch.argsort((~steps).long() * width + positions, dim=1)
+    # A reward on a non-step position goes to the last step at or before it (none before: the first step).
+    owner = torch.cummax(torch.where(steps, positions, torch.full_like(positions, -1)), dim=1).values
+    first_step = torch.argmax(steps.long(), dim=1, keepdim=True).expand_as(owner)
+    owner = torch.where(owner < 0, first_step, owner)
+    moved = torch.zeros_like(rewards).scatter_add_(1, owner, rewards)
+    n_steps = steps.sum(1, keepdim=True)
+    in_front = positions < n_steps
+    step_rewards = torch.where(in_front, torch.gather(moved, 1, order), torch.zeros_like(rewards))
+    step_values = torch.where(in_front, torch.gather(values, 1, order), torch.zeros_like(values))
+    step_advantages, step_returns = gae_advantages(step_rewards, step_values, gamma, lam)
+    advantages = torch.zeros_like(rewards).scatter_(1, order, torch.where(in_front, step_advantages, 0.0))
+    returns = torch.zeros_like(rewards).scatter_(1, order, torch.where(in_front, step_returns, 0.0))
+    return advantages, returns

@@ -1,0 +1,69 @@
+"""Step 7 of :class:`trl_ext.PPOTrainer`'s update: the update's metrics (TRL's names and formulas, plus the
+extensions'), logging them, and the KL controller's step (the list of steps: :mod:`trl_ext.ppo.trainer`)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .rollout import Rollout, UpdateStats
+from .objective.objectives import objective_metrics
+
+__all__ = ["UpdateMetricsMixin"]
+
+
+class UpdateMetricsMixin:
+    """``update_metrics`` and ``log_update`` of :class:`trl_ext.PPOTrainer` (each overridable in a subclass)."""
+
+    def update_metrics(self, rollout: Rollout, stats: UpdateStats, kl_coef: float, timings: dict) -> dict:
+        """TRL's metrics of one update (same names and formulas), plus `objective/kl_coef`, `loss/ptx_avg`, `time/*`,
+        and the extensions' (`docs/metrics.md`)."""
+        gather = self.accelerator.gather_for_metrics
+        padding_mask = rollout.padding_mask
+        mean_kl = rollout.kl.sum(1).mean()
+        # Mask padding positions, filled with INVALID_LOGPROB, else they'd drag the entropy negative
+        mean_entropy = ((-rollout.logprobs) * (~padding_mask).float()).sum(1).mean()
+        mean_non_score_reward = rollout.non_score_reward.sum(1).mean()
+        rlhf_reward = mean_non_score_reward + rollout.scores.mean()
+        metrics = {}
+        metrics["eps"] = int(self.state.episode / (time.time() - self.start_time))
+        metrics["objective/kl"] = gather(mean_kl).mean().item()
+        metrics["objective/entropy"] = gather(mean_entropy).mean().item()
+        metrics["objective/non_score_reward"] = gather(mean_non_score_reward).mean().item()
+        metrics["objective/rlhf_reward"] = gather(rlhf_reward).mean().item()
+        metrics["objective/scores"] = gather(rollout.scores.mean()).mean().item()
+        metrics["policy/approxkl_avg"] = gather(stats.approxkl).mean().item()
+        metrics["policy/clipfrac_avg"] = gather(stats.pg_clipfrac).mean().item()
+        metrics["loss/policy_avg"] = gather(stats.pg_loss).mean().item()
+        metrics["loss/value_avg"] = gather(stats.vf_loss).mean().item()
+        metrics["val/clipfrac_avg"] = gather(stats.vf_clipfrac).mean().item()
+        metrics["policy/entropy_avg"] = gather(stats.entropy).mean().item()
+        metrics["val/ratio"] = gather(stats.ratio).mean().item()
+        ratios = gather(stats.ratio)  # one value (one epoch, minibatch, micro-batch): no spread, 0 (TRL: NaN + warning)
+        metrics["val/ratio_var"] = ratios.var().item() if ratios.numel() > 1 else 0.0
+        metrics["val/num_eos_tokens"] = (rollout.responses == self.processing_class.eos_token_id).sum().item()
+        metrics["objective/kl_coef"] = kl_coef
+        if rollout.scores_clipfrac is not None:
+            metrics["objective/scores_clipfrac"] = gather(rollout.scores_clipfrac).mean().item()
+        if stats.ptx_losses:
+            metrics["loss/ptx_avg"] = gather(torch.stack(stats.ptx_losses).mean()).mean().item()
+        metrics.update(objective_metrics(rollout, stats, self.objective, self.accelerator))
+        if self.args.critic_free:
+            self.critic_free.metrics(metrics, rollout, stats)
+        if self.reward_scoring is not None:  # reward_funcs: rewards/*, reward, completions/*
+            metrics.update(self.reward_scoring.metrics(rollout))
+        if rollout.episodes is not None:  # tools: tools/*, episodes/* (trl_ext.ppo.episodes.multi_turn)
+            metrics.update(rollout.episodes.metrics(gather))
+        metrics.update(timings)
+        metrics.update(self.step_guard.metrics())  # nonfinite/*: only under `skip` or fp16's loss scaler
+        metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
+        metrics["episode"] = self.state.episode
+        return metrics
+
+    def log_update(self, metrics: dict) -> None:
+        """Advance the step counters, log `metrics`, then let the KL controller see this update's KL."""
+        self.state.epoch = self.state.episode / self.train_dataset_len  # used by self.log
+        self.state.global_step += 1
+        self.log(metrics)
+        self.kl_ctl.update(metrics["objective/kl"], self.args.batch_size)
