@@ -135,6 +135,51 @@ def held_out(model_dir_or_model, tokenizer, rows, tools: bool, iterations: int |
                     response_length=(WITH_TOOLS if tools else WITHOUT_TOOLS)["response_length"])
 
 
+GUESS_RL = {"advantage_estimator": "grpo", "num_samples_per_prompt": K, "kl_in": "loss", "response_length": 176,
+            "max_tool_calling_iterations": 4}
+
+
+def guess_study(work: Path, *, updates: int, seed: int, sft_steps: int | None = None, **overrides) -> dict:
+    """The environment case: SFT on guessing games (recipes/tool_use/sft_guess.yaml), then GRPO k=4 with
+    ``environment_factory=GuessEnv`` and no reward function (the environment owns the reward through
+    ``get_reward``). Returns the logged environment reward, game lengths and tool-call counts per update."""
+    import torch
+    from guess_env import GuessEnv
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import trl_ext
+    from trl_ext.recipe_loader import resolve_recipe
+    from trl_ext.recipe_loader.pipeline import run
+    from evaluate import read_jsonl
+
+    start = time.perf_counter()
+    argv = ["--model_name_or_path", str(work / "guess_base"), "--dataset_name",
+            str(work / "data" / "guess_sft.jsonl"), "--output_dir", str(work / "sft_guess"), "--disable_tqdm", "true"]
+    if sft_steps is not None:
+        argv += ["--max_steps", str(sft_steps)]
+    with open(work / "sft_guess.log", "w") as log, redirect_stdout(log), redirect_stderr(log):
+        run(resolve_recipe(TASK / "sft_guess.yaml", argv))
+    sft_seconds = time.perf_counter() - start
+    from datasets import Dataset
+
+    tokenizer = AutoTokenizer.from_pretrained(work / "sft_guess", padding_side="left")
+    torch.manual_seed(seed)
+    policy = AutoModelForCausalLM.from_pretrained(work / "sft_guess")
+    settings = {**RL_SETTINGS, **GUESS_RL, **overrides}
+    args = trl_ext.PPOConfig(output_dir=str(work / "rl-guess"), seed=seed, use_cpu=True, report_to="none",
+                             total_episodes=updates * settings["per_device_train_batch_size"], logging_steps=1,
+                             save_strategy="no", num_sample_generations=0, disable_tqdm=True, **settings)
+    trainer = trl_ext.PPOTrainer(args=args, processing_class=tokenizer, model=policy,
+                                 ref_model=copy.deepcopy(policy), reward_model=None, value_model=None,
+                                 train_dataset=Dataset.from_list(read_jsonl(work / "data" / "guess_train.jsonl")),
+                                 reward_funcs=None, environment_factory=GuessEnv)
+    _, seconds = quiet_timed(trainer.train, work / "rl-guess.log")
+    return {"settings": settings, "sft_seconds": sft_seconds, "seconds": seconds,
+            "reward": logged(trainer, "rewards/GuessEnv/mean"), "turns": logged(trainer, "episodes/turns_mean"),
+            "tool_calls": logged(trainer, "tools/call_frequency"),
+            "truncated": logged(trainer, "episodes/truncated_iterations_frac")}
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="5 updates, one seed")
@@ -147,6 +192,9 @@ def parse_args(argv):
     p.add_argument("--train", type=int, default=None, help="training problems (default: make_data's)")
     p.add_argument("--heldout", type=int, default=None, help="held-out problems (default: make_data's)")
     p.add_argument("--workdir", default=str(RESULTS / "tool_use_runs"), help="where data and models are written")
+    p.add_argument("--guess", type=int, default=0, metavar="UPDATES",
+                   help="also the guessing-game environment case: GRPO updates after its SFT (0: not run)")
+    p.add_argument("--guess-sft-steps", type=int, default=None, help="its SFT steps (default: sft_guess.yaml's)")
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/tool_use.json)")
     return p.parse_args(argv)
 
@@ -169,13 +217,14 @@ def main(argv=None) -> int:
     overrides = {kv.split("=", 1)[0]: yaml.safe_load(kv.split("=", 1)[1]) for kv in a.set}
     tokenizer = AutoTokenizer.from_pretrained(work / "sft_tools")
     heldout, train_rows = read_jsonl(work / "data" / "heldout.jsonl"), read_jsonl(work / "data" / "train.jsonl")
-    starts = {True: held_out(work / "sft_tools", tokenizer, heldout, True),
-              False: held_out(work / "sft_no_tools", tokenizer, heldout, False)}
-    print(f"after SFT ({sft_seconds:.0f} s): with tools {starts[True]}, without {starts[False]}", flush=True)
+    starts = {"tools": held_out(work / "sft_tools", tokenizer, heldout, True),
+              "no tools": held_out(work / "sft_no_tools", tokenizer, heldout, False)}
+    print(f"after SFT ({sft_seconds:.0f} s): {starts}", flush=True)
 
     runs = {}
     for seed, name, variant in study_cells(seeds, VARIANTS, a.only):
         tools = variant["tools"]
+        start = starts["tools" if tools else "no tools"]
         run = runs.setdefault(name, {"settings": {**RL_SETTINGS, **(WITH_TOOLS if tools else WITHOUT_TOOLS),
                                                   **variant, **overrides}, "seeds": []})
         out = work / f"rl-{variant['advantage_estimator']}-{'tools' if tools else 'no_tools'}-seed{seed}"
@@ -184,21 +233,28 @@ def main(argv=None) -> int:
         _, seconds = quiet_timed(trainer.train, f"{out}.log")
         end = held_out(trainer.model.policy, tokenizer, heldout, tools,
                        trainer.args.max_tool_calling_iterations if tools else None)
-        run["seeds"].append({"seed": seed, "seconds": seconds, "start": starts[tools], "end": end,
+        run["seeds"].append({"seed": seed, "seconds": seconds, "start": start, "end": end,
                              "reward": logged(trainer, "reward"), "kl": logged(trainer, "objective/kl"),
                              "tool_calls": logged(trainer, "tools/call_frequency")})
-        print(f"{name} seed {seed}: {seconds:.0f} s, held-out exact match {starts[tools]['exact_match']:.3f} -> "
+        print(f"{name} seed {seed}: {seconds:.0f} s, held-out exact match {start['exact_match']:.3f} -> "
               f"{end['exact_match']:.3f}", flush=True)
         del trainer
         shutil.rmtree(out, ignore_errors=True)
         write_result("tool_use", {"updates": updates, "seeds": seeds}, {"sft": starts, "runs": runs}, out=a.out)
 
+    guess = None
+    if a.guess:
+        guess = guess_study(work, updates=a.guess, seed=0, sft_steps=a.guess_sft_steps, **overrides)
+        r = guess["reward"]
+        print(f"guessing game (GRPO, environment_factory): GuessEnv reward {_mean(r[:3]):.3f} (first 3 updates) -> "
+              f"{_mean(r[-3:]):.3f} (last 3); turns {guess['turns'][0]:.2f} -> {guess['turns'][-1]:.2f}", flush=True)
     total = time.perf_counter() - started
     report(starts, runs)
     settings = {"quick": a.quick, "updates": updates, "seeds": seeds, "k": K, "episodes_per_update":
                 EPISODES_PER_UPDATE, "rl": RL_SETTINGS, "with_tools": WITH_TOOLS, "without_tools": WITHOUT_TOOLS,
                 "overrides": overrides, "seconds": {"total": total, "sft": sft_seconds}}
-    write_result("tool_use", settings, {"sft": {str(k): v for k, v in starts.items()}, "runs": runs}, out=a.out)
+    write_result("tool_use", settings, {"sft": starts, "runs": runs, "guess": guess},
+                 out=a.out)
     print(f"total {total:.0f} s; load average now {load_average()}")
     return 0
 
@@ -209,14 +265,15 @@ def _mean(xs) -> float:
 
 
 def report(starts, runs) -> None:
-    headers = ["start -> RL", "seeds", "held-out exact match: mean ± sd (per seed)", "tool-call rate", "train reward,"
-               " last 5", "s per run"]
-    table = [[f"SFT {'with' if t else 'without'} tools", "-", f"{starts[t]['exact_match']:.3f}",
-              f"{starts[t]['tool_calls']:.2f}", "-", "-"] for t in (True, False)]
+    headers = ["start -> RL", "seeds", "held-out exact match: mean ± sd (per seed)", "tool-call rate",
+               "train reward, last 5", "s per run"]
+    table = [[f"SFT, {t}", "-", f"{starts[t]['exact_match']:.3f}", f"{starts[t]['tool_calls']:.2f}", "-", "-"]
+             for t in starts]
     for name, run in runs.items():
         ends = [r["end"]["exact_match"] for r in run["seeds"]]
         sd = statistics.stdev(ends) if len(ends) > 1 else 0.0
-        table.append([f"RL: {name}", len(ends), f"{_mean(ends):.3f} ± {sd:.3f} ({' / '.join(f'{e:.3f}' for e in ends)})",
+        per_seed = " / ".join(f"{e:.3f}" for e in ends)
+        table.append([f"RL: {name}", len(ends), f"{_mean(ends):.3f} ± {sd:.3f} ({per_seed})",
                       f"{_mean(r['end']['tool_calls'] for r in run['seeds']):.2f}",
                       _mean(_mean(r["reward"][-5:]) for r in run["seeds"]), _mean(r["seconds"] for r in run["seeds"])])
     print_table(headers, table)

@@ -42,7 +42,8 @@ def tool_suffix_ids(tokenizer, tool_messages: list[dict]) -> list[int]:
 
 
 def run_tool_calls(tool_calls: list[dict], tools: list) -> list[dict]:
-    """The ``tool`` messages answering ``tool_calls`` (TRL's contract: a failing call's message is ``{"error": ...}``)."""
+    """The ``tool`` messages answering ``tool_calls`` (TRL's contract: a failing call's content is
+    ``{"error": ...}``)."""
     by_name = {fn.__name__: fn for fn in tools}
     messages = []
     for call in tool_calls:

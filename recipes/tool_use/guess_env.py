@@ -99,7 +99,10 @@ def transcript(secret: int, rng: random.Random) -> tuple[list[dict], list[dict]]
         completion += [{"role": "assistant", "content": "", "tool_calls": [
                            {"type": "function", "function": {"name": "guess", "arguments": {"number": number}}}]},
                        {"role": "tool", "name": "guess", "content": answer}]
-        low, high = (number + 1, high) if answer == "higher" else (low, number - 1) if answer == "lower" else (low, high)
+        if answer == "higher":
+            low = number + 1
+        elif answer == "lower":
+            high = number - 1
     completion.append({"role": "assistant", "content": f"Found it: {secret}."})
     return prompt, completion
 

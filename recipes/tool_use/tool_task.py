@@ -96,8 +96,8 @@ def row(a: int, b: int) -> dict:
 
 
 def split(seed: int = 0, train: int = TRAIN, heldout: int = HELDOUT) -> tuple[list[tuple], list[tuple]]:
-    """(train pairs, held-out pairs) ``(a, b)``: distinct random pairs of five-digit numbers drawn with ``seed``; the first
-    ``heldout`` are held out. Disjoint by construction, deterministic given ``seed``."""
+    """(train pairs, held-out pairs) ``(a, b)``: distinct random pairs of five-digit numbers drawn with ``seed``; the
+    first ``heldout`` are held out. Disjoint by construction, deterministic given ``seed``."""
     rng = random.Random(seed)
     pairs: dict[tuple[int, int], None] = {}
     while len(pairs) < train + heldout:
