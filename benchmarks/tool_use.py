@@ -142,7 +142,8 @@ GUESS_RL = {"advantage_estimator": "grpo", "num_samples_per_prompt": K, "kl_in":
 def guess_study(work: Path, *, updates: int, seed: int, sft_steps: int | None = None, **overrides) -> dict:
     """The environment case: SFT on guessing games (recipes/tool_use/sft_guess.yaml), then GRPO k=4 with
     ``environment_factory=GuessEnv`` and no reward function (the environment owns the reward through
-    ``get_reward``). Returns the logged environment reward, game lengths and tool-call counts per update."""
+    ``get_reward``); a finished ``<work>/sft_guess`` is reused unless ``sft_steps`` is given.
+    Returns the logged environment reward, game lengths and tool-call counts per update."""
     import torch
     from guess_env import GuessEnv
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -157,8 +158,9 @@ def guess_study(work: Path, *, updates: int, seed: int, sft_steps: int | None = 
             str(work / "data" / "guess_sft.jsonl"), "--output_dir", str(work / "sft_guess"), "--disable_tqdm", "true"]
     if sft_steps is not None:
         argv += ["--max_steps", str(sft_steps)]
-    with open(work / "sft_guess.log", "w") as log, redirect_stdout(log), redirect_stderr(log):
-        run(resolve_recipe(TASK / "sft_guess.yaml", argv))
+    if sft_steps is not None or not (work / "sft_guess" / "config.json").exists():  # else: reuse the SFT model
+        with open(work / "sft_guess.log", "w") as log, redirect_stdout(log), redirect_stderr(log):
+            run(resolve_recipe(TASK / "sft_guess.yaml", argv))
     sft_seconds = time.perf_counter() - start
     from datasets import Dataset
 
@@ -191,6 +193,7 @@ def parse_args(argv):
     p.add_argument("--sft-steps", type=int, default=None, help="SFT steps (default: the recipes')")
     p.add_argument("--train", type=int, default=None, help="training problems (default: make_data's)")
     p.add_argument("--heldout", type=int, default=None, help="held-out problems (default: make_data's)")
+    p.add_argument("--eval-problems", type=int, default=None, help="evaluate on the first N held-out problems")
     p.add_argument("--workdir", default=str(RESULTS / "tool_use_runs"), help="where data and models are written")
     p.add_argument("--guess", type=int, default=0, metavar="UPDATES",
                    help="also the guessing-game environment case: GRPO updates after its SFT (0: not run)")
@@ -217,6 +220,7 @@ def main(argv=None) -> int:
     overrides = {kv.split("=", 1)[0]: yaml.safe_load(kv.split("=", 1)[1]) for kv in a.set}
     tokenizer = AutoTokenizer.from_pretrained(work / "sft_tools")
     heldout, train_rows = read_jsonl(work / "data" / "heldout.jsonl"), read_jsonl(work / "data" / "train.jsonl")
+    heldout = heldout[:a.eval_problems]
     starts = {"tools": held_out(work / "sft_tools", tokenizer, heldout, True),
               "no tools": held_out(work / "sft_no_tools", tokenizer, heldout, False)}
     print(f"after SFT ({sft_seconds:.0f} s): {starts}", flush=True)
@@ -250,9 +254,9 @@ def main(argv=None) -> int:
               f"{_mean(r[-3:]):.3f} (last 3); turns {guess['turns'][0]:.2f} -> {guess['turns'][-1]:.2f}", flush=True)
     total = time.perf_counter() - started
     report(starts, runs)
-    settings = {"quick": a.quick, "updates": updates, "seeds": seeds, "k": K, "episodes_per_update":
-                EPISODES_PER_UPDATE, "rl": RL_SETTINGS, "with_tools": WITH_TOOLS, "without_tools": WITHOUT_TOOLS,
-                "overrides": overrides, "seconds": {"total": total, "sft": sft_seconds}}
+    settings = {"quick": a.quick, "updates": updates, "seeds": seeds, "eval_problems": len(heldout), "k": K,
+                "episodes_per_update": EPISODES_PER_UPDATE, "rl": RL_SETTINGS, "with_tools": WITH_TOOLS,
+                "without_tools": WITHOUT_TOOLS, "overrides": overrides, "seconds": {"total": total, "sft": sft_seconds}}
     write_result("tool_use", settings, {"sft": starts, "runs": runs, "guess": guess},
                  out=a.out)
     print(f"total {total:.0f} s; load average now {load_average()}")
