@@ -42,7 +42,7 @@ sys.path.insert(0, str(TASK))
 
 K = 4
 EPISODES_PER_UPDATE = 32
-RL_UPDATES = 20
+RL_UPDATES = 8
 ESTIMATORS = {
     "GAE (value model)": {"advantage_estimator": "gae"},
     f"RLOO k={K}": {"advantage_estimator": "rloo", "num_samples_per_prompt": K},
@@ -54,7 +54,7 @@ VARIANTS = {f"{name}, {'tools' if tools else 'no tools'}": {**est, "tools": tool
 #: The RL settings every run shares (recipes/tool_use/{gae,rloo,grpo}{_tools,_no_tools}.yaml carry the same).
 RL_SETTINGS = dict(  # noqa: C408 - keyword form: these are PPOConfig's keywords
     per_device_train_batch_size=EPISODES_PER_UPDATE, gradient_accumulation_steps=1, num_mini_batches=1,
-    num_ppo_epochs=2, learning_rate=3e-4, lr_scheduler_type="constant", stop_token="eos", temperature=1.0,
+    num_ppo_epochs=2, learning_rate=1e-3, lr_scheduler_type="constant", stop_token="eos", temperature=1.0,
     kl_coef=0.01, local_rollout_forward_batch_size=EPISODES_PER_UPDATE,
 )
 #: Per start: the episode's token budget (with the tool: call, result, answer) and the tool-calling rounds.
