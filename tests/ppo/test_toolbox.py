@@ -131,3 +131,23 @@ def test_launches_where_turns_cannot_differ_between_processes_are_refused():
     with pytest.raises(UserInputError, match="tools: not supported under FSDP"):
         MultiTurnRollout.check_launch(fsdp)
     MultiTurnRollout.check_launch(SimpleNamespace(is_fsdp_enabled=False, accelerator=Accelerator(), args=None))
+
+
+@pytest.mark.parametrize("settings, data, message", [
+    ({}, {"input_ids": [[1, 2]]}, "train_dataset: tools need a 'prompt' column of chat messages"),
+    ({}, {"prompt": ["Add 2 and 3."]}, "train_dataset: with tools the 'prompt' column must hold chat messages"),
+    ({"stop_token_id": 5}, None, "stop_token_id: 5 with tools; each turn ends at the tokenizer's EOS"),
+    ({"dynamic_sampling": True, "advantage_estimator": "grpo", "num_samples_per_prompt": 2}, None,
+     "dynamic_sampling: not supported with tools yet"),
+    ({"reward_num_workers": 1}, None, "reward_num_workers: reward functions receive the environments"),
+])
+def test_what_the_trainer_refuses_with_tools(tok, tmp_path, settings, data, message):
+    from datasets import Dataset
+
+    from trl_ext import PPOConfig
+
+    args = PPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, **settings)
+    dataset = Dataset.from_dict(data or {"prompt": [[{"role": "user", "content": "Add 2 and 3."}]]})
+    with pytest.raises(UserInputError) as caught:
+        Toolbox.for_trainer([add], Counter, tok, args, dataset)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
