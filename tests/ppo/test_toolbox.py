@@ -151,3 +151,40 @@ def test_what_the_trainer_refuses_with_tools(tok, tmp_path, settings, data, mess
     with pytest.raises(UserInputError) as caught:
         Toolbox.for_trainer([add], Counter, tok, args, dataset)
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_reward_sources_prompt_rendering_and_the_tokenizers_own_parser(tok):
+    import asyncio
+    import functools
+
+    from datasets import Dataset
+
+    class AsyncCounter(Counter):
+        async def get_reward(self) -> float:
+            return float(self.count) + 0.5
+
+    with pytest.raises(UserInputError, match="is not a function"):
+        Toolbox([functools.partial(add, 1)], None, tok)  # callable, but no name the model could call
+    box = Toolbox([add], AsyncCounter, tok)
+    f = lambda **kw: [0.0]  # noqa: E731
+    assert box.with_environment_rewards(None)[0].__name__ == "AsyncCounter"
+    assert box.with_environment_rewards(f)[0] is f and len(box.with_environment_rewards([f, f])) == 3
+    prompt = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "q"}]
+    prompts = box.start_batch([{"prompt": prompt, "start": 4}], [prompt])
+    assert prompts[0] == [prompt[0], {"role": "user", "content": "q Start at 4."}]  # the last message, not the first
+    assert asyncio.run(box.reward_functions()[0][0](environments=box.environments)) == [0.5]
+    ids = box.render_dataset(Dataset.from_list([{"prompt": prompt}]))["input_ids"][0]
+    assert ids == box.render_prompt(prompt, 0)
+    assert tok.decode(ids).endswith("<|im_start|>assistant\n") and '"name": "bump"' in tok.decode(ids)
+    plain = Toolbox([add], None, tok)
+    assert plain.start_batch([{"prompt": prompt}] * 2, [prompt] * 2) == [prompt] * 2
+    assert plain.row_tools == [[add], [add]] and plain.environments is None
+    own = build_tool_tokenizer()
+    own.response_template = tok.response_template  # a tokenizer that brings its own parser keeps it
+    marker = object()
+    own.response_template = marker
+    try:
+        Toolbox([add], None, own)
+    except Exception:  # noqa: BLE001 - the marker is no parser; only whether it was replaced matters here
+        pass
+    assert own.response_template is marker
