@@ -222,7 +222,8 @@ MISSING_REWARD = ("recipe: missing key 'reward_model_path' (the reward model PPO
     (dict(tools=["my_tools.py:add", "my_tools.py:NOT_CALLABLE"]),
      "recipe: key 'tools' entry 2 'my_tools.py:NOT_CALLABLE': 'NOT_CALLABLE' in file 'my_tools.py' is not callable"),
     (dict(tools=["my_tools.py:untyped"]),
-     "recipe: key 'tools' entry 1 'my_tools.py:untyped': the chat template cannot describe it (TypeHintParsingException"),
+     "recipe: key 'tools' entry 1 'my_tools.py:untyped': the chat template cannot describe it "
+     "(TypeHintParsingException"),
     (dict(tools=[{"url": "http://localhost:1/add"}]),
      "recipe: key 'tools' entry 1 'http://localhost:1/add': a tool is a Python function"),
     (dict(environment_factory="no_such_module_xyz:Env"),
