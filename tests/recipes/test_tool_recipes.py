@@ -172,6 +172,8 @@ def test_check_prints_the_tools_and_environment_it_checked(recipe_dir, tool_mode
     assert rc == 0, err
     assert "# environment: Quiet (reset; tools: look; reward: none)" in out
     assert "# reward functions: answer_reward" in out
+    rc, out, err = cli(capsys, "check", path, "--tools", "my_tools.py:add", "my_tools.py:untyped")  # replaces the list
+    assert rc == 2 and "recipe: key 'tools' entry 2 'my_tools.py:untyped': the chat template cannot" in err, err
 
 
 def test_several_environments_chosen_by_the_environment_column(recipe_dir, tool_model, capsys):
