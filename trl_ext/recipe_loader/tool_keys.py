@@ -135,7 +135,7 @@ def _resolve_environment(spec_text: str, where: str, base_dir: Path):
         instance = factory()
     except Exception as err:  # noqa: BLE001 - the user's constructor, as one line
         raise UserInputError(f"{where}: calling it failed: {_one_line(err)} (the trainer calls it without "
-                             "arguments, once per episode)") from None
+                             "arguments to build each episode's environment)") from None
     if not callable(getattr(instance, "reset", None)):
         raise UserInputError(f"{where}: its instance ({type(instance).__name__}) has no reset method; an environment "
                              "defines reset(**row), called with each dataset row before the episode")
@@ -201,19 +201,20 @@ def check_tool_data(recipe, dataset, *, name: str, split: str) -> None:
     if "prompt" not in columns:
         raise UserInputError(f"{where} has no column 'prompt' {listing}; {keys} need the prompts as chat messages "
                              "(rendered with the tools' schema each update)")
-    for row, prompt in enumerate(dataset["prompt"]):
-        if not (isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt)):
-            raise UserInputError(f"{where} row {row}: with {keys} 'prompt' must be chat messages (a list of "
-                                 f"{{'role', 'content'}} dicts), got {type(prompt).__name__}")
+    prompt = dataset[0]["prompt"] if len(dataset) else []  # one Arrow type for the column: the first row tells
+    if not (isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt)):
+        raise UserInputError(f"{where} row 0: with {keys} 'prompt' must be chat messages (a list of "
+                             f"{{'role', 'content'}} dicts), got {type(prompt).__name__}")
     factories = recipe.environment_factory
     if isinstance(factories, dict):
         if "environment" not in columns:
             raise UserInputError(f"{where} has no column 'environment' {listing}; environment_factory names several "
                                  f"environments ({', '.join(factories)}): each row names its own")
-        for row, env in enumerate(dataset["environment"]):
-            if env not in factories:
-                raise UserInputError(f"{where} row {row}: environment {env!r} is not one of environment_factory's "
-                                     f"({', '.join(factories)})")
+        unknown = [env for env in dataset.unique("environment") if env not in factories]
+        if unknown:
+            row = list(dataset["environment"]).index(unknown[0])
+            raise UserInputError(f"{where} row {row}: environment {unknown[0]!r} is not one of environment_factory's "
+                                 f"({', '.join(factories)})")
 
 
 def check_tool_tokenizer(recipe, tokenizer) -> None:
