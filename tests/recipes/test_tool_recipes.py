@@ -257,6 +257,8 @@ MISSING_REWARD = ("recipe: missing key 'reward_model_path' (the reward model PPO
      "split 'train' has no column 'environment' (columns: prompt, answer); environment_factory names several"),
     (dict(dataset_name=unknown_environment, environment_factory=TWO_ENVS),
      "split 'train' row 1: environment 'chess' is not one of environment_factory's (guess, quiet)"),
+    (dict(stop_token=None, stop_token_id=999), "recipe: key 'stop_token_id': 999 with tools; each turn ends at the "
+     "tokenizer's EOS"),
     (dict(model_name_or_path="tiny://policy"),
      "recipe: key 'model_name_or_path': the chat template of 'tiny://policy' does not render a tool-calling"),
     (dict(trainer="dpo", environment_factory=None, dataset_name="recipes/demo/data/preferences.jsonl",

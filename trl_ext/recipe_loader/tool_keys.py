@@ -218,10 +218,14 @@ def check_tool_data(recipe, dataset, *, name: str, split: str) -> None:
 
 
 def check_tool_tokenizer(recipe, tokenizer) -> None:
-    """With tools: the tokenizer's chat template renders a tool-calling conversation and TRL can parse its tool
-    calls (the trainer's own check, done before any model loads)."""
+    """With tools: every turn ends at the tokenizer's EOS (no other ``stop_token_id``), and its chat template renders
+    a tool-calling conversation whose tool calls TRL can parse (the trainer's own checks, before any model loads)."""
     if not uses_tools(recipe):
         return
+    stop = getattr(recipe.training_args, "stop_token_id", None)
+    if stop is not None and stop != tokenizer.eos_token_id:
+        raise UserInputError(f"recipe: key 'stop_token_id': {stop} with tools; each turn ends at the tokenizer's EOS "
+                             f"({tokenizer.eos_token_id}): leave stop_token_id unset or use stop_token: eos")
     try:
         from trl.chat_template_utils import add_response_schema, supports_tool_calling
     except ImportError:  # an older TRL: the trainer reports what it cannot do
