@@ -91,15 +91,45 @@ class Untyped:
 ANSWERS = {(2, 3): 5, (4, 1): 5, (7, 5): 12, (6, 6): 12}
 
 
+def transcript(a: int, b: int) -> list:
+    """An episode as the recipe's tools and environment make it: the user's question with reset's text, a call of
+    `add`, its result, the answer."""
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": a, "b": b}}}
+    return [{"role": "user", "content": f"Add {a} and {b}. Guess!"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "name": "add", "content": str(a + b)},
+            {"role": "assistant", "content": f"The sum is {a + b}."}]
+
+
 @pytest.fixture(scope="module")
 def tool_model(tmp_path_factory):
-    """A tiny causal LM with a tokenizer whose chat template (TRL's Qwen2.5) renders and parses tool calls."""
+    """A tiny causal LM with a tokenizer whose chat template (TRL's Qwen2.5) renders and parses tool calls, fitted
+    to the four episodes of `transcript` (rendered with the recipe's tools, `add` and the environment's `guess`), so
+    that it calls `add` when it samples (~15 s)."""
+    import torch
+
     from trl_ext.testing import build_causal_lm
     from trl_ext.testing_tools import build_tool_tokenizer
 
     path = tmp_path_factory.mktemp("tool_model")
     tokenizer = build_tool_tokenizer(["Add 2 and 3.", "The sum is 5."])
-    build_causal_lm(tokenizer, max_position_embeddings=1024).save_pretrained(path)
+    model = build_causal_lm(tokenizer, max_position_embeddings=1024)
+    namespace: dict = {}
+    exec(TOOLS_PY, namespace)  # the schemas the trainer renders: the same functions' docstrings and types
+    tools = [namespace["add"], namespace["Guess"]().guess]
+    seqs = [tokenizer.apply_chat_template(transcript(a, b), tools=tools, tokenize=True, return_dict=True)["input_ids"]
+            for a, b in ANSWERS]
+    ids = torch.full((len(seqs), max(map(len, seqs))), tokenizer.pad_token_id)
+    mask = torch.zeros_like(ids)
+    for i, seq in enumerate(seqs):
+        ids[i, :len(seq)], mask[i, :len(seq)] = torch.tensor(seq), 1
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 
@@ -294,23 +324,31 @@ def test_train_refuses_text_prompts_before_loading_a_model(recipe_dir, tool_mode
 
 
 def test_train_one_update_with_a_tool_and_an_environment(recipe_dir, tool_model, capsys):
-    """`trl-ext train`: the recipe's tool and environment reach the trainer; the environment is reset with each row
-    (its text appended to the prompt) and its get_reward, the row's answer, is the only reward: the mean of the
-    batch's answers (5, 5, 12, 12 -> 8.5). GAE's value model starts from the policy (no reward model)."""
-    path = write(recipe_dir, tool_model, log_completions=True)
+    """`trl-ext train`: the recipe's tool and environment reach the trainer. The environment is reset with each row
+    (its text appended to the prompt); the model (fitted to call `add`) calls the tool from the recipe's file, in a
+    worker process (`tool_num_workers: 1`), and reads the sum; the environment's get_reward, the row's answer, is the
+    only reward: the mean of the batch's answers (5, 5, 12, 12 -> 8.5). GAE's value model starts from the policy."""
+    path = write(recipe_dir, tool_model, log_completions=True, temperature=0.1, response_length=64,
+                 tool_num_workers=1, max_tool_calling_iterations=1)
     rc, out, err = cli(capsys, "train", path)
     assert rc == 0, err
     run = recipe_dir / "out"
     logs = [h for h in json.loads((run / "trainer_state.json").read_text())["log_history"] if "reward" in h]
     assert len(logs) == 1
     assert logs[0]["rewards/Guess/mean"] == pytest.approx(8.5) and logs[0]["objective/scores"] == pytest.approx(8.5)
-    assert "tools/call_frequency" in logs[0] and logs[0]["episodes/turns_mean"] >= 1
+    # every episode: one call of `add` (no failure), its result, one more turn
+    assert (logs[0]["tools/call_frequency"], logs[0]["tools/failure_frequency"]) == (1.0, 0.0)
+    assert logs[0]["episodes/turns_mean"] == 2.0
     rows = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
     assert sorted(r["Guess"] for r in rows) == [5.0, 5.0, 12.0, 12.0]
-    for r in rows:  # reset's text after the user's; the reward is that row's answer
+    for r in rows:  # reset's text after the user's; the reward is the row's answer
         a, b = map(int, r["prompt"][-1]["content"].removesuffix(". Guess!").removeprefix("Add ").split(" and "))
         assert r["prompt"][-1]["content"] == f"Add {a} and {b}. Guess!" and r["Guess"] == ANSWERS[a, b]
-    assert all("episode" in r for r in rows)
+        # the observation is what the recipe's `add` returned for the arguments the model gave it
+        call = json.loads(r["episode"].split("<tool_call>")[1].split("</tool_call>")[0])
+        observation = r["episode"].split("[observation]")[1].split("[/observation]")[0]
+        result = observation.split("<tool_response>")[1].split("</tool_response>")[0].strip()
+        assert call["name"] == "add" and result == str(call["arguments"]["a"] + call["arguments"]["b"]), r["episode"]
     # the resolved recipe in the output directory names the files by absolute paths
     saved = yaml.safe_load((run / "trl_ext_recipe.yaml").read_text())
     assert saved["tools"] == [f"{(recipe_dir / 'my_tools.py').resolve()}:add"]
