@@ -352,3 +352,10 @@ def test_train_one_update_with_a_tool_and_an_environment(recipe_dir, tool_model,
     # the resolved recipe in the output directory names the files by absolute paths
     saved = yaml.safe_load((run / "trl_ext_recipe.yaml").read_text())
     assert saved["tools"] == [f"{(recipe_dir / 'my_tools.py').resolve()}:add"]
+
+
+def test_plan_reads_a_recipe_with_tools_and_an_environment_reward(recipe_dir, tool_model):
+    from trl_ext.recipe_loader.plan import make_plan
+
+    plan = make_plan(str(write(recipe_dir, tool_model)))
+    assert "no reward model (an environment's get_reward): none budgeted" in plan.notes

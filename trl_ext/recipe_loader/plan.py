@@ -188,7 +188,9 @@ def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memor
     shared = bool(pipeline.shared_base)
     critic = not args.critic_free  # a critic-free advantage_estimator: no value model to budget
     has_reward_model = bool(merged_reward_model_path(recipe_path, overrides))
-    notes = [] if has_reward_model else ["no reward model (reward_funcs only): none budgeted"]
+    source = "an environment's get_reward" if pipeline.environment_factory and not pipeline.reward_funcs else \
+        "reward_funcs only"
+    notes = [] if has_reward_model else [f"no reward model ({source}): none budgeted"]
     if not shared:
         notes += _scalar_model_notes(args, pipeline, shape, has_reward_model, critic)
     target = int(gpu_memory * GIB)
