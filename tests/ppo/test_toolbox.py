@@ -131,6 +131,15 @@ def test_launches_where_turns_cannot_differ_between_processes_are_refused():
     with pytest.raises(UserInputError, match="tools: not supported under FSDP"):
         MultiTurnRollout.check_launch(fsdp)
     MultiTurnRollout.check_launch(SimpleNamespace(is_fsdp_enabled=False, accelerator=Accelerator(), args=None))
+    from accelerate.utils import DistributedType
+
+    zero3 = SimpleNamespace(distributed_type=DistributedType.DEEPSPEED,
+                            state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=3)))
+    with pytest.raises(UserInputError, match="ds3_gather_for_generation: false with tools under ZeRO-3"):
+        MultiTurnRollout.check_launch(SimpleNamespace(is_fsdp_enabled=False, accelerator=zero3,
+                                                      args=SimpleNamespace(ds3_gather_for_generation=False)))
+    MultiTurnRollout.check_launch(SimpleNamespace(is_fsdp_enabled=False, accelerator=zero3,
+                                                  args=SimpleNamespace(ds3_gather_for_generation=True)))
 
 
 @pytest.mark.parametrize("settings, data, message", [
