@@ -42,7 +42,8 @@ MODULES = {  # module under trl_ext/ -> the test files that own its behaviour (f
     "ppo/objective/action_gae.py": ["tests/ppo/test_action_gae.py"],
     "ppo/episodes/tool_calls.py": ["tests/ppo/test_tool_calls.py"],
     "ppo/episodes/toolbox.py": ["tests/ppo/test_toolbox.py"],
-    "ppo/episodes/multi_turn.py": ["tests/ppo/test_multi_turn.py", "tests/ppo/test_tools_trainer.py"],
+    "ppo/episodes/multi_turn.py": ["tests/ppo/test_multi_turn.py", "tests/ppo/test_toolbox.py",
+                                   "tests/ppo/test_tools_trainer.py"],
 }
 
 SWAP_BINOP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
