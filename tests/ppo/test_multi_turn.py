@@ -85,6 +85,7 @@ def test_the_rounds_cap_ends_an_episode_that_keeps_calling(tok):
                                                               == -0.5)
     metrics = batch.metrics(lambda t: t)
     assert metrics["episodes/turns_mean"] == 2.0 and metrics["episodes/truncated_iterations_frac"] == 0.5
+    assert metrics["episodes/truncated_length_frac"] == 0.0
     assert metrics["tools/call_frequency"] == 1.0
 
 
