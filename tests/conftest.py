@@ -18,6 +18,46 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+# The slowest test modules, longest first (seconds on the 2 CPU cores with 2 workers, from `pytest --durations=0`,
+# November 26, 2026, TRL 1.16). They run before the others: pytest-xdist hands out whole modules (`--dist loadfile`)
+# in collection order (`--no-loadscope-reorder`, pyproject.toml), so the long ones start first and the many short
+# ones fill in until both workers finish together. (xdist's own order, by number of tests, left single long tests
+# such as the gold pipeline to the end, with one worker idle meanwhile.) A module missing here runs in collection
+# order after them; keep the list to the measured long ones (tests/test_package.py checks that each exists).
+LONGEST_FIRST = [
+    "tests/engines/test_engines.py",  # 3 DeepSpeed/FSDP launches (the first on a machine compiles an op, ~2 min)
+    "tests/recipes/test_recipe_runs.py",  # demo recipes learning, three 2-process CLI launches
+    "tests/recipes/test_gold_pipeline.py",  # SFT -> reward -> PPO on the gold task: one test
+    "tests/engines/test_engine_cli.py",  # 2 ZeRO-2 CLI launches
+    "tests/recipes/test_every_key.py",
+    "tests/test_gpu_ppo_benchmark.py",
+    "tests/recipes/test_sft_recipe.py",
+    "tests/recipes/test_cli_interruption.py",
+    "tests/ppo/test_ppo_ddp.py",
+    "tests/runtime/test_ddp.py",
+    "tests/ppo/test_ppo_reliability.py",
+    "tests/models/test_dtypes.py",
+    "tests/export/test_export.py",
+    "tests/preference/test_dpo_trainer.py",
+    "tests/ppo/test_ppo_shared_base.py",
+    "tests/recipes/test_console.py",
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules of LONGEST_FIRST first, in its order; the rest after them as collected (a stable sort: each module's
+    tests stay together and in their order)."""
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+
+    def key(item):
+        try:
+            return rank.get(item.path.relative_to(config.rootpath).as_posix(), len(rank))
+        except ValueError:  # outside the repository
+            return len(rank)
+
+    items.sort(key=key)
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """Paths of a tiny tokenizer, causal LM and scalar-headed model (see `trl_ext.testing`)."""
