@@ -1,16 +1,18 @@
-"""Run by test_ppo_ddp.py under `torchrun --nproc_per_node 2`: a LoRA-policy PPO run with the extensions on.
+"""PPO under `torchrun --nproc_per_node 2` for test_ppo_ddp.py: a LoRA-policy PPO run with the extensions on.
 
 Usage: ppo_ddp_script.py TINY_MODELS_DIR OUT_DIR [MODE[,MODE...] [REWARD_ADAPTER]], modes from trl, joint (the
 default), separate, shared (needs REWARD_ADAPTER), critic_free and objectives: one launch runs them one after the
 other (each from freshly loaded models; the process start and imports are paid once). For each mode each rank
 writes OUT_DIR/MODE/rank{N}.json with its logged kl_coef values and a checksum of its trainable weights, or
-{"rank": N, "error": TRACEBACK} when the mode raised (the next mode runs all the same). `trl` runs TRL's own
-trainer; `joint` (default) and `separate` pick trl_ext's ptx_mode; `shared` (joint ptx) puts the reward and value
-models as adapters on the policy's base (from REWARD_ADAPTER), saves checkpoint-2 and also resumes from it;
-`critic_free` (joint ptx) trains with REINFORCE++-baseline (2 samples per prompt, no value model) and also writes
-the first update's advantages and response masks. `objectives` (no ptx) trains GRPO on a binary score with the
-global token mean, clip-higher, an entropy bonus and dynamic sampling, and writes each mini-batch's token count and
-normalizer and the sampling metrics.
+{"rank": N, "error": TRACEBACK} when the mode raised (the next mode runs all the same). The suite runs the modes of
+test_ppo_ddp.py through `run_modes` inside the launch of tests/runtime/ddp_script.py, which it makes anyway.
+
+`trl` runs TRL's own trainer; `joint` (default) and `separate` pick trl_ext's ptx_mode; `shared` (joint ptx) puts
+the reward and value models as adapters on the policy's base (from REWARD_ADAPTER), saves checkpoint-2 and also
+resumes from it; `critic_free` (joint ptx) trains with REINFORCE++-baseline (2 samples per prompt, no value model)
+and also writes the first update's advantages and response masks. `objectives` (no ptx) trains GRPO on a binary
+score with the global token mean, clip-higher, an entropy bonus and dynamic sampling, and writes each mini-batch's
+token count and normalizer and the sampling metrics.
 """
 
 import hashlib
@@ -29,24 +31,34 @@ torch.set_num_threads(1)
 
 from ppo_helpers import config_kwargs, left_tokenizer, load_models, prompt_dataset, ptx_dataset, seed_all  # noqa: E402
 
+PPO_DDP_MODES = ["separate", "shared", "critic_free", "objectives"]  # the modes test_ppo_ddp.py checks
+
 
 def main():
-    import torch.distributed as dist
-
     from trl_ext.testing import TinyModels
 
     root, out = Path(sys.argv[1]), Path(sys.argv[2])
     modes = (sys.argv[3] if len(sys.argv) > 3 else "joint").split(",")
     adapter = Path(sys.argv[4]) if len(sys.argv) > 4 else None
     tiny = TinyModels(root, root / "tokenizer", root / "policy", root / "reward")
+    for mode, result in run_modes(modes, tiny, out, adapter).items():
+        (out / mode / f"rank{result['rank']}.json").write_text(json.dumps(result))
+
+
+def run_modes(modes: list[str], tiny, out: Path, adapter: Path | None) -> dict:
+    """Each mode's result on this rank, in OUT/MODE (also called by tests/runtime/ddp_script.py, whose launch runs
+    these modes after its own runs)."""
+    import torch.distributed as dist
+
+    results = {}
     for mode in modes:
         (out / mode).mkdir(parents=True, exist_ok=True)
         try:
-            result = run_mode(mode, tiny, out / mode, adapter)
+            results[mode] = run_mode(mode, tiny, out / mode, adapter)
         except Exception:
             rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ["RANK"])
-            result = {"rank": rank, "error": traceback.format_exc()}
-        (out / mode / f"rank{result['rank']}.json").write_text(json.dumps(result))
+            results[mode] = {"rank": rank, "error": traceback.format_exc()}
+    return results
 
 
 def run_mode(mode: str, tiny, out: Path, adapter: Path | None) -> dict:

@@ -1,38 +1,20 @@
 """Two CPU processes (gloo): a LoRA-policy PPO run with the extensions on finishes, where TRL's crashes.
 
-The four runs share one launch of ppo_ddp_script.py (one after the other in the same two processes, each from
-freshly loaded models): the two processes' start and imports, most of a launch on tiny models, are paid once."""
-
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+The four runs (tests/ppo/ppo_ddp_script.py) share one launch, the one of tests/runtime/ddp_script.py that the DDP
+and engine tests use (`ddp_reference`, tests/conftest.py), one after the other in the same two processes, each from
+freshly loaded models: the processes' start and imports, most of a launch on tiny models, are paid once."""
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-MODES = ["separate", "shared", "critic_free", "objectives"]
-
 
 @pytest.fixture(scope="module")
-def launched(tiny_models, reward_adapter, tmp_path_factory):
-    """(output folder, per-mode (returncode, stderr)) of one launch running every mode."""
-    out = tmp_path_factory.mktemp("ppo_ddp")
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(ROOT / "tests" / "ppo" / "ppo_ddp_script.py"), str(tiny_models.root), str(out), ",".join(MODES),
-           str(reward_adapter)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
-    return out, proc
+def launched(ddp_reference):
+    return ddp_reference
 
 
 def ranks_of(launched, mode):
-    """Both ranks' results of ``mode``; fails with the launch's or the mode's error."""
-    out, proc = launched
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads((out / mode / f"rank{i}.json").read_text()) for i in range(2)]
+    """Both ranks' results of ``mode``; fails with the mode's error."""
+    ranks = [rank["ppo_ddp"][mode] for rank in launched]
     for rank in ranks:
         assert "error" not in rank, rank.get("error")
     return ranks
