@@ -36,6 +36,8 @@ LONGEST_FIRST = [
     "tests/ppo/test_ppo_ddp.py",
     "tests/runtime/test_ddp.py",
     "tests/ppo/test_ppo_reliability.py",
+    "tests/recipes/test_tool_recipes.py",  # fits a tiny model to call a tool, then trl-ext train with tools
+    "tests/ppo/test_tools_trainer.py",  # the same, then PPO with tools and environments
     "tests/models/test_dtypes.py",
     "tests/export/test_export.py",
     "tests/preference/test_dpo_trainer.py",
