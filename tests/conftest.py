@@ -18,6 +18,48 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+# The slowest test modules, longest first (seconds on the 2 CPU cores with 2 workers, from `pytest --durations=0`,
+# November 26, 2026, TRL 1.16). They run before the others: pytest-xdist hands out whole modules (`--dist loadfile`)
+# in collection order (`--no-loadscope-reorder`, pyproject.toml), so the long ones start first and the many short
+# ones fill in until both workers finish together. (xdist's own order, by number of tests, left single long tests
+# such as the gold pipeline to the end, with one worker idle meanwhile.) A module missing here runs in collection
+# order after them; keep the list to the measured long ones (tests/test_package.py checks that each exists).
+LONGEST_FIRST = [
+    "tests/engines/test_engines.py",  # 3 DeepSpeed/FSDP launches (the first on a machine compiles an op, ~2 min)
+    "tests/recipes/test_recipe_runs.py",  # demo recipes learning, three 2-process CLI launches
+    "tests/recipes/test_gold_pipeline.py",  # SFT -> reward -> PPO on the gold task: one test
+    "tests/engines/test_engine_cli.py",  # 2 ZeRO-2 CLI launches
+    "tests/recipes/test_every_key.py",
+    "tests/test_gpu_ppo_benchmark.py",
+    "tests/recipes/test_sft_recipe.py",
+    "tests/recipes/test_cli_interruption.py",
+    "tests/ppo/test_ppo_ddp.py",
+    "tests/runtime/test_ddp.py",
+    "tests/ppo/test_ppo_reliability.py",
+    "tests/recipes/test_tool_recipes.py",  # fits a tiny model to call a tool, then trl-ext train with tools
+    "tests/ppo/test_tools_trainer.py",  # the same, then PPO with tools and environments
+    "tests/models/test_dtypes.py",
+    "tests/export/test_export.py",
+    "tests/preference/test_dpo_trainer.py",
+    "tests/ppo/test_ppo_shared_base.py",
+    "tests/recipes/test_console.py",
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules of LONGEST_FIRST first, in its order; the rest after them as collected (a stable sort: each module's
+    tests stay together and in their order)."""
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+
+    def key(item):
+        try:
+            return rank.get(item.path.relative_to(config.rootpath).as_posix(), len(rank))
+        except ValueError:  # outside the repository
+            return len(rank)
+
+    items.sort(key=key)
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """Paths of a tiny tokenizer, causal LM and scalar-headed model (see `trl_ext.testing`)."""
@@ -42,22 +84,46 @@ def reward_adapter(tiny_models, tmp_path_factory):
     return save_scalar_adapter(tiny_models.policy, tmp_path_factory.mktemp("reward_adapter") / "adapter")
 
 
+def once_per_run(tmp_path_factory, worker_id: str, name: str, build):
+    """``build(folder)``'s JSON-able result, computed once per test run: under pytest-xdist the first worker to ask
+    builds it (the others wait on a file lock and read it back; the recipe of pytest-xdist's docs, "Making
+    session-scoped fixtures execute only once"), so that a fixture two test modules on different workers use is not
+    built twice. Without xdist (``-n 0``), simply ``build``."""
+    import json
+
+    from filelock import FileLock
+
+    if worker_id == "master":
+        return build(tmp_path_factory.mktemp(name))
+    shared = tmp_path_factory.getbasetemp().parent  # this run's folder, above each worker's own
+    done = shared / f"{name}.json"
+    with FileLock(str(done) + ".lock"):
+        if not done.is_file():
+            (shared / name).mkdir()
+            done.write_text(json.dumps(build(shared / name)))
+        return json.loads(done.read_text())
+
+
 @pytest.fixture(scope="session")
-def ddp_reference(tiny_models, tmp_path_factory):
+def ddp_reference(tiny_models, reward_adapter, tmp_path_factory, worker_id):
     """Per-rank results of tests/runtime/ddp_script.py under 2 CPU processes (DDP over gloo): reward, DPO, PPO and
-    PPO resumed, with LoRA and the extensions on. The reference numbers of the DDP and the engine tests."""
+    PPO resumed, with LoRA and the extensions on; then, in the same launch, the PPO runs of test_ppo_ddp.py (key
+    "ppo_ddp"). The reference numbers of the DDP and the engine tests (on two workers, launched once: see
+    `once_per_run`; the tiny models are the same on every worker)."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    out = tmp_path_factory.mktemp("ddp")
-    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(root / "tests" / "runtime" / "ddp_script.py"), str(tiny_models.root), str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [json.loads((out / f"rank{i}.json").read_text()) for i in range(2)]
 
+    def launch(out):
+        env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               "OMP_NUM_THREADS": "1"}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               str(root / "tests" / "runtime" / "ddp_script.py"), str(tiny_models.root), str(out), str(reward_adapter)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return [json.loads((out / f"rank{i}.json").read_text()) for i in range(2)]
+
+    return once_per_run(tmp_path_factory, worker_id, "ddp", launch)

@@ -4,12 +4,11 @@ tokenizer paths (a Llama read back as saved, a Qwen2 read as ``Qwen2Tokenizer``)
 The variants run in this process here (the script runs each in a child of its own, through the same functions),
 one update each; ``trl112`` wherever TRL 1.12 is this environment's TRL (CI's TRL 1.12 phase). Each variant's
 settings are read back from the trainer and the model (chunk, LoRA dropout, residual dtype, engine).
-`--budget-only` runs as the command."""
+`--budget-only` runs as the command (its `__main__` block, in this process)."""
 
 from __future__ import annotations
 
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -111,9 +110,23 @@ def test_prompts_are_one_token_per_word_in_both_tokenizers(gpu_ppo, tmp_path):
         assert tok.decode([s["vocab"] - 1]).strip() == words[-1].strip()
 
 
-def test_budget_only_prints_the_8b_table():
-    out = subprocess.run([sys.executable, str(BENCH / "gpu_ppo.py"), "--budget-only"], capture_output=True,
-                         text=True, timeout=300, check=True).stdout
+def test_budget_only_prints_the_8b_table(gpu_ppo, capsys, monkeypatch):
+    """The script run as the command (``python benchmarks/gpu_ppo.py --budget-only``: its ``__main__`` block, through
+    runpy in this process; a fresh interpreter would add only its imports, ~10 s)."""
+    import runpy
+
+    import transformers
+
+    monkeypatch.setattr(sys, "argv", [str(BENCH / "gpu_ppo.py"), "--budget-only"])
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts benchmarks/ and the repository on it
+    verbosity = transformers.logging.get_verbosity()  # the script's setup_env lowers it, process-wide
+    try:
+        with pytest.raises(SystemExit) as stop:
+            runpy.run_path(str(BENCH / "gpu_ppo.py"), run_name="__main__")
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
     assert "| **peak** = all run + largest phase + overhead | **26.3** (training) | **20.7** (training) | " \
            "**15.7** (training) | **12.0** (training) |" in out
     assert "| `auto` chunk at 24 GiB | none fits | 32 | 32 | 64 |" in out

@@ -192,3 +192,15 @@ def test_models_do_not_depend_on_the_trainer_packages():
     from trl_ext.ppo.rollout.sequences import first_true_indices as old_path
 
     assert old_path is first_true_indices
+
+
+def test_the_longest_first_modules_exist():
+    """tests/conftest.py's LONGEST_FIRST (the modules the two xdist workers start with) names test files that exist:
+    a renamed one would silently fall back to the end of the order."""
+    import ast
+
+    tree = ast.parse((ROOT / "tests" / "conftest.py").read_text())  # by path: tests/export has a conftest too
+    (LONGEST_FIRST,) = [ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                        and [getattr(t, "id", None) for t in node.targets] == ["LONGEST_FIRST"]]
+    assert LONGEST_FIRST and all((ROOT / path).is_file() for path in LONGEST_FIRST)
+    assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)

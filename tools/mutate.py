@@ -39,6 +39,11 @@ MODULES = {  # module under trl_ext/ -> the test files that own its behaviour (f
     "rewards/scoring.py": ["tests/rewards/test_reward_contract.py"],
     "rewards/pool.py": ["tests/rewards/test_pool.py"],
     "runtime/nonfinite.py": ["tests/runtime/test_nonfinite_policy.py"],
+    "ppo/objective/action_gae.py": ["tests/ppo/test_action_gae.py"],
+    "ppo/episodes/tool_calls.py": ["tests/ppo/test_tool_calls.py"],
+    "ppo/episodes/toolbox.py": ["tests/ppo/test_toolbox.py"],
+    "ppo/episodes/multi_turn.py": ["tests/ppo/test_multi_turn.py", "tests/ppo/test_toolbox.py",
+                                   "tests/ppo/test_tools_trainer.py"],
 }
 
 SWAP_BINOP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,

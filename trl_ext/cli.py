@@ -255,6 +255,10 @@ def _check(args: argparse.Namespace, overrides: list[str]) -> int:
         columns = "the dataset's columns" if looks_local(recipe.script_args.dataset_name or "") else \
             "the trainer's keywords; the hub dataset's columns are checked by train"
         print(f"# reward functions: {names} (imported; signatures fit {columns})")
+    from .recipe_loader.tool_keys import tool_lines
+
+    for line in tool_lines(recipe):  # tools and environments: imported, schemas rendered, environments built once
+        print(f"# {line}")
     print(recipe.to_yaml(), end="")
     return 0
 

@@ -31,10 +31,16 @@ def test_nothing_changes_without_an_engine(no_engine):
 
 
 def test_deepspeed_on_cpu_gets_gloo_and_accelerate_cpu_mode_off(no_engine):
+    import importlib
+
+    deepspeed_torch_comm = importlib.import_module("deepspeed.comm.torch")
+
     no_engine.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    no_engine.setattr(deepspeed_torch_comm, "build_shm_op", deepspeed_torch_comm.build_shm_op)  # restored after
     args = cpu_recipe_args()
     engines.adapt_to_cpu_engine(args)
     assert (args.ddp_backend, args.use_cpu, args.dataloader_pin_memory) == ("gloo", False, False)
+    assert deepspeed_torch_comm.build_shm_op() is None  # the inference-only op is not compiled (~2 min)
     args = SimpleNamespace(ddp_backend="mpi", use_cpu=True, dataloader_pin_memory=True)
     engines.adapt_to_cpu_engine(args)
     assert args.ddp_backend == "mpi"  # a backend the user chose stays

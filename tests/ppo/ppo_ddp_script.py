@@ -1,20 +1,25 @@
-"""Run by test_ppo_ddp.py under `torchrun --nproc_per_node 2`: a LoRA-policy PPO run with the extensions on.
+"""PPO under `torchrun --nproc_per_node 2` for test_ppo_ddp.py: a LoRA-policy PPO run with the extensions on.
 
-Usage: ppo_ddp_script.py TINY_MODELS_DIR OUT_DIR [trl|joint|separate|shared [REWARD_ADAPTER]|critic_free|objectives].
-Each rank writes
-OUT_DIR/rank{N}.json with its logged kl_coef values and a checksum of its trainable weights. `trl` runs TRL's own
-trainer; `joint` (default) and `separate` pick trl_ext's ptx_mode; `shared` (joint ptx) puts the reward and value
-models as adapters on the policy's base (from REWARD_ADAPTER), saves checkpoint-2 and also resumes from it;
-`critic_free` (joint ptx) trains with REINFORCE++-baseline (2 samples per prompt, no value model) and also writes
-the first update's advantages and response masks. `objectives` (no ptx) trains GRPO on a binary score with the
-global token mean, clip-higher, an entropy bonus and dynamic sampling, and writes each mini-batch's token count and
-normalizer and the sampling metrics.
+Usage: ppo_ddp_script.py TINY_MODELS_DIR OUT_DIR [MODE[,MODE...] [REWARD_ADAPTER]], modes from trl, joint (the
+default), separate, shared (needs REWARD_ADAPTER), critic_free and objectives: one launch runs them one after the
+other (each from freshly loaded models; the process start and imports are paid once). For each mode each rank
+writes OUT_DIR/MODE/rank{N}.json with its logged kl_coef values and a checksum of its trainable weights, or
+{"rank": N, "error": TRACEBACK} when the mode raised (the next mode runs all the same). The suite runs the modes of
+test_ppo_ddp.py through `run_modes` inside the launch of tests/runtime/ddp_script.py, which it makes anyway.
+
+`trl` runs TRL's own trainer; `joint` (default) and `separate` pick trl_ext's ptx_mode; `shared` (joint ptx) puts
+the reward and value models as adapters on the policy's base (from REWARD_ADAPTER), saves checkpoint-2 and also
+resumes from it; `critic_free` (joint ptx) trains with REINFORCE++-baseline (2 samples per prompt, no value model)
+and also writes the first update's advantages and response masks. `objectives` (no ptx) trains GRPO on a binary
+score with the global token mean, clip-higher, an entropy bonus and dynamic sampling, and writes each mini-batch's
+token count and normalizer and the sampling metrics.
 """
 
 import hashlib
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -26,16 +31,41 @@ torch.set_num_threads(1)
 
 from ppo_helpers import config_kwargs, left_tokenizer, load_models, prompt_dataset, ptx_dataset, seed_all  # noqa: E402
 
+PPO_DDP_MODES = ["separate", "shared", "critic_free", "objectives"]  # the modes test_ppo_ddp.py checks
+
 
 def main():
-    from peft import LoraConfig
-
     from trl_ext.testing import TinyModels
 
     root, out = Path(sys.argv[1]), Path(sys.argv[2])
-    mode = sys.argv[3] if len(sys.argv) > 3 else "joint"
-    use_trl = mode == "trl"
+    modes = (sys.argv[3] if len(sys.argv) > 3 else "joint").split(",")
+    adapter = Path(sys.argv[4]) if len(sys.argv) > 4 else None
     tiny = TinyModels(root, root / "tokenizer", root / "policy", root / "reward")
+    for mode, result in run_modes(modes, tiny, out, adapter).items():
+        (out / mode / f"rank{result['rank']}.json").write_text(json.dumps(result))
+
+
+def run_modes(modes: list[str], tiny, out: Path, adapter: Path | None) -> dict:
+    """Each mode's result on this rank, in OUT/MODE (also called by tests/runtime/ddp_script.py, whose launch runs
+    these modes after its own runs)."""
+    import torch.distributed as dist
+
+    results = {}
+    for mode in modes:
+        (out / mode).mkdir(parents=True, exist_ok=True)
+        try:
+            results[mode] = run_mode(mode, tiny, out / mode, adapter)
+        except Exception:
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ["RANK"])
+            results[mode] = {"rank": rank, "error": traceback.format_exc()}
+    return results
+
+
+def run_mode(mode: str, tiny, out: Path, adapter: Path | None) -> dict:
+    """One mode's run (see the module docstring); its per-rank result."""
+    from peft import LoraConfig
+
+    use_trl = mode == "trl"
     tok = left_tokenizer(tiny)
     seed_all(0)
     policy, value, reward = load_models(tiny)
@@ -51,13 +81,9 @@ def main():
                       ptx_max_length=16, ptx_mode="joint" if mode == "critic_free" else mode)
         extra = {"ptx_dataset": ptx_dataset()}
     if mode == "objectives":
-        result = run_objectives(tok, policy, reward, kwargs)
-        (out / f"rank{result['rank']}.json").write_text(json.dumps(result))
-        return
+        return run_objectives(tok, policy, reward, kwargs)
     if mode == "shared":
-        result = run_shared(tiny, tok, out, Path(sys.argv[4]), kwargs, extra)
-        (out / f"rank{result['rank']}.json").write_text(json.dumps(result))
-        return
+        return run_shared(tiny, tok, out, adapter, kwargs, extra)
     rollouts = []
     if mode == "critic_free":
         kwargs.update(advantage_estimator="reinforce_pp_baseline", num_samples_per_prompt=2)
@@ -80,7 +106,7 @@ def main():
         result["advantages"] = rollouts[0].advantages.tolist()
         result["mask"] = (~rollouts[0].padding_mask).tolist()
         result["queries"] = rollouts[0].queries.tolist()
-    (out / f"rank{result['rank']}.json").write_text(json.dumps(result))
+    return result
 
 
 def summary(trainer):
@@ -151,7 +177,8 @@ def run_objectives(tok, policy, reward, kwargs):
 
     import trl_ext.ppo.trainer as trainer_module
 
-    trainer_module.mini_batch_token_normalizer = recording
+    original = trainer_module.mini_batch_token_normalizer
+    trainer_module.mini_batch_token_normalizer = recording  # undone below: a later mode in this launch trains too
     args = PPOConfig(**{**kwargs, "total_episodes": 16, "ptx_coef": 0.0, "ptx_mode": "joint", "gradient_accumulation_steps": 2,
                         "advantage_estimator": "grpo",
                         "num_samples_per_prompt": 2, "loss_aggregation": "global_token_mean", "cliprange_high": 0.28,
@@ -159,7 +186,10 @@ def run_objectives(tok, policy, reward, kwargs):
     trainer = Binary(args=args, processing_class=tok, model=policy, ref_model=None, reward_model=reward,
                      train_dataset=prompt_dataset(tok), value_model=None,
                      peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        trainer_module.mini_batch_token_normalizer = original
     result = summary(trainer)
     result["normalizers"] = normalizers
     result["sampling"] = [{k: v for k, v in e.items() if k.startswith("sampling/")} for e in trainer.state.log_history

@@ -60,6 +60,7 @@ def test_trl_defaults(tmp_path):
     assert (ppo.response_length, ppo.stop_token, ppo.temperature) == (512, "eos", 1.0)
     assert (ppo.per_device_train_batch_size, ppo.gradient_accumulation_steps, ppo.num_mini_batches) == (8, 1, 1)
     assert ppo.num_ppo_epochs == 1 and ppo.num_sample_generations == 0
+    assert ppo.max_tool_calling_iterations is None  # no cap on tool-calling rounds, as GRPOConfig
     assert ppo.num_train_epochs == config.num_train_epochs * 8  # epochs over prompts -> over completions
     assert ppo.learning_rate == config.learning_rate == 1e-6  # TrainingArguments fields pass through
     assert (ppo.seed, ppo.logging_steps, ppo.lr_scheduler_type) == (config.seed, 10, config.lr_scheduler_type)
@@ -89,6 +90,7 @@ def test_dapo_style_config(tmp_path):
     ({"model_init_kwargs": {"dtype": "bfloat16"}, "trust_remote_code": True},
      {"model_init_kwargs": {"dtype": "bfloat16", "trust_remote_code": True}}),
     ({"chat_template_kwargs": {"enable_thinking": False}}, {"chat_template_kwargs": {"enable_thinking": False}}),
+    ({"max_tool_calling_iterations": 3}, {"max_tool_calling_iterations": 3}),
 ])
 def test_mapped_keys(tmp_path, keys, ours):
     ppo, _ = convert(grpo(tmp_path, **keys))

@@ -1,25 +1,28 @@
-"""Two CPU processes (gloo): a LoRA-policy PPO run with the extensions on finishes, where TRL's crashes."""
+"""Two CPU processes (gloo): a LoRA-policy PPO run with the extensions on finishes, where TRL's crashes.
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+The four runs (tests/ppo/ppo_ddp_script.py) share one launch, the one of tests/runtime/ddp_script.py that the DDP
+and engine tests use (`ddp_reference`, tests/conftest.py), one after the other in the same two processes, each from
+freshly loaded models: the processes' start and imports, most of a launch on tiny models, are paid once."""
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+
+@pytest.fixture(scope="module")
+def launched(ddp_reference):
+    return ddp_reference
 
 
-def test_lora_policy_ppo_under_ddp_with_ptx_and_adaptive_kl(tiny_models, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1"}
+def ranks_of(launched, mode):
+    """Both ranks' results of ``mode``; fails with the mode's error."""
+    ranks = [rank["ppo_ddp"][mode] for rank in launched]
+    for rank in ranks:
+        assert "error" not in rank, rank.get("error")
+    return ranks
+
+
+def test_lora_policy_ppo_under_ddp_with_ptx_and_adaptive_kl(launched):
     # ptx_mode="separate" also exercises the hand-made gradient all-reduce of the separate ptx step
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(ROOT / "tests" / "ppo" / "ppo_ddp_script.py"), str(tiny_models.root), str(tmp_path), "separate"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
+    ranks = ranks_of(launched, "separate")
     assert [r["world_size"] for r in ranks] == [2, 2]
     # both ranks end with identical weights and the same KL coefficient (the KL is averaged over processes)
     assert ranks[0]["checksum"] == ranks[1]["checksum"]
@@ -28,17 +31,10 @@ def test_lora_policy_ppo_under_ddp_with_ptx_and_adaptive_kl(tiny_models, tmp_pat
     assert len(ranks[0]["ptx_losses"]) == 2
 
 
-def test_shared_base_ppo_under_ddp_identical_ranks_and_resume(tiny_models, reward_adapter, tmp_path):
+def test_shared_base_ppo_under_ddp_identical_ranks_and_resume(launched):
     """Reward and value as adapters on the policy's base, 2 processes: identical ranks; resuming from checkpoint-2
     under 2 processes ends with the uninterrupted run's weights."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(ROOT / "tests" / "ppo" / "ppo_ddp_script.py"), str(tiny_models.root), str(tmp_path), "shared",
-           str(reward_adapter)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
+    ranks = ranks_of(launched, "shared")
     assert [r["world_size"] for r in ranks] == [2, 2]
     assert ranks[0]["checksum"] == ranks[1]["checksum"] and ranks[0]["kl"] == ranks[1]["kl"]
     assert ranks[0]["kl_coef"][1] != 0.05 and len(ranks[0]["ptx_losses"]) == 3  # adaptive KL and ptx were on
@@ -51,18 +47,12 @@ def test_shared_base_ppo_under_ddp_identical_ranks_and_resume(tiny_models, rewar
     assert ranks[0]["value_model_files"] == ["adapter_config.json", "adapter_model.safetensors"]
 
 
-def test_critic_free_ppo_under_ddp_whitens_over_both_processes(tiny_models, tmp_path):
+def test_critic_free_ppo_under_ddp_whitens_over_both_processes(launched):
     """REINFORCE++-baseline (2 samples per prompt, no value model) with ptx and adaptive KL on 2 processes: identical
     ranks, and the advantages are whitened over the tokens of both processes together (not each alone)."""
     import torch
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(ROOT / "tests" / "ppo" / "ppo_ddp_script.py"), str(tiny_models.root), str(tmp_path), "critic_free"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
+    ranks = ranks_of(launched, "critic_free")
     assert [r["world_size"] for r in ranks] == [2, 2]
     assert ranks[0]["checksum"] == ranks[1]["checksum"] and ranks[0]["kl_coef"] == ranks[1]["kl_coef"]
     assert ranks[0]["kl_coef"][1] != 0.05 and len(ranks[0]["ptx_losses"]) == 2
@@ -77,17 +67,11 @@ def test_critic_free_ppo_under_ddp_whitens_over_both_processes(tiny_models, tmp_
     assert max(abs(c.std().item() - 1) for c in counted) > 1e-2
 
 
-def test_objectives_under_ddp_global_token_mean_and_dynamic_sampling(tiny_models, tmp_path):
+def test_objectives_under_ddp_global_token_mean_and_dynamic_sampling(launched):
     """GRPO with the global token mean, clip-higher, entropy bonus and dynamic sampling on 2 processes: identical
     ranks; each mini-batch's normalizer is the token count of both processes (unequal: responses cut after 3 and 5
     tokens) over G * P = 4, not either process's own count over G; both processes run the same sampling rounds."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(ROOT / "tests" / "ppo" / "ppo_ddp_script.py"), str(tiny_models.root), str(tmp_path), "objectives"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
+    ranks = ranks_of(launched, "objectives")
     assert [r["world_size"] for r in ranks] == [2, 2]
     assert ranks[0]["checksum"] == ranks[1]["checksum"] and ranks[0]["sampling"] == ranks[1]["sampling"]
     assert len(ranks[0]["normalizers"]) == len(ranks[1]["normalizers"]) == 2 * 2  # updates x PPO epochs

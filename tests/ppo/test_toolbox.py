@@ -131,3 +131,69 @@ def test_launches_where_turns_cannot_differ_between_processes_are_refused():
     with pytest.raises(UserInputError, match="tools: not supported under FSDP"):
         MultiTurnRollout.check_launch(fsdp)
     MultiTurnRollout.check_launch(SimpleNamespace(is_fsdp_enabled=False, accelerator=Accelerator(), args=None))
+    from accelerate.utils import DistributedType
+
+    zero3 = SimpleNamespace(distributed_type=DistributedType.DEEPSPEED,
+                            state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=3)))
+    with pytest.raises(UserInputError, match="ds3_gather_for_generation: false with tools under ZeRO-3"):
+        MultiTurnRollout.check_launch(SimpleNamespace(is_fsdp_enabled=False, accelerator=zero3,
+                                                      args=SimpleNamespace(ds3_gather_for_generation=False)))
+    MultiTurnRollout.check_launch(SimpleNamespace(is_fsdp_enabled=False, accelerator=zero3,
+                                                  args=SimpleNamespace(ds3_gather_for_generation=True)))
+
+
+@pytest.mark.parametrize("settings, data, message", [
+    ({}, {"input_ids": [[1, 2]]}, "train_dataset: tools need a 'prompt' column of chat messages"),
+    ({}, {"prompt": ["Add 2 and 3."]}, "train_dataset: with tools the 'prompt' column must hold chat messages"),
+    ({"stop_token_id": 5}, None, "stop_token_id: 5 with tools; each turn ends at the tokenizer's EOS"),
+    ({"dynamic_sampling": True, "advantage_estimator": "grpo", "num_samples_per_prompt": 2}, None,
+     "dynamic_sampling: not supported with tools yet"),
+    ({"reward_num_workers": 1}, None, "reward_num_workers: reward functions receive the environments"),
+])
+def test_what_the_trainer_refuses_with_tools(tok, tmp_path, settings, data, message):
+    from datasets import Dataset
+
+    from trl_ext import PPOConfig
+
+    args = PPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, **settings)
+    dataset = Dataset.from_dict(data or {"prompt": [[{"role": "user", "content": "Add 2 and 3."}]]})
+    with pytest.raises(UserInputError) as caught:
+        Toolbox.for_trainer([add], Counter, tok, args, dataset)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_reward_sources_prompt_rendering_and_the_tokenizers_own_parser(tok):
+    import asyncio
+    import functools
+
+    from datasets import Dataset
+
+    class AsyncCounter(Counter):
+        async def get_reward(self) -> float:
+            return float(self.count) + 0.5
+
+    with pytest.raises(UserInputError, match="is not a function"):
+        Toolbox([functools.partial(add, 1)], None, tok)  # callable, but no name the model could call
+    box = Toolbox([add], AsyncCounter, tok)
+    f = lambda **kw: [0.0]  # noqa: E731
+    assert box.with_environment_rewards(None)[0].__name__ == "AsyncCounter"
+    assert box.with_environment_rewards(f)[0] is f and len(box.with_environment_rewards([f, f])) == 3
+    prompt = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "q"}]
+    prompts = box.start_batch([{"prompt": prompt, "start": 4}], [prompt])
+    assert prompts[0] == [prompt[0], {"role": "user", "content": "q Start at 4."}]  # the last message, not the first
+    assert asyncio.run(box.reward_functions()[0][0](environments=box.environments)) == [0.5]
+    ids = box.render_dataset(Dataset.from_list([{"prompt": prompt}]))["input_ids"][0]
+    assert ids == box.render_prompt(prompt, 0)
+    assert tok.decode(ids).endswith("<|im_start|>assistant\n") and '"name": "bump"' in tok.decode(ids)
+    plain = Toolbox([add], None, tok)
+    assert plain.start_batch([{"prompt": prompt}] * 2, [prompt] * 2) == [prompt] * 2
+    assert plain.row_tools == [[add], [add]] and plain.environments is None
+    own = build_tool_tokenizer()
+    own.response_template = tok.response_template  # a tokenizer that brings its own parser keeps it
+    marker = object()
+    own.response_template = marker
+    try:
+        Toolbox([add], None, own)
+    except Exception:  # noqa: BLE001 - the marker is no parser; only whether it was replaced matters here
+        pass
+    assert own.response_template is marker

@@ -1,4 +1,5 @@
-"""`trl-ext train` killed with SIGTERM after its first checkpoint, then resumed from the command line."""
+"""`trl-ext train` killed with SIGTERM after its first checkpoint, then resumed from the command line; and two
+failures of the command, exit code and one line (run in this process: tests/cli_in_process.py)."""
 
 import json
 import os
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_in_process import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 UPDATES = 6
@@ -23,19 +25,23 @@ def update_logs(out_dir):
     return {h["step"]: h for h in history(out_dir) if "objective/kl" in h}
 
 
-def test_sigterm_then_resume_from_the_command_line(tiny_models, tmp_path):
+def test_sigterm_then_resume_from_the_command_line(tiny_models, tmp_path, capfd, monkeypatch):
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": "1", "TRL_EXT_TINY_DIR": str(tiny_models.root)}
     # the PPO demo recipe as shipped, against the tiny reward model, for 6 updates with a checkpoint after each
-    command = [sys.executable, "-m", "trl_ext", "train", str(ROOT / "recipes" / "demo" / "ppo.yaml"),
-               "--reward_model_path", "tiny://reward", "--total_episodes", str(8 * UPDATES),
-               "--save_strategy", "steps", "--save_steps", "1"]
+    args = ["train", str(ROOT / "recipes" / "demo" / "ppo.yaml"), "--reward_model_path", "tiny://reward",
+            "--total_episodes", str(8 * UPDATES), "--save_strategy", "steps", "--save_steps", "1"]
+    command = [sys.executable, "-m", "trl_ext", *args]
 
     def run(out, *extra):
         return subprocess.run([*command, "--output_dir", str(out), *extra], capture_output=True, text=True,
                               env=env, cwd=ROOT, timeout=600)
 
-    reference = run(tmp_path / "reference")
+    # the uninterrupted reference in this process (the same command: tests/cli_in_process.py); the interrupted and
+    # the resumed run below are real processes, signalled and restarted
+    monkeypatch.setenv("TRL_EXT_TINY_DIR", str(tiny_models.root))
+    monkeypatch.chdir(ROOT)
+    reference = run_cli(capfd, *args, "--output_dir", tmp_path / "reference")
     assert reference.returncode == 0, reference.stderr[-3000:]
 
     out = tmp_path / "run"
@@ -69,7 +75,7 @@ def test_sigterm_then_resume_from_the_command_line(tiny_models, tmp_path):
     assert expected[UPDATES]["objective/scores"] != pytest.approx(expected[1]["objective/scores"])
 
 
-def test_nan_reward_model_exits_with_code_3_and_one_line(tiny_models, tmp_path):
+def test_nan_reward_model_exits_with_code_3_and_one_line(tiny_models, tmp_path, capfd, monkeypatch):
     import torch
     from transformers import AutoModelForSequenceClassification
 
@@ -77,31 +83,25 @@ def test_nan_reward_model_exits_with_code_3_and_one_line(tiny_models, tmp_path):
     with torch.no_grad():
         broken.score.weight[0, 0] = float("nan")
     broken.save_pretrained(tmp_path / "nan_reward")
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1", "TRL_EXT_TINY_DIR": str(tiny_models.root)}
+    monkeypatch.setenv("TRL_EXT_TINY_DIR", str(tiny_models.root))
+    monkeypatch.chdir(ROOT)
     out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "trl_ext", "train", str(ROOT / "recipes" / "demo" / "ppo.yaml"), "--reward_model_path",
-         str(tmp_path / "nan_reward"), "--value_model_path", "tiny://reward", "--total_episodes", "16",
-         "--output_dir", str(out)],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
-    )
+    proc = run_cli(capfd, "train", ROOT / "recipes" / "demo" / "ppo.yaml", "--reward_model_path",
+                   tmp_path / "nan_reward", "--value_model_path", "tiny://reward", "--total_episodes", "16",
+                   "--output_dir", out)
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert (f"trl-ext: error: update 1: objective/scores contains NaN (8 of 8 rollouts); the state before this "
             f"update is saved in {out / 'checkpoint-0'}") in proc.stderr
 
 
-def test_resume_without_a_checkpoint_fails_before_loading_models(tiny_models, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "TRL_EXT_TINY_DIR": str(tiny_models.root)}
+def test_resume_without_a_checkpoint_fails_before_loading_models(tiny_models, tmp_path, capfd, monkeypatch):
+    monkeypatch.setenv("TRL_EXT_TINY_DIR", str(tiny_models.root))
+    monkeypatch.chdir(ROOT)
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "tmp-checkpoint-3" / "checkpoint-3").mkdir(parents=True)  # a save that never finished
-    proc = subprocess.run(
-        [sys.executable, "-m", "trl_ext", "check", str(ROOT / "recipes" / "demo" / "ppo.yaml"), "--reward_model_path",
-         "tiny://reward", "--output_dir", str(tmp_path / "out"), "--resume_from_checkpoint", "true"],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
-    )
+    proc = run_cli(capfd, "check", ROOT / "recipes" / "demo" / "ppo.yaml", "--reward_model_path", "tiny://reward",
+                   "--output_dir", tmp_path / "out", "--resume_from_checkpoint", "true")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "trl-ext: error: resume_from_checkpoint: no complete checkpoint-N folder in output_dir")

@@ -75,7 +75,8 @@ def standins(keys, tmp_path, tiny_models, reward_adapter):
             (d / "train.jsonl").write_text(json.dumps({"prompt": "a b", "completion": " c d"}) + "\n")
             (d / "test.jsonl").write_text(json.dumps({"prompt": "a b", "completion": " c d"}) + "\n")
             keys["dataset_name"] = str(d)
-        elif keys.get("reward_funcs"):  # prompts with the columns the recipes' reward functions read: `solution`
+        elif any(keys.get(k) for k in ("reward_funcs", "tools", "environment_factory")):
+            # chat prompts (tools need them) with the columns the recipes' reward functions read: `solution`
             d = tmp_path / "verifiable.jsonl"  # (GSM8K's accuracy_reward), `answer` (recipes/verifiable's checker)
             row = {"prompt": [{"role": "user", "content": "1+1?"}], "solution": "2", "answer": "2"}
             d.write_text(json.dumps(row) + "\n")
@@ -136,11 +137,12 @@ def walk(tmp_path, monkeypatch, capsys, tiny_models, reward_adapter):
 
 @pytest.mark.parametrize("recipe", SHIPPED, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_key_of_every_shipped_recipe_refuses_wrong_values(recipe, walk):
-    from trl_ext.recipe_loader.reward_keys import portable_spec
+    from trl_ext.recipe_loader.reward_keys import PORTABLE_KEYS, portable_value
 
     keys = yaml.safe_load(recipe.read_text())
-    if keys.get("reward_funcs"):  # its file.py entries are relative to the recipe's folder; the walk writes elsewhere
-        keys["reward_funcs"] = [portable_spec(spec, recipe.parent) for spec in keys["reward_funcs"]]
+    for key in PORTABLE_KEYS:  # file.py entries are relative to the recipe's folder; the walk writes elsewhere
+        if keys.get(key):
+            keys[key] = portable_value(key, keys[key], recipe.parent)
     assert walk(keys) > 0
 
 

@@ -1,5 +1,5 @@
-"""Recipes end to end: the demo recipes train (and PPO learns), the CLI's one-line errors, wandb offline, and
-2-process CPU runs through `accelerate launch`.
+"""Recipes end to end: the demo recipes train (and PPO learns), the CLI's one-line errors (the command run in this
+process: tests/cli_in_process.py), wandb offline, and 2-process CPU runs through `accelerate launch`.
 
 The demo recipes in recipes/demo are run as shipped, with only output paths (and, for the short runs, step counts)
 overridden. `tiny://` models come from the session's tiny-model directory (TRL_EXT_TINY_DIR).
@@ -9,11 +9,11 @@ import json
 import os
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from cli_in_process import run_cli
 from launch_commands import accelerate_launch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,11 +40,6 @@ def train(recipe, *overrides):
 
 def history(out_dir):
     return json.loads((Path(out_dir) / "trainer_state.json").read_text())["log_history"]
-
-
-def run_cli(env, *args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "trl_ext", *map(str, args)], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -196,19 +191,19 @@ def _assert_one_line_error(proc, *needles):
         assert needle in lines[0]
 
 
-def test_cli_train_missing_column_exits_2_before_loading_models(tiny_env, tmp_path):
+def test_cli_train_missing_column_exits_2_before_loading_models(tiny_env, tmp_path, capfd):
     data = tmp_path / "bad.jsonl"
     data.write_text(json.dumps({"prompt": "hi", "good": "a", "rejected": "b"}) + "\n")
     out = tmp_path / "out"
-    proc = run_cli(tiny_env, "train", DEMO / "reward.yaml", "--dataset_name", data, "--output_dir", out)
+    proc = run_cli(capfd, "train", DEMO / "reward.yaml", "--dataset_name", data, "--output_dir", out)
     _assert_one_line_error(proc, "no column 'chosen'", str(data))
     assert not out.exists()
 
 
-def test_cli_check_unknown_key_and_ok(tiny_env, tmp_path):
-    proc = run_cli(tiny_env, "check", DEMO / "dpo.yaml", "--output_dir", tmp_path / "o", "--betaa", "0.2")
+def test_cli_check_unknown_key_and_ok(tiny_env, tmp_path, capfd):
+    proc = run_cli(capfd, "check", DEMO / "dpo.yaml", "--output_dir", tmp_path / "o", "--betaa", "0.2")
     _assert_one_line_error(proc, "unknown key 'betaa'", "did you mean 'beta'")
-    proc = run_cli(tiny_env, "check", DEMO / "dpo.yaml", "--output_dir", tmp_path / "o", "--beta", "0.2")
+    proc = run_cli(capfd, "check", DEMO / "dpo.yaml", "--output_dir", tmp_path / "o", "--beta", "0.2")
     assert proc.returncode == 0, proc.stderr[-2000:]
     # (transformers itself prints "[INFO] Running in WANDB offline mode" on import: skip to our header line)
     resolved = yaml.safe_load(proc.stdout[proc.stdout.index("# "):])
@@ -216,11 +211,11 @@ def test_cli_check_unknown_key_and_ok(tiny_env, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_cli_refuses_non_empty_output_dir(tiny_env, tmp_path):
+def test_cli_refuses_non_empty_output_dir(tiny_env, tmp_path, capfd):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("precious")
-    proc = run_cli(tiny_env, "train", DEMO / "reward.yaml", "--output_dir", out, "--overwrite_output_dir", "false")
+    proc = run_cli(capfd, "train", DEMO / "reward.yaml", "--output_dir", out, "--overwrite_output_dir", "false")
     _assert_one_line_error(proc, "output_dir", "overwrite_output_dir")
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
 

@@ -1,5 +1,5 @@
-"""The `sft` recipe stage end to end: recipes/gold/sft.yaml through the CLI (SIGTERM, resume, one-line errors) and
-with wandb offline.
+"""The `sft` recipe stage end to end: recipes/gold/sft.yaml through the CLI (SIGTERM and resume in subprocesses,
+one-line errors in this process: tests/cli_in_process.py) and with wandb offline.
 
 The data and base model are the gold task's (recipes/gold/make_data.py), written small into a temporary folder.
 """
@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_in_process import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLD = ROOT / "recipes" / "gold"
@@ -82,13 +83,11 @@ def test_cli_sigterm_then_resume(gold_data, tmp_path):
     assert {"model.safetensors", "tokenizer.json", "trl_ext_recipe.yaml", "trainer_state.json"} <= names
 
 
-def test_cli_missing_column_is_one_line_before_any_model_loads(gold_data, tmp_path):
+def test_cli_missing_column_is_one_line_before_any_model_loads(gold_data, tmp_path, capfd):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt": "write three words about the cat", "answer": " cat"}) + "\n")
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "trl_ext", "train", str(GOLD / "sft.yaml"), *paths(gold_data, out),
-                           "--dataset_name", str(bad)],
-                          capture_output=True, text=True, env=env(), cwd=ROOT, timeout=300)
+    proc = run_cli(capfd, "train", GOLD / "sft.yaml", *paths(gold_data, out), "--dataset_name", bad)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     errors = [x for x in proc.stderr.splitlines() if x.startswith("trl-ext: error:")]
     assert len(errors) == 1 and "has 'prompt' but no column 'completion'" in errors[0] and str(bad) in errors[0]

@@ -60,6 +60,7 @@ MAPPED: dict[str, str] = {
     "model_init_kwargs": "model_init_kwargs",
     "trust_remote_code": "model_init_kwargs['trust_remote_code']",
     "chat_template_kwargs": "chat_template_kwargs",
+    "max_tool_calling_iterations": "max_tool_calling_iterations (the trainer's tools / environment_factory)",
     "ds3_gather_for_generation": "ds3_gather_for_generation",
     "log_completions": "log_completions",
     "num_completions_to_print": "num_completions_to_print",
@@ -102,7 +103,6 @@ WARNED: dict[str, str] = {
     "shuffle_dataset": "the prompts are always shuffled",
     "pad_to_multiple_of": "prompts and completions are not padded to a multiple",
     "cache_implementation": "generation uses the model's default cache",
-    "max_tool_calling_iterations": "no tool calling",
     "transformers_continuous_batching_config": "rollout_engine continuous_batching sizes its own cache",
     "log_multimodal": "text only",
     "log_unique_prompts": "the completions log has every row",
@@ -251,7 +251,8 @@ def _other_kwargs(grpo) -> dict:
               "reward_weights": getattr(grpo, "reward_weights", None),
               "log_completions": getattr(grpo, "log_completions", False),
               "num_completions_to_print": getattr(grpo, "num_completions_to_print", None),
-              "ds3_gather_for_generation": getattr(grpo, "ds3_gather_for_generation", True)}
+              "ds3_gather_for_generation": getattr(grpo, "ds3_gather_for_generation", True),
+              "max_tool_calling_iterations": getattr(grpo, "max_tool_calling_iterations", None)}
     if getattr(grpo, "use_transformers_continuous_batching", False) or getattr(grpo, "use_transformers_paged", False):
         kwargs["rollout_engine"] = "continuous_batching"
     return kwargs

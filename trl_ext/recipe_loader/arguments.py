@@ -53,6 +53,17 @@ class PipelineArguments:
             a remote reward `{url: http://host:port/path, timeout_s: 30, retries: 2, label_column: label}`
             (`trl_ext.rewards.resolve`). With it `reward_model_path` is optional; `reward_weights` has one weight
             per reward, the reward model's first. See `docs/reward-functions-recipes.md`.
+        tools (`list`, *optional*):
+            PPO: functions the model may call (TRL `GRPOTrainer`'s `tools`): each episode then runs several turns, the
+            tool results masked out of every loss term (`docs/tools.md`). Entries as `reward_funcs`'
+            (`"module:function"`, `"path/to/file.py:function"` relative to the recipe's folder, a factory
+            `{name: FACTORY, kwargs: {...}}`); each must be typed and have a docstring with an `Args:` section (its
+            JSON schema goes into the prompt). The dataset's `prompt` column must be chat messages.
+        environment_factory (`str` or `dict`, *optional*):
+            PPO: `"module:callable"` or `"path/to/file.py:callable"` building an environment (TRL `GRPOTrainer`'s
+            `environment_factory`): its public methods are tools, `reset(**row)` starts each episode, an optional
+            `get_reward()` is a reward source (then neither `reward_model_path` nor `reward_funcs` is needed). A
+            mapping `{name: "module:callable", ...}` gives several, chosen per row by an `environment` column.
         value_model_path (`str`, *optional*):
             PPO: checkpoint of the value model. Defaults to `reward_model_path`; without a reward model
             (`reward_funcs` only) to the policy's `model_name_or_path` with a fresh one-output head.
@@ -109,6 +120,13 @@ class PipelineArguments:
         default=None,
         metadata={"help": "PPO: reward functions ('module:function', 'file.py:function', {name:, kwargs:}, {url:})."},
     )
+    tools: Optional[list[str]] = field(
+        default=None, metadata={"help": "PPO: tools the model may call ('module:function', 'file.py:function')."}
+    )
+    environment_factory: Optional[str] = field(
+        default=None,
+        metadata={"help": "PPO: environment ('module:callable', 'file.py:callable', or {name: spec, ...})."},
+    )
     value_model_path: Optional[str] = field(
         default=None, metadata={"help": "PPO: value model checkpoint (defaults to reward_model_path)."}
     )
@@ -147,6 +165,9 @@ class Recipe:
             the run has none: `reward_funcs` only, or a critic-free `advantage_estimator`).
         reward_funcs: PPO only, the callables of `reward_funcs` (imported, factories called), in order.
         reward_func_entries: how messages name each of them (`recipe: key 'reward_funcs' entry N '...'`).
+        tools / tool_entries: PPO only, the callables of `tools` and how messages name them.
+        environment_factory: PPO only, the callable of `environment_factory` (a dict of them for several), or None.
+        environment_lines: what `trl-ext check` prints about each environment (class, tools, reward).
         explicit: the keys the recipe and the command line set, with their resolved values.
         notes: remarks for the user (printed by `trl-ext check`).
         env: the recipe's `env` mapping (environment variables).
@@ -162,6 +183,10 @@ class Recipe:
     value_model_args: Any = None
     reward_funcs: list = field(default_factory=list)
     reward_func_entries: list = field(default_factory=list)
+    tools: list = field(default_factory=list)
+    tool_entries: list = field(default_factory=list)
+    environment_factory: Any = None
+    environment_lines: list = field(default_factory=list)
     explicit: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
     env: dict = field(default_factory=dict)

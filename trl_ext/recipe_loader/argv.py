@@ -1,18 +1,50 @@
 """Recipe values as the command-line tokens TRL's parser reads (:func:`to_argv`), and resolved values back as plain
-YAML (:func:`plain`): the loader's two conversions (:mod:`trl_ext.recipe_loader.loader`)."""
+YAML (:func:`plain`): the loader's two conversions (:mod:`trl_ext.recipe_loader.loader`); the parser that reads the
+tokens (:class:`RecipeArgumentParser`)."""
 
 from __future__ import annotations
 
+import copy
 import enum
 import json
+import re
+import types
 from typing import Any
 
 from ..errors import UserInputError
 
-__all__ = ["STRUCTURED_LIST_KEYS", "plain", "to_argv"]
+__all__ = ["STRUCTURED_LIST_KEYS", "RecipeArgumentParser", "plain", "to_argv"]
+
+# Field metadata that trl_ext.config_rules reads and argparse must not receive (a field's own `range`).
+CONFIG_RULES_METADATA = ("range",)
+
+
+class RecipeArgumentParser:
+    """An HfArgumentParser over the recipe's dataclasses whose errors are one-line UserInputErrors."""
+
+    def __new__(cls, dataclass_types):
+        from transformers import HfArgumentParser
+
+        class Parser(HfArgumentParser):
+            def error(self, message):  # argparse calls this on bad types and choices
+                message = re.sub(r"argument --(\w+)(/--[\w-]+)*", r"key '\1'", message)
+                raise UserInputError(f"recipe: {message}")
+
+            @staticmethod
+            def _parse_dataclass_field(parser, field):  # HfArgumentParser passes all metadata to argparse
+                if any(key in field.metadata for key in CONFIG_RULES_METADATA):
+                    field = copy.copy(field)
+                    field.metadata = types.MappingProxyType(
+                        {k: v for k, v in field.metadata.items() if k not in CONFIG_RULES_METADATA})
+                HfArgumentParser._parse_dataclass_field(parser, field)
+
+        parser = Parser(dataclass_types, allow_abbrev=False)
+        for action in parser._actions:  # choices are checked by trl_ext.config_rules, with the configs' messages
+            action.choices = None
+        return parser
 
 # List keys whose entries may be mappings (passed to the parser as JSON text, parsed back in the pipeline step).
-STRUCTURED_LIST_KEYS = ("reward_funcs",)
+STRUCTURED_LIST_KEYS = ("reward_funcs", "tools")
 
 
 def to_argv(key: str, value: Any, action) -> list[str]:

@@ -176,10 +176,12 @@ def _prompt_tokens(tokenizer, prompt) -> Optional[int]:
 
 def check_local_data(recipe) -> None:
     """`trl-ext check`: columns and rows of a local train split (and PPO-ptx text), the reward functions' signatures
-    against its columns, and the prompts' lengths when the tokenizer (and, for PPO, the model's ``config.json``) is
-    local too. Hub datasets are checked by `train`."""
+    against its columns, its chat prompts and the chat template with tools (:mod:`.tool_keys`), and the prompts'
+    lengths when the tokenizer (and, for PPO, the model's ``config.json``) is local too. Hub datasets are checked by
+    `train`."""
     from ..models.paths import looks_local
     from .reward_keys import check_reward_columns
+    from .tool_keys import check_tool_data, check_tool_tokenizer
 
     s, args = recipe.script_args, recipe.training_args
     local = bool(s.dataset_name and looks_local(s.dataset_name))
@@ -190,6 +192,7 @@ def check_local_data(recipe) -> None:
         ds = open_split(s.dataset_name, s.dataset_train_split, config=s.dataset_config)
         check_columns(ds, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split, text_column=text_column)
         check_reward_columns(recipe, ds.column_names)
+        check_tool_data(recipe, ds, name=s.dataset_name, split=s.dataset_train_split)
         check_rows(ds, recipe.trainer, name=s.dataset_name, split=s.dataset_train_split, text_column=text_column,
                    allow_empty_responses=recipe.pipeline.allow_empty_responses)
         if recipe.trainer == "ppo":
@@ -198,6 +201,7 @@ def check_local_data(recipe) -> None:
             check_episodes(args, len(ds))
         tokenizer, config = _local_tokenizer_and_config(recipe.model_args.model_name_or_path)
         if tokenizer is not None:
+            check_tool_tokenizer(recipe, tokenizer)
             limit = prompt_length_limit(recipe.trainer, args, config)
             check_prompt_lengths(ds, recipe.trainer, tokenizer, limit, name=s.dataset_name,
                                  split=s.dataset_train_split)

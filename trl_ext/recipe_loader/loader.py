@@ -23,7 +23,6 @@ import difflib
 import functools
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -40,8 +39,10 @@ from .arguments import (  # re-exported: the loader's public names
     PipelineArguments,
     Recipe,
 )
+from .argv import RecipeArgumentParser as _RecipeArgumentParser
 from .argv import plain, to_argv
-from .reward_keys import check_no_reward_model, portable_spec, resolve_reward_keys
+from .reward_keys import PORTABLE_KEYS, check_no_reward_model, portable_value, resolve_reward_keys
+from .tool_keys import check_reward_source, resolve_tool_keys
 
 RECIPE_FILENAME = "trl_ext_recipe.yaml"
 TINY_SCHEME = "tiny://"
@@ -125,23 +126,6 @@ def _prefixed_model_class(prefix: str):
         meta = {"help": help_, **({"choices": f.metadata["choices"]} if "choices" in f.metadata else {})}
         fields.append((f"{prefix}_{f.name}", typ, field(default=None, metadata=meta)))
     return dataclasses.make_dataclass(f"{prefix.capitalize()}ModelArguments", fields)
-
-
-class _RecipeArgumentParser:
-    """An HfArgumentParser over the recipe's dataclasses whose errors are one-line UserInputErrors."""
-
-    def __new__(cls, dataclass_types):
-        from transformers import HfArgumentParser
-
-        class Parser(HfArgumentParser):
-            def error(self, message):  # argparse calls this on bad types and choices
-                message = re.sub(r"argument --(\w+)(/--[\w-]+)*", r"key '\1'", message)
-                raise UserInputError(f"recipe: {message}")
-
-        parser = Parser(dataclass_types, allow_abbrev=False)
-        for action in parser._actions:  # choices are checked by trl_ext.config_rules, with the configs' messages
-            action.choices = None
-        return parser
 
 
 @functools.lru_cache(maxsize=None)
@@ -253,6 +237,7 @@ class _Resolution:
     value_args: Any = None
     reward_specs: list = field(default_factory=list)
     reward_funcs: list = field(default_factory=list)
+    tool_keys: Any = None  # tools and environments (tool_keys.ToolKeys)
 
     @property
     def has_reward_model(self) -> bool:
@@ -290,7 +275,7 @@ def _resolve(ctx: _Resolution) -> Recipe:
         training_args=training_args, pipeline=pipeline, reward_model_args=ctx.reward_args,
         value_model_args=ctx.value_args, reward_funcs=ctx.reward_funcs,
         reward_func_entries=[spec.where for spec in ctx.reward_specs], explicit=_explicit_keys(ctx), notes=ctx.notes,
-        env=env,
+        env=env, **(ctx.tool_keys.recipe_fields() if ctx.tool_keys else {}),
     )
 
 
@@ -323,7 +308,7 @@ def _check_raw_values(ctx: _Resolution) -> None:
             raise UserInputError("recipe: missing key 'dataset_name' (prompts for PPO)")
         if ctx.truthy("dataset_streaming"):
             raise UserInputError("recipe: key 'dataset_streaming' is not supported by PPO (it needs the prompt count)")
-        if not ctx.has_reward_model and given("reward_funcs") in (None, "", []):
+        if not ctx.has_reward_model and given("reward_funcs") in (None, "", []) and not given("environment_factory"):
             raise UserInputError("recipe: missing key 'reward_model_path' (the reward model PPO optimises) or "
                                  "'reward_funcs' (reward functions)")
 
@@ -418,7 +403,9 @@ def _resolve_ppo_models(ctx: _Resolution) -> None:
                 f"recipe: key '{bad}' is for PPO recipes only (this recipe has trainer: {ctx.trainer})"
             )
         return
+    ctx.tool_keys = resolve_tool_keys(ctx)  # before the rewards: an environment with get_reward is one
     resolve_reward_keys(ctx)
+    check_reward_source(ctx)
     critic_free = getattr(training_args, "critic_free", False)
     if ctx.has_reward_model:
         ctx.reward_args = _model_config_from_prefix(ctx.parsed[4], "reward", model_args,
@@ -460,8 +447,8 @@ def _explicit_keys(ctx: _Resolution) -> dict:
     for key in ctx.merged:
         if key == "trainer":
             continue
-        if key == "reward_funcs":  # as parsed (mappings again), file paths absolute: the copy runs from anywhere
-            explicit[key] = [portable_spec(spec, Path(ctx.path).parent) for spec in ctx.pipeline.reward_funcs or []]
+        if key in PORTABLE_KEYS:  # as parsed (mappings again), file paths absolute: the copy runs from anywhere
+            explicit[key] = portable_value(key, getattr(ctx.pipeline, key), Path(ctx.path).parent)
             continue
         owner = next(o for o in ctx.parsed if key in {f.name for f in dataclasses.fields(o)})
         value = plain(getattr(owner, key))
@@ -475,7 +462,7 @@ def _explicit_keys(ctx: _Resolution) -> dict:
 
 _PPO_ONLY = {
     f.name: f for f in dataclasses.fields(PipelineArguments)
-    if f.name.startswith(("value_", "ptx_")) or f.name in ("shared_base", "reward_funcs")
+    if f.name.startswith(("value_", "ptx_")) or f.name in ("shared_base", *PORTABLE_KEYS)
 }
 
 

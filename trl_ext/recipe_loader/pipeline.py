@@ -269,12 +269,14 @@ def train_ppo(recipe: Recipe):
     loader, go to the trainer as ``reward_funcs``), value model (none with a critic-free ``advantage_estimator``)
     from ``value_model_path`` (default: the reward model, else the policy's checkpoint with a fresh head), each with
     its own ``reward_*``/``value_*`` quantization and LoRA keys. Prompts come from the ``prompt`` column, tokenized
-    as in TRL's PPO example; with reward functions the dataset's other columns stay beside ``input_ids``. The eval
-    split (if the dataset has one) feeds TRL's sample generations.
+    as in TRL's PPO example; with reward functions, ``tools`` or ``environment_factory`` (resolved by the loader,
+    :mod:`trl_ext.recipe_loader.tool_keys`) the dataset's other columns stay beside ``input_ids``. The eval split (if
+    the dataset has one) feeds TRL's sample generations.
     """
     from trl_ext import PPOTrainer
 
     from .reward_keys import check_reward_columns
+    from .tool_keys import check_tool_data, check_tool_tokenizer, uses_tools
 
     args = recipe.training_args
     if args.model_init_kwargs:
@@ -282,12 +284,16 @@ def train_ppo(recipe: Recipe):
                              "loads its models from its model keys (dtype, attn_implementation, load_in_4bit, ...)")
     train_ds, eval_ds = open_datasets(recipe)
     check_reward_columns(recipe, train_ds.column_names)
+    check_tool_data(recipe, train_ds, name=recipe.script_args.dataset_name,
+                    split=recipe.script_args.dataset_train_split)  # tools: chat prompts, the environment column
     ptx = open_ptx_dataset(recipe)
 
     model_args = _resolved(recipe.model_args)
     tokenizer = load_tokenizer(model_args)
     tokenizer.padding_side = "left"  # generation needs left padding (as TRL's PPO example)
-    keep = bool(recipe.reward_funcs)  # reward functions receive the dataset's other columns
+    check_tool_tokenizer(recipe, tokenizer)  # tools: a template that renders and parses tool calls
+    # reward functions receive the dataset's other columns; tools render the `prompt` messages each update
+    keep = bool(recipe.reward_funcs) or uses_tools(recipe)
     template_kwargs = args.chat_template_kwargs
     train_ds = tokenize_prompts(train_ds, tokenizer, num_proc=args.dataset_num_proc, keep_columns=keep,
                                 chat_template_kwargs=template_kwargs)
@@ -299,6 +305,8 @@ def train_ppo(recipe: Recipe):
     policy, ref_model, reward_model, value_model = load_ppo_models(recipe, tokenizer)
 
     extra = {"reward_funcs": recipe.reward_funcs} if recipe.reward_funcs else {}
+    if uses_tools(recipe):  # multi-turn episodes (trl_ext/ppo/episodes)
+        extra.update(tools=recipe.tools or None, environment_factory=recipe.environment_factory)
     trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=ref_model,
                          reward_model=reward_model, value_model=value_model, train_dataset=train_ds,
                          eval_dataset=eval_ds, ptx_dataset=ptx, **extra)

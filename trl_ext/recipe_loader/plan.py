@@ -172,6 +172,13 @@ def _scalar_model_notes(args, pipeline, shape: ModelShape, has_reward_model: boo
     return notes
 
 
+def _no_reward_model_note(pipeline) -> str:
+    """The note of a run without a reward model: its rewards come from reward functions or an environment."""
+    if pipeline.environment_factory and not pipeline.reward_funcs:
+        return "no reward model (an environment's get_reward): none budgeted"
+    return "no reward model (reward_funcs only): none budgeted"
+
+
 def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memory: float = 24.0,
               prompt_length: int = DEFAULT_PROMPT_LENGTH) -> Plan:
     """The :class:`Plan` of a PPO recipe (see the module docstring)."""
@@ -188,7 +195,7 @@ def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memor
     shared = bool(pipeline.shared_base)
     critic = not args.critic_free  # a critic-free advantage_estimator: no value model to budget
     has_reward_model = bool(merged_reward_model_path(recipe_path, overrides))
-    notes = [] if has_reward_model else ["no reward model (reward_funcs only): none budgeted"]
+    notes = [] if has_reward_model else [_no_reward_model_note(pipeline)]
     if not shared:
         notes += _scalar_model_notes(args, pipeline, shape, has_reward_model, critic)
     target = int(gpu_memory * GIB)

@@ -14,7 +14,12 @@ from pathlib import Path
 
 from ..errors import UserInputError
 
-__all__ = ["resolve_reward_keys", "check_no_reward_model", "check_reward_columns", "portable_spec"]
+__all__ = ["PORTABLE_KEYS", "resolve_reward_keys", "check_no_reward_model", "check_reward_columns", "portable_spec",
+           "portable_value"]
+
+# Keys whose entries name Python callables (`file.py:function` relative to the recipe's folder): written with
+# absolute paths in the resolved recipe (`portable_value`).
+PORTABLE_KEYS = ("reward_funcs", "tools", "environment_factory")
 
 
 def resolve_reward_keys(ctx) -> None:
@@ -43,12 +48,13 @@ def resolve_reward_keys(ctx) -> None:
     if weights is not None:
         from ..rewards.contract import reward_func_names
 
-        names = (["reward_model"] if ctx.has_reward_model else []) + reward_func_names(ctx.reward_funcs)
+        environments = ctx.tool_keys.environment_rewards if ctx.tool_keys else []  # environments' get_reward: last
+        names = (["reward_model"] if ctx.has_reward_model else []) + reward_func_names(ctx.reward_funcs) + environments
         if len(weights) != len(names):
             raise UserInputError(
                 f"recipe: key 'reward_weights' has {len(weights)} weight{'s' * (len(weights) != 1)} for "
                 f"{len(names)} reward{'s' * (len(names) != 1)} ({', '.join(names) or 'none'}); give one per reward, "
-                "the reward model first"
+                "the reward model first" + (", the environments' get_reward last" if environments else "")
             )
 
 
@@ -94,9 +100,21 @@ def portable_spec(spec, base_dir: Path):
     return spec
 
 
+def portable_value(key: str, value, base_dir: Path):
+    """The value of :data:`PORTABLE_KEYS` ``key`` with :func:`portable_spec` applied to each spec: a list's entries
+    (None: an empty list), ``environment_factory``'s one spec or mapping of environment names to specs."""
+    if key != "environment_factory":
+        return [portable_spec(spec, base_dir) for spec in value or []]
+    if isinstance(value, dict):
+        return {name: portable_spec(spec, base_dir) for name, spec in value.items()}
+    return portable_spec(value, base_dir)
+
+
 def check_reward_columns(recipe, columns) -> None:
-    """Each reward function's signature against the train dataset's ``columns`` (None: not known here)."""
+    """Each reward function's signature against the train dataset's ``columns`` (None: not known here), and the
+    ``environments`` keyword the trainer adds in a run with environments."""
     from ..rewards.resolve import check_reward_func
 
+    extra = ("environments",) if getattr(recipe, "environment_factory", None) is not None else ()
     for func, entry in zip(recipe.reward_funcs, recipe.reward_func_entries):
-        check_reward_func(func, entry, None if columns is None else list(columns))
+        check_reward_func(func, entry, None if columns is None else list(columns), extra)

@@ -82,12 +82,15 @@ def _where(key: str, index: int, label: str) -> str:
         f"recipe: key {key!r} entry {index + 1} {label!r}"
 
 
-def parse_reward_spec(spec: Any, index: int = 0, *, key: str = DEFAULT_KEY) -> RewardSpec:
+def parse_reward_spec(spec: Any, index: int = 0, *, key: str = DEFAULT_KEY,
+                      where: Optional[str] = None) -> RewardSpec:
     """Parse one entry (a string or a mapping) without importing anything; ``index`` (0-based) and ``key`` name it
-    in messages (``key`` starting with ``--`` names a command-line option instead of a recipe key)."""
+    in messages (``key`` starting with ``--`` names a command-line option instead of a recipe key); ``where``, when
+    given, is the name messages use instead (a key that is not a list: ``recipe: key 'environment_factory' ...``)."""
+    named = where
     if isinstance(spec, str):
         label = spec.strip()
-        where = _where(key, index, label)
+        where = named or _where(key, index, label)
         if not label:
             raise UserInputError(f"{where}: empty; give 'module:function' or 'path/to/file.py:function'")
         if label.startswith(("http://", "https://")):
@@ -96,7 +99,7 @@ def parse_reward_spec(spec: Any, index: int = 0, *, key: str = DEFAULT_KEY) -> R
         return RewardSpec("function", label, {}, where)
     if isinstance(spec, dict):
         label = str(spec.get("url") or spec.get("name") or spec)
-        where = _where(key, index, label)
+        where = named or _where(key, index, label)
         if "url" in spec:
             unknown = [k for k in spec if k not in REMOTE_KEYS]
             if unknown:
@@ -118,7 +121,7 @@ def parse_reward_spec(spec: Any, index: int = 0, *, key: str = DEFAULT_KEY) -> R
             return RewardSpec("factory", name.strip(), {str(k): v for k, v in kwargs.items()}, where)
         raise UserInputError(f"{where}: a mapping needs 'name' (a factory, with 'kwargs') or 'url' (a remote "
                              "reward)")
-    where = _where(key, index, repr(spec))
+    where = named or _where(key, index, repr(spec))
     raise UserInputError(f"{where}: give 'module:function', 'path/to/file.py:function', "
                          "{name: FACTORY, kwargs: {...}} or {url: ...}")
 
@@ -233,9 +236,9 @@ def _lookup(target: str, base_dir: Path, where: str):
     return obj
 
 
-def load_reward_func(spec: RewardSpec, base_dir: str | Path = ".") -> Callable:
+def load_reward_func(spec: RewardSpec, base_dir: str | Path = ".", *, what: str = "a reward function") -> Callable:
     """The callable one parsed entry stands for (imports the module or file; calls a factory; builds a
-    ``RemoteReward``)."""
+    ``RemoteReward``). ``what``: what a factory must return, in its message (the tools' entries say "a tool")."""
     base_dir = Path(base_dir)
     if spec.kind == "remote":
         try:
@@ -258,7 +261,7 @@ def load_reward_func(spec: RewardSpec, base_dir: str | Path = ".") -> Callable:
         except Exception as err:  # noqa: BLE001 - the factory's own error, as one line
             raise spec.fail(f"calling the factory failed: {_one_line(err)}") from None
         if not callable(func):
-            raise spec.fail(f"the factory returned {type(func).__name__}, not a reward function")
+            raise spec.fail(f"the factory returned {type(func).__name__}, not {what}")
     return func
 
 

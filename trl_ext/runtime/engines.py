@@ -14,7 +14,8 @@ deepspeed 0.19.8, transformers 5.23):
 
 DeepSpeed's CPU accelerator (gloo unless oneCCL's torch bindings are installed) and torch's FSDP2 (``fully_shard``
 over gloo) both work on CPU; only the routing is missing. :func:`adapt_to_cpu_engine` fills it in, in this one place:
-the gloo backend, ``use_cpu=False`` for DeepSpeed, and for FSDP a patch of ``AcceleratorState``
+the gloo backend, ``use_cpu=False`` for DeepSpeed (and no build of its inference-only shared-memory op:
+:func:`skip_deepspeed_shm_op`), and for FSDP a patch of ``AcceleratorState``
 (:func:`enable_fsdp_on_cpu`) that keeps the FSDP plugin when accelerate drops it on CPU. trl-ext's configs call it
 through :class:`EngineOnCPUArgsMixin` at the moment accelerate's state is created. Nothing changes when a GPU is
 present or no engine was launched.
@@ -90,10 +91,28 @@ def adapt_to_cpu_engine(args) -> None:
     args.dataloader_pin_memory = False  # nothing to pin memory for
     if engine == DEEPSPEED:
         args.use_cpu = False  # accelerate ignores DeepSpeed under cpu=True
+        skip_deepspeed_shm_op()
     if engine == FSDP:
         args.use_cpu = True  # accelerate's MULTI_CPU processes, which enable_fsdp_on_cpu turns into FSDP ones
         enable_fsdp_on_cpu()
     logger.info("trl-ext: %s on CPU: ddp_backend=%s, use_cpu=%s", engine, args.ddp_backend, args.use_cpu)
+
+
+def skip_deepspeed_shm_op() -> None:
+    """Keep DeepSpeed's CPU backend from building its shared-memory all-reduce op.
+
+    On its first start on a machine, DeepSpeed's ``TorchBackend`` JIT-compiles ``deepspeed_shm_comm`` with the C++
+    compiler (about 2 minutes; cached in ``~/.cache/torch_extensions`` afterwards). Only DeepSpeed's inference and
+    tensor-parallel all-reduce (``inference_all_reduce``) use that op; ZeRO training reduces through
+    ``torch.distributed`` (gloo here). trl-ext trains, so on a machine without a GPU the op is not built
+    (``deepspeed.comm.torch.build_shm_op`` returns None, its own answer when the op is not available)."""
+    import importlib
+
+    try:  # by module name: the attribute `deepspeed.comm.torch` is the torch package itself
+        deepspeed_torch_comm = importlib.import_module("deepspeed.comm.torch")
+    except ImportError:  # no DeepSpeed: nothing to build
+        return
+    deepspeed_torch_comm.build_shm_op = lambda: None
 
 
 class EngineOnCPUArgsMixin:

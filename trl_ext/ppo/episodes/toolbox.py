@@ -93,6 +93,9 @@ class Toolbox:
         if stop is not None and stop != processing_class.eos_token_id:
             raise UserInputError(f"stop_token_id: {stop} with tools; each turn ends at the tokenizer's EOS "
                                  f"({processing_class.eos_token_id}): leave stop_token_id unset or use stop_token: eos")
+        if args.dynamic_sampling:
+            raise UserInputError("dynamic_sampling: not supported with tools yet (the episodes of its extra rounds are "
+                                 "not merged); leave dynamic_sampling off with tools or environment_factory")
         if environment_factory is not None and args.reward_num_workers:
             raise UserInputError("reward_num_workers: reward functions receive the environments, which live in the "
                                  "training process; set reward_num_workers: 0 with environment_factory")

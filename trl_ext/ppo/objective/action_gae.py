@@ -34,7 +34,8 @@ def gae_over_steps(rewards: torch.Tensor, values: torch.Tensor, steps: torch.Ten
     Args:
         rewards, values: ``(batch, T)`` per-token rewards and values (the trainer's, padding positions 0).
         steps: ``(batch, T)`` bool, True at the positions that are steps: the episode's action tokens (and the
-            position after its last token, where TRL's PPO puts the score and the final value).
+            position after its last token, where TRL's PPO puts the score and the final value). A row's first
+            position is a step (an episode starts with the policy's first turn).
         gamma, lam: the discount and the GAE lambda.
 
     Returns:
@@ -44,10 +45,8 @@ def gae_over_steps(rewards: torch.Tensor, values: torch.Tensor, steps: torch.Ten
     positions = torch.arange(width, device=rewards.device).expand_as(steps)
     # Steps first, each row's order kept: sort by (not a step, position).
     order = torch.argsort((~steps).long() * width + positions, dim=1)
-    # A reward on a non-step position goes to the last step at or before it (none before: the first step).
-    owner = torch.cummax(torch.where(steps, positions, torch.full_like(positions, -1)), dim=1).values
-    first_step = torch.argmax(steps.long(), dim=1, keepdim=True).expand_as(owner)
-    owner = torch.where(owner < 0, first_step, owner)
+    # A reward on a non-step position goes to the last step before it (an episode starts with a step: its first turn).
+    owner = torch.cummax(torch.where(steps, positions, torch.zeros_like(positions)), dim=1).values
     moved = torch.zeros_like(rewards).scatter_add_(1, owner, rewards)
     n_steps = steps.sum(1, keepdim=True)
     in_front = positions < n_steps

@@ -1,0 +1,114 @@
+"""The turn loop (trl_ext/ppo/episodes/multi_turn.py) driven by a scripted sampler: the rounds cap, the length cap
+with TRL's rollback of a tool result that does not fit, the layout of actions, observations and log-probs."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from trl_ext.ppo.episodes.multi_turn import MultiTurnRollout
+from trl_ext.ppo.episodes.toolbox import Toolbox
+from trl_ext.testing_tools import build_tool_tokenizer
+
+CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'
+CALL_AGAIN = '<tool_call>\n{"name": "add", "arguments": {"a": 10, "b": 1}}\n</tool_call><|im_end|>'
+ANSWER = "The sum is 5.<|im_end|>"
+
+
+def add(a: int, b: int) -> int:
+    """Adds two integers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return a + b
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tool_tokenizer()
+
+
+def rollout(tok, response_length, max_iterations, script):
+    """Two episodes; ``script(row, turn)`` is the text row ``row`` writes at its turn ``turn`` (0-based)."""
+    args = SimpleNamespace(response_length=response_length, max_tool_calling_iterations=max_iterations,
+                           tool_timeout_s=None, tool_num_workers=0)
+    loop = MultiTurnRollout(Toolbox([add], None, tok), args, tok)
+    prompts = [[{"role": "user", "content": "Add 2 and 3."}], [{"role": "user", "content": "Say hi."}]]
+    data = loop.begin({"input_ids": torch.zeros(2, 1, dtype=torch.long), "prompt": prompts})
+    turns = [0, 0]
+    budgets = []
+    rows_of_call = []
+
+    def sample(queries, max_new_tokens):
+        budgets.append(max_new_tokens)
+        rows = [0, 1] if not rows_of_call else [r for r in (0, 1) if turns[r] > 0 and r in active_rows()]
+        rows_of_call.append(rows)
+        out = []
+        for row in rows:
+            ids = tok(script(row, turns[row]), add_special_tokens=False)["input_ids"][:max_new_tokens]
+            turns[row] += 1
+            out.append(ids)
+        width = max(len(ids) for ids in out)
+        responses = torch.full((len(out), width), tok.pad_token_id)
+        for k, ids in enumerate(out):
+            responses[k, : len(ids)] = torch.tensor(ids)
+        return torch.cat((queries, responses), 1), torch.full((len(out), width), -0.5)
+
+    def active_rows():
+        return [r for r in (0, 1) if script(r, 0).startswith("<tool_call>")]
+
+    query_responses, logprobs, batch = loop.run(data["input_ids"], sample)
+    batch.budgets = budgets
+    return query_responses, logprobs, batch, data["input_ids"].shape[1]
+
+
+def test_the_rounds_cap_ends_an_episode_that_keeps_calling(tok):
+    script = lambda row, turn: (CALL if turn == 0 else CALL_AGAIN) if row == 0 else "hi<|im_end|>"  # noqa: E731
+    _, logprobs, batch, _ = rollout(tok, 400, 2, script)
+    calls, hi = batch.episodes
+    assert [m["role"] for m in calls.messages] == ["assistant", "tool", "assistant", "tool", "assistant"]
+    assert [m["content"] for m in calls.messages if m["role"] == "tool"] == ["5", "11"]  # each turn's own call
+    assert calls.turns == 3 and calls.truncated == "iterations" and calls.ids[-1] == tok.eos_token_id
+    assert hi.turns == 1 and hi.truncated is None and hi.messages == [{"role": "assistant", "content": "hi"}]
+    assert batch.counts.calls == 2
+    obs = batch.observation_mask
+    box = Toolbox([add], None, tok)
+    suffixes = [box.tool_suffix_ids([{"role": "tool", "name": "add", "content": c}]) for c in ("5", "11")]
+    calls_ids = [tok(c, add_special_tokens=False)["input_ids"] for c in (CALL, CALL_AGAIN)]
+    layout = [False] * len(calls_ids[0]) + [True] * len(suffixes[0]) + [False] * len(calls_ids[1]) + \
+        [True] * len(suffixes[1])
+    assert obs[0].tolist()[: len(layout)] == layout
+    assert obs[0].sum() == len(suffixes[0]) + len(suffixes[1]) and not obs[1].any()
+    assert torch.all(logprobs[0][obs[0]] == 0) and torch.all(logprobs[0][: len(calls.ids)][~obs[0][: len(calls.ids)]]
+                                                              == -0.5)
+    metrics = batch.metrics(lambda t: t)
+    assert metrics["episodes/turns_mean"] == 2.0 and metrics["episodes/truncated_iterations_frac"] == 0.5
+    assert metrics["episodes/truncated_length_frac"] == 0.0
+    assert metrics["tools/call_frequency"] == 1.0
+
+
+def test_a_tool_result_that_does_not_fit_is_dropped_and_the_episode_ends(tok):
+    script = lambda row, turn: CALL if row == 0 else ANSWER  # noqa: E731
+    n_call = len(tok(CALL, add_special_tokens=False)["input_ids"])
+    query_responses, _, batch, context = rollout(tok, n_call + 5, None, script)  # no room for the result
+    calls = batch.episodes[0]
+    assert calls.messages[-1]["tool_calls"] and len(calls.messages) == 1  # rolled back, as TRL does
+    assert calls.truncated == "length" and calls.turns == 1 and len(calls.ids) == n_call
+    assert batch.counts.calls == 1  # the call ran; its result did not fit
+    assert query_responses.shape[1] - context == n_call  # nothing appended
+    assert batch.metrics(lambda t: t)["episodes/truncated_length_frac"] == 0.5
+
+
+def test_a_later_turn_gets_only_the_tokens_left(tok):
+    script = lambda row, turn: (CALL if turn == 0 else ANSWER) if row == 0 else ANSWER  # noqa: E731
+    n_call = len(tok(CALL, add_special_tokens=False)["input_ids"])
+    suffix = Toolbox([add], None, tok).tool_suffix_ids([{"role": "tool", "name": "add", "content": "5"}])
+    budget = n_call + len(suffix) + 3
+    _, _, batch, _ = rollout(tok, budget, None, script)
+    episode = batch.episodes[0]
+    assert len(episode.ids) == budget and episode.truncated == "length" and episode.turns == 2
+    assert batch.budgets == [budget, 3]  # the first turn may use all of it; the next, what is left
+    assert episode.ids[-3:] == tok(ANSWER, add_special_tokens=False)["input_ids"][:3]
+    assert not batch.ends_with_eos[0] and batch.ends_with_eos[1]
