@@ -85,7 +85,9 @@ def episodes(model, tokenizer, prompts: list[list[dict]], *, tools: list | None,
              response_length: int = tool_task.RESPONSE_LENGTH) -> list[list[dict]]:
     """Play each prompt (chat messages) as an episode (module docstring); returns the completions as TRL passes them
     to reward functions: lists of messages (assistant turns, tool results)."""
-    from trl.chat_template_utils import add_response_schema, parse_response
+    from trl.chat_template_utils import add_response_schema
+
+    from trl_ext.ppo.episodes.toolbox import parse_turn  # TRL's parse_response on TRL 1.12 too
 
     tokenizer = add_response_schema(tokenizer)
     seqs = [tokenizer.apply_chat_template(p, tools=tools or None, add_generation_prompt=True, tokenize=True,
@@ -98,7 +100,7 @@ def episodes(model, tokenizer, prompts: list[list[dict]], *, tools: list | None,
         turns = generate_turn(model, tokenizer, [seqs[i] for i in active], budgets, greedy=greedy)
         still = []
         for i, new in zip(active, turns):
-            message = parse_response(tokenizer, new, prefix=seqs[i], tools=tools)
+            message = parse_turn(tokenizer, new, seqs[i], tools)
             completions[i].append(message)
             seqs[i] = seqs[i] + new
             if not (tools and message.get("tool_calls") and calls_left > 0):

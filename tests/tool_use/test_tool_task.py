@@ -91,7 +91,9 @@ def test_sft_transcript_is_the_rl_episode(task_data, modules):
     completion and none of the prompt."""
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl.chat_template_utils import add_response_schema, parse_response
+    from trl.chat_template_utils import add_response_schema
+
+    from trl_ext.ppo.episodes.toolbox import parse_turn
 
     import trl_ext
 
@@ -115,7 +117,7 @@ def test_sft_transcript_is_the_rl_episode(task_data, modules):
         assert example["input_ids"] == prompt + call + suffix + answer
         # the loss covers the completion (the tool's result too: SFT has no observation mask), never the prompt
         assert example["labels"] == [-100] * len(prompt) + call + suffix + answer
-        assert parse_response(tok, call, prefix=prompt, tools=tool_task.TOOLS) == tool_task.tool_call_message(a, b)
+        assert parse_turn(tok, call, prompt, tool_task.TOOLS) == tool_task.tool_call_message(a, b)
         assert tok.decode(suffix) == f"\n<|im_start|>user\n<tool_response>\n{a + b}\n</tool_response><|im_end|>\n" \
                                      "<|im_start|>assistant\n"
 

@@ -21,7 +21,7 @@ import inspect
 
 from ...errors import UserInputError
 
-__all__ = ["Toolbox", "environment_methods"]
+__all__ = ["Toolbox", "environment_methods", "parse_turn"]
 
 
 def environment_methods(instance) -> list:
@@ -29,6 +29,16 @@ def environment_methods(instance) -> list:
     (listed on the class, as TRL does: ``getmembers`` on the instance would evaluate properties)."""
     return [getattr(instance, name) for name, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)
             if name not in ("reset", "get_reward") and not name.startswith("_")]
+
+
+def parse_turn(tokenizer, ids: list[int], prefix: list[int], tools: list) -> dict:
+    """TRL's ``parse_response`` of one assistant turn, on every TRL trl-ext admits: ``tools`` (which types the
+    calls' arguments by their schema) is passed where TRL takes it (1.14 on)."""
+    from trl.chat_template_utils import parse_response
+
+    if "tools" in inspect.signature(parse_response).parameters:
+        return parse_response(tokenizer, ids, prefix=prefix, tools=tools)
+    return parse_response(tokenizer, ids, prefix=prefix)
 
 
 def _check_tool(tool, where: str) -> None:
@@ -241,12 +251,7 @@ class Toolbox:
 
     def parse(self, ids: list[int], prefix: list[int], row: int) -> dict:
         """One assistant turn's message (``tool_calls`` when it calls tools): TRL's ``parse_response``."""
-        from trl.chat_template_utils import parse_response
-
-        tools = self.row_tools[row] if self.row_tools else self.tools
-        if "tools" in inspect.signature(parse_response).parameters:  # TRL >= 1.14
-            return parse_response(self.processing_class, ids, prefix=prefix, tools=tools)
-        return parse_response(self.processing_class, ids, prefix=prefix)
+        return parse_turn(self.processing_class, ids, prefix, self.row_tools[row] if self.row_tools else self.tools)
 
     def tool_dict(self, row: int) -> dict:
         """Row ``row``'s tools by name."""
