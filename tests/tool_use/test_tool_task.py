@@ -85,17 +85,22 @@ def test_data_files(task_data):
 
 
 def sft_tools_trainer(task_data):
-    """trl_ext.SFTTrainer on the pre-tokenized tool transcripts, as ``sft_tools.yaml`` configures it."""
+    """trl_ext.SFTTrainer on the pre-tokenized tool transcripts, with ``sft_tools.yaml``'s completion_only_loss
+    (without it TRL ignores the data's completion_mask and the labels cover the whole sequence)."""
+    import yaml
     from datasets import load_dataset
+    from recipe_modules import RECIPES
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import trl_ext
 
+    recipe = yaml.safe_load(open(RECIPES / "tool_use" / "sft_tools.yaml"))
     base = task_data / "base"
     tok = AutoTokenizer.from_pretrained(base)
     ds = load_dataset("json", data_files=str(task_data / "data" / "sft_tools.jsonl"), split="train")
     args = trl_ext.SFTConfig(output_dir=str(task_data / "sft"), max_length=tool_task.MAX_POSITIONS, use_cpu=True,
-                             report_to="none", completion_only_loss=True)
+                             report_to="none",
+                             completion_only_loss=recipe.get("completion_only_loss"))
     return tok, trl_ext.SFTTrainer(model=AutoModelForCausalLM.from_pretrained(base), args=args, train_dataset=ds,
                                    processing_class=tok)
 
