@@ -26,19 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tool_task
 
 
-def tool_suffix_ids(tokenizer, tool_messages: list[dict]) -> list[int]:
-    """The tokens that follow an assistant turn ending in EOS when ``tool_messages`` answer it: the template's
-    rendering of the tool messages and the next generation prompt (TRL's ``GRPOTrainer._get_tool_suffix_ids``)."""
-    calls = [{"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}]
-    dummy = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": calls}]
-    prefix = tokenizer.apply_chat_template(dummy, tokenize=True, return_dict=False)
-    full = tokenizer.apply_chat_template(dummy + tool_messages, add_generation_prompt=True, tokenize=True,
-                                         return_dict=False)
-    eos = [i for i, t in enumerate(prefix) if t == tokenizer.eos_token_id]
-    prefix = prefix[:eos[-1] + 1] if eos else prefix
-    if full[:len(prefix)] != prefix:
-        raise ValueError("the chat template renders the tool messages' prefix differently: no suffix to append")
-    return full[len(prefix):]
+#: TRL's tool-result suffix (kept here by name: the evaluator and the benchmark append it).
+tool_suffix_ids = tool_task.tool_suffix_ids
 
 
 def run_tool_calls(tool_calls: list[dict], tools: list) -> list[dict]:

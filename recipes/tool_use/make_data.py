@@ -6,10 +6,12 @@
   Llama (hidden 64, 2 layers, 384 positions), SFT's start;
 * ``data/train.jsonl``: 2000 problems, columns ``prompt`` (chat messages) and ``answer``: RL's prompts;
 * ``data/heldout.jsonl``: 200 other problems, the same columns: exact match is measured there;
-* ``data/sft_tools.jsonl``: the training problems as SFT transcripts with the tool, in TRL's conversational
-  prompt-completion format: ``prompt`` (the user message), ``completion`` (assistant tool call, tool result,
-  assistant answer) and ``tools`` (the ``add`` schema as JSON, which TRL's SFTTrainer hands the chat template, so
-  the prompt renders exactly as RL renders it with ``tools=[add]``);
+* ``data/sft_tools.jsonl``: the training problems as SFT transcripts with the tool, pre-tokenized (TRL's
+  SFTTrainer takes an ``input_ids`` column as is): ``input_ids`` are the tokens RL sees, the prompt rendered with
+  ``tools=[add]`` then the episode (the tool call, TRL's tool-result suffix, the answer), and ``completion_mask``
+  is 1 on the policy's own tokens only (the call turn and the answer, each through its ``<|im_end|>``): 0 on the
+  prompt and on the tool-result suffix, which the model cannot predict and need not (``sft_tools.yaml`` sets
+  ``completion_only_loss: true`` so that SFTTrainer masks the loss with it);
 * ``data/sft_no_tools.jsonl``: the same problems answered at once (``prompt``, ``completion``; no tools);
 * ``guess_base/``, ``data/guess_sft.jsonl``, ``data/guess_train.jsonl``: the guessing game (guess_env.py): its
   tokenizer and random tiny Llama (512 positions: a game is longer), 1000 SFT games (``prompt``, ``completion``,
@@ -38,14 +40,39 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
         f.writelines(json.dumps(r) + "\n" for r in rows)
 
 
-def sft_rows(pairs, *, with_tools: bool) -> list[dict]:
-    """SFT transcripts (conversational prompt-completion) of ``pairs``, with or without the tool."""
-    if not with_tools:
-        return [{"prompt": tool_task.prompt_messages(a, b), "completion": tool_task.direct_transcript(a, b)}
-                for a, b in pairs]
-    schema = tool_task.tools_json()
-    return [{"prompt": tool_task.prompt_messages(a, b), "completion": tool_task.tool_transcript(a, b),
-             "tools": schema} for a, b in pairs]
+def sft_rows(pairs) -> list[dict]:
+    """SFT transcripts without the tool (conversational prompt-completion) of ``pairs``: the answer at once."""
+    return [{"prompt": tool_task.prompt_messages(a, b), "completion": tool_task.direct_transcript(a, b)}
+            for a, b in pairs]
+
+
+def assistant_turn_ids(tokenizer, context: list[dict], message: dict) -> list[int]:
+    """The tokens the chat template renders for the assistant ``message`` after ``context`` (with the tools'
+    schemas), through its end-of-turn token: what the policy generates for that turn."""
+    head = tokenizer.apply_chat_template(context, tools=tool_task.TOOLS, add_generation_prompt=True, tokenize=False)
+    full = tokenizer.apply_chat_template(context + [message], tools=tool_task.TOOLS, tokenize=False)
+    if not full.startswith(head):
+        raise ValueError("the chat template renders the assistant turn's context differently: no turn to cut out")
+    turn = full[len(head):]
+    turn = turn[:turn.index(tokenizer.eos_token) + len(tokenizer.eos_token)]
+    return tokenizer(turn, add_special_tokens=False)["input_ids"]
+
+
+def tool_sft_row(tokenizer, a: int, b: int) -> dict:
+    """One pre-tokenized SFT transcript with the tool: ``input_ids`` = the prompt rendered with ``tools=[add]``,
+    the call turn, TRL's tool-result suffix (:func:`tool_task.tool_suffix_ids`), the answer turn: token for token
+    what RL's episode concatenates; ``completion_mask`` 1 on the call and answer turns, 0 on the prompt and the
+    suffix."""
+    prompt = tool_task.prompt_messages(a, b)
+    call, result, answer = tool_task.tool_transcript(a, b)
+    prompt_ids = tokenizer.apply_chat_template(prompt, tools=tool_task.TOOLS, add_generation_prompt=True,
+                                               tokenize=True, return_dict=False)
+    call_ids = assistant_turn_ids(tokenizer, prompt, call)
+    suffix_ids = tool_task.tool_suffix_ids(tokenizer, [result])
+    answer_ids = assistant_turn_ids(tokenizer, prompt + [call, result], answer)
+    return {"input_ids": prompt_ids + call_ids + suffix_ids + answer_ids,
+            "completion_mask": [0] * len(prompt_ids) + [1] * len(call_ids) + [0] * len(suffix_ids)
+            + [1] * len(answer_ids)}
 
 
 def make_data(out: str | Path, *, seed: int = 0, train: int = tool_task.TRAIN,
@@ -56,8 +83,11 @@ def make_data(out: str | Path, *, seed: int = 0, train: int = tool_task.TRAIN,
     train_pairs, heldout_pairs = tool_task.split(seed=seed, train=train, heldout=heldout)
     write_jsonl(out / "data" / "train.jsonl", [tool_task.row(a, b) for a, b in train_pairs])
     write_jsonl(out / "data" / "heldout.jsonl", [tool_task.row(a, b) for a, b in heldout_pairs])
-    write_jsonl(out / "data" / "sft_tools.jsonl", sft_rows(train_pairs, with_tools=True))
-    write_jsonl(out / "data" / "sft_no_tools.jsonl", sft_rows(train_pairs, with_tools=False))
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(out / "base")
+    write_jsonl(out / "data" / "sft_tools.jsonl", [tool_sft_row(tokenizer, a, b) for a, b in train_pairs])
+    write_jsonl(out / "data" / "sft_no_tools.jsonl", sft_rows(train_pairs))
     guess_env.write_base_model(out / "guess_base", seed=seed)
     write_jsonl(out / "data" / "guess_sft.jsonl", guess_env.sft_rows(min(train, GUESS_SFT), seed=seed))
     write_jsonl(out / "data" / "guess_train.jsonl", guess_env.rl_rows(min(train, GUESS_RL), seed=seed + 1))

@@ -146,6 +146,21 @@ def exact_match(completions, answer, **kwargs) -> list[float]:
 # ---------------------------------------------------------------- tokenizer and base model
 
 
+def tool_suffix_ids(tokenizer, tool_messages: list[dict]) -> list[int]:
+    """The tokens that follow an assistant turn ending in EOS when ``tool_messages`` answer it: the template's
+    rendering of the tool messages and the next generation prompt (TRL's ``GRPOTrainer._get_tool_suffix_ids``)."""
+    calls = [{"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}]
+    dummy = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": calls}]
+    prefix = tokenizer.apply_chat_template(dummy, tokenize=True, return_dict=False)
+    full = tokenizer.apply_chat_template(dummy + tool_messages, add_generation_prompt=True, tokenize=True,
+                                         return_dict=False)
+    eos = [i for i, t in enumerate(prefix) if t == tokenizer.eos_token_id]
+    prefix = prefix[:eos[-1] + 1] if eos else prefix
+    if full[:len(prefix)] != prefix:
+        raise ValueError("the chat template renders the tool messages' prefix differently: no suffix to append")
+    return full[len(prefix):]
+
+
 def build_tokenizer():
     """:func:`trl_ext.testing_tools.build_tool_tokenizer` with the task's sentences (digits stay one per token)."""
     from trl_ext.testing_tools import build_tool_tokenizer

@@ -1,11 +1,12 @@
 """The tool-use task's pieces (recipes/tool_use): the tool, the reward on TRL's multi-turn completions, the data, and
-that an SFT transcript is token for token the episode RL plays with ``tools=[add]``.
+that an SFT transcript is token for token the episode RL plays with ``tools=[add]``, its loss on the policy's own
+tokens only.
 
 What must hold: ``add`` is a tool TRL accepts (its JSON schema comes from the type hints and docstring); the reward
-reads the last assistant message of a message list (or a plain string); the SFT transcripts that TRL's SFTTrainer
-tokenizes start with exactly the prompt tokens RL renders with the tool and go on with exactly the tokens an RL
-episode concatenates (the tool call, TRL's tool-result suffix, the answer); TRL's ``parse_response`` reads the
-transcript's tool-call turn back as the call it was written from."""
+reads the last assistant message of a message list (or a plain string); the pre-tokenized SFT transcripts start
+with exactly the prompt tokens RL renders with the tool and go on with exactly the tokens an RL episode concatenates
+(the tool call, TRL's tool-result suffix, the answer), and SFTTrainer's labels cover the call and the answer only;
+TRL's ``parse_response`` reads the transcript's tool-call turn back as the call it was written from."""
 
 from __future__ import annotations
 
@@ -75,51 +76,83 @@ def test_data_files(task_data):
             for name in ("train", "heldout", "sft_tools", "sft_no_tools")}
     assert [len(rows[n]) for n in rows] == [6, 3, 6, 6]
     for rl, with_tool, without in zip(rows["train"], rows["sft_tools"], rows["sft_no_tools"]):
-        assert with_tool["prompt"] == without["prompt"] == rl["prompt"]
+        assert without["prompt"] == rl["prompt"]
         a, b = (int(x) for x in rl["prompt"][0]["content"][len("What is "):-1].split(" + "))
         assert rl["answer"] == str(a + b)
-        assert with_tool["completion"][0]["tool_calls"][0]["function"]["arguments"] == {"a": a, "b": b}
-        assert with_tool["completion"][1] == {"role": "tool", "name": "add", "content": str(a + b)}
-        assert tool_task.exact_match([with_tool["completion"], without["completion"]], [rl["answer"]] * 2) == [1.0, 1.0]
-        assert json.loads(with_tool["tools"]) == json.loads(tool_task.tools_json())
+        assert tool_task.exact_match([without["completion"]], [rl["answer"]]) == [1.0]
+        assert sorted(with_tool) == ["completion_mask", "input_ids"]  # pre-tokenized (tokens: the tests below)
+        assert len(with_tool["input_ids"]) == len(with_tool["completion_mask"]) <= tool_task.MAX_POSITIONS
 
 
-def test_sft_transcript_is_the_rl_episode(task_data, modules):
-    """TRL's SFTTrainer tokenizes the tool transcripts (conversational prompt-completion + `tools` column) into
-    prompt tokens = the RL prompt rendered with tools=[add], then the RL episode's tokens: the call the model writes,
-    TRL's tool-result suffix, the answer (and the template's closing newline); the loss's labels cover all of the
-    completion and none of the prompt."""
+def sft_tools_trainer(task_data):
+    """trl_ext.SFTTrainer on the pre-tokenized tool transcripts, with ``sft_tools.yaml``'s completion_only_loss
+    (without it TRL ignores the data's completion_mask and the labels cover the whole sequence)."""
+    import yaml
     from datasets import load_dataset
+    from recipe_modules import RECIPES
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl.chat_template_utils import add_response_schema
-
-    from trl_ext.ppo.episodes.toolbox import parse_turn
 
     import trl_ext
 
-    _, _, evaluate = modules
+    recipe = yaml.safe_load(open(RECIPES / "tool_use" / "sft_tools.yaml"))
     base = task_data / "base"
     tok = AutoTokenizer.from_pretrained(base)
     ds = load_dataset("json", data_files=str(task_data / "data" / "sft_tools.jsonl"), split="train")
     args = trl_ext.SFTConfig(output_dir=str(task_data / "sft"), max_length=tool_task.MAX_POSITIONS, use_cpu=True,
-                             report_to="none")
-    trainer = trl_ext.SFTTrainer(model=AutoModelForCausalLM.from_pretrained(base), args=args, train_dataset=ds,
-                                 processing_class=tok)
+                             report_to="none",
+                             completion_only_loss=recipe.get("completion_only_loss"))
+    return tok, trl_ext.SFTTrainer(model=AutoModelForCausalLM.from_pretrained(base), args=args, train_dataset=ds,
+                                   processing_class=tok)
+
+
+def rl_pieces(tok, a: int, b: int, modules):
+    """The RL view of problem (a, b): the prompt rendered with tools=[add], the call the model writes, TRL's
+    tool-result suffix, the answer."""
+    _, _, evaluate = modules
+    prompt = tok.apply_chat_template(tool_task.prompt_messages(a, b), tools=tool_task.TOOLS,
+                                     add_generation_prompt=True, tokenize=True, return_dict=False)
+    call = tok('<tool_call>\n{"name": "add", "arguments": {"a": %d, "b": %d}}\n</tool_call><|im_end|>'
+               % (a, b))["input_ids"]
+    suffix = evaluate.tool_suffix_ids(tok, [{"role": "tool", "name": "add", "content": str(a + b)}])
+    answer = tok(f"The sum is {a + b}.<|im_end|>")["input_ids"]
+    return prompt, call, suffix, answer
+
+
+def test_sft_transcript_is_the_rl_episode(task_data, modules):
+    """The pre-tokenized tool transcripts are the RL prompt rendered with tools=[add] then the RL episode's tokens:
+    the call the model writes, TRL's tool-result suffix, the answer through its end of turn."""
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import add_response_schema
+
+    from trl_ext.ppo.episodes.toolbox import parse_turn  # TRL's parse_response on TRL 1.12 too
+
+    tok = AutoTokenizer.from_pretrained(task_data / "base")
     add_response_schema(tok)
-    for row, example in zip(read(task_data / "data" / "train.jsonl"), trainer.train_dataset):
+    for row, example in zip(read(task_data / "data" / "train.jsonl"), read(task_data / "data" / "sft_tools.jsonl")):
         a, b = (int(x) for x in row["prompt"][0]["content"][len("What is "):-1].split(" + "))
-        prompt = tok.apply_chat_template(row["prompt"], tools=tool_task.TOOLS, add_generation_prompt=True,
-                                         tokenize=True, return_dict=False)
-        call = tok('<tool_call>\n{"name": "add", "arguments": {"a": %d, "b": %d}}\n</tool_call><|im_end|>'
-                   % (a, b))["input_ids"]
-        suffix = evaluate.tool_suffix_ids(tok, [{"role": "tool", "name": "add", "content": str(a + b)}])
-        answer = tok(f"The sum is {a + b}.<|im_end|>\n")["input_ids"]
+        prompt, call, suffix, answer = rl_pieces(tok, a, b, modules)
         assert example["input_ids"] == prompt + call + suffix + answer
-        # the loss covers the completion (the tool's result too: SFT has no observation mask), never the prompt
-        assert example["labels"] == [-100] * len(prompt) + call + suffix + answer
         assert parse_turn(tok, call, prompt, tool_task.TOOLS) == tool_task.tool_call_message(a, b)
         assert tok.decode(suffix) == f"\n<|im_start|>user\n<tool_response>\n{a + b}\n</tool_response><|im_end|>\n" \
                                      "<|im_start|>assistant\n"
+
+
+def test_sft_loss_covers_only_the_policys_tokens(task_data, modules):
+    """completion_mask is 0 exactly on the prompt and on the tool-result suffix (the tool's result is not the
+    policy's to predict, as RL masks it), 1 on the call and the answer; TRL's SFTTrainer with
+    completion_only_loss (sft_tools.yaml) turns it into labels -100 on exactly those tokens."""
+    tok, trainer = sft_tools_trainer(task_data)
+    for row, example in zip(read(task_data / "data" / "train.jsonl"), read(task_data / "data" / "sft_tools.jsonl")):
+        a, b = (int(x) for x in row["prompt"][0]["content"][len("What is "):-1].split(" + "))
+        prompt, call, suffix, answer = rl_pieces(tok, a, b, modules)
+        assert example["completion_mask"] == [0] * len(prompt) + [1] * len(call) + [0] * len(suffix) + [1] * len(answer)
+    for k, example in enumerate(read(task_data / "data" / "sft_tools.jsonl")):
+        ids, mask = example["input_ids"], example["completion_mask"]
+        labels = trainer.data_collator([dict(trainer.train_dataset[k])])["labels"][0].tolist()
+        assert labels == [t if m else -100 for t, m in zip(ids, mask)]
+        # the labelled tokens are the call and the answer, and the tool's result is nowhere among them
+        kept = tok.decode([t for t in labels if t != -100])
+        assert "<tool_response>" not in kept and kept.count("<|im_end|>") == 2 and kept.startswith("<tool_call>")
 
 
 def test_run_tool_calls_follows_trl():
