@@ -158,15 +158,15 @@ class RewardScorer:
         is_pad = responses == self.pad_token_id
         lengths = torch.where(is_pad.any(1), is_pad.int().argmax(1), responses.shape[1])  # tokens before a pad
         ids = [row[:length].tolist() for row, length in zip(responses, lengths.tolist())]
-        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
         stop = start + len(ids)
         prompts = self._prompts[start:stop]
-        if self._episode_completions is not None:  # multi-turn: the episode's messages
+        if self._episode_completions is not None:  # multi-turn: the episode's messages (nothing to decode)
             completions = self._episode_completions[start:stop]
         elif prompts and isinstance(prompts[0], list):  # conversational: completions as assistant messages
-            completions = [[{"role": "assistant", "content": text}] for text in texts]
+            completions = [[{"role": "assistant", "content": text}]
+                           for text in self.tokenizer.batch_decode(ids, skip_special_tokens=True)]
         else:
-            completions = texts
+            completions = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
         inputs = {"prompts": prompts, "completions": completions, "completion_ids": ids}
         if self._environments is not None:
             inputs["environments"] = self._environments[start:stop]

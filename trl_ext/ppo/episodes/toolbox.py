@@ -128,10 +128,7 @@ class Toolbox:
         def render(row):
             name = row.get("environment") if self.multi_environment else None
             tools = self.env_tools[name] if self.factories is not None else self.tools
-            ids = self.processing_class.apply_chat_template(
-                row["prompt"], tools=tools or None, chat_template=self.chat_template, add_generation_prompt=True,
-                tokenize=True, return_dict=True, **self.chat_template_kwargs)["input_ids"]
-            return {"input_ids": list(ids)}
+            return {"input_ids": self._render(row["prompt"], tools)}
 
         return dataset.map(render)
 
@@ -225,7 +222,10 @@ class Toolbox:
 
     def render_prompt(self, prompt: list, row: int) -> list[int]:
         """The prompt's token ids with row ``row``'s tools in the system turn (TRL's ``_tokenize_prompts``)."""
-        tools = self.row_tools[row] if self.row_tools else self.tools
+        return self._render(prompt, self.row_tools[row] if self.row_tools else self.tools)
+
+    def _render(self, prompt: list, tools: list) -> list[int]:
+        """``prompt`` rendered with ``tools`` and the assistant header, as token ids (TRL's ``_tokenize_prompts``)."""
         ids = self.processing_class.apply_chat_template(
             prompt, tools=tools or None, chat_template=self.chat_template, add_generation_prompt=True,
             tokenize=True, return_dict=True, **self.chat_template_kwargs)["input_ids"]
