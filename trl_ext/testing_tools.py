@@ -7,6 +7,9 @@ extra lines, and gives it TRL's Qwen2.5 chat template (``trl/chat_templates/qwen
 TRL's ``add_response_schema`` recognises that template, so ``parse_response`` parses the tool calls the tiny models
 write exactly as it parses Qwen's: what TRL's ``GRPOTrainer(tools=...)`` and :class:`trl_ext.PPOTrainer` need.
 Byte-level: any text round-trips through encode/decode unchanged. Offline and deterministic.
+
+:func:`add` is a tool in TRL's form (typed, Google-style docstring); :func:`fit_to_conversations` teaches a tiny model,
+in a few seconds, to write the tool calls of a few transcripts (the tool tests' models that call tools).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import json
 import random
 from pathlib import Path
 
-__all__ = ["TOOL_SPECIAL_TOKENS", "build_tool_tokenizer", "qwen2_5_chat_template"]
+__all__ = ["TOOL_SPECIAL_TOKENS", "add", "build_tool_tokenizer", "fit_to_conversations", "qwen2_5_chat_template"]
 
 TOOL_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
@@ -66,3 +69,46 @@ def build_tool_tokenizer(extra_lines: list[str] = (), vocab_size: int = 1000, se
                                       additional_special_tokens=["<|im_start|>"])
     wrapped.chat_template = qwen2_5_chat_template()
     return wrapped
+
+
+def add(a: int, b: int) -> int:
+    """Adds two integers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+
+    Returns:
+        The sum of a and b.
+    """
+    return a + b
+
+
+def fit_to_conversations(model, tokenizer, conversations: list[list[dict]], tools: list, *, steps: int, lr: float,
+                         prompt_messages: int | None = None):
+    """Adam steps on ``conversations`` rendered with ``tools``, one batch, so that a tiny model writes their tool calls
+    when it samples (seconds). ``prompt_messages``: the loss leaves out the first that many messages (rendered with
+    the assistant header, as a prompt is); None: every token counts."""
+    import torch
+
+    seqs, starts = [], []
+    for conversation in conversations:
+        seqs.append(tokenizer.apply_chat_template(conversation, tools=tools, tokenize=True,
+                                                  return_dict=True)["input_ids"])
+        starts.append(0 if prompt_messages is None else len(tokenizer.apply_chat_template(
+            conversation[:prompt_messages], tools=tools, add_generation_prompt=True, tokenize=True,
+            return_dict=True)["input_ids"]))
+    ids = torch.full((len(seqs), max(map(len, seqs))), tokenizer.pad_token_id)
+    attention = torch.zeros_like(ids, dtype=torch.bool)
+    for i, seq in enumerate(seqs):
+        ids[i, : len(seq)], attention[i, : len(seq)] = torch.tensor(seq), True
+    labels = ids.masked_fill(~attention, -100)
+    for i, start in enumerate(starts):
+        labels[i, :start] = -100
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    for _ in range(steps):
+        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model

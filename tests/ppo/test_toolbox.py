@@ -5,17 +5,7 @@ import pytest
 
 from trl_ext.errors import UserInputError
 from trl_ext.ppo.episodes.toolbox import Toolbox
-from trl_ext.testing_tools import build_tool_tokenizer
-
-
-def add(a: int, b: int) -> int:
-    """Adds two integers.
-
-    Args:
-        a: The first number.
-        b: The second number.
-    """
-    return a + b
+from trl_ext.testing_tools import add, build_tool_tokenizer
 
 
 class Counter:

@@ -16,24 +16,11 @@ from trl_ext import PPOConfig, PPOTrainer
 from trl_ext.ppo.objective.objectives import mini_batch_token_normalizer
 from trl_ext.ppo.rollout.sequences import INVALID_LOGPROB
 from trl_ext.testing import build_causal_lm, build_scalar_model
-from trl_ext.testing_tools import build_tool_tokenizer
+from trl_ext.testing_tools import add, build_tool_tokenizer, fit_to_conversations
 
 from ppo_helpers import seed_all
 
 PAIRS = [(2, 3), (4, 1), (7, 5), (6, 6)]
-
-
-def add(a: int, b: int) -> int:
-    """Adds two integers.
-
-    Args:
-        a: The first number.
-        b: The second number.
-
-    Returns:
-        The sum of a and b.
-    """
-    return a + b
 
 
 def transcript(a, b):
@@ -44,36 +31,13 @@ def transcript(a, b):
             {"role": "assistant", "content": f"The sum is {a + b}."}]
 
 
-def teach_tool_calls(model, tok, steps=100):
-    """A few Adam steps on the assistant turns of four transcripts: the model then calls `add` and answers."""
-    seqs, starts = [], []
-    for a, b in PAIRS:
-        seqs.append(tok.apply_chat_template(transcript(a, b), tools=[add], tokenize=True, return_dict=True)["input_ids"])
-        starts.append(len(tok.apply_chat_template(transcript(a, b)[:1], tools=[add], add_generation_prompt=True,
-                                                  tokenize=True, return_dict=True)["input_ids"]))
-    width = max(map(len, seqs))
-    ids = torch.full((len(seqs), width), tok.pad_token_id)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s)
-    attention = ids != tok.pad_token_id
-    labels = ids.masked_fill(~attention, -100)
-    for i, start in enumerate(starts):
-        labels[i, :start] = -100
-    torch.manual_seed(0)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(steps):
-        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return model
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("tool_models")
     tok = build_tool_tokenizer(["Add 2 and 3.", "The sum is 5."])
-    for name, model in [("caller", teach_tool_calls(build_causal_lm(tok, max_position_embeddings=512), tok)),
+    caller = fit_to_conversations(build_causal_lm(tok, max_position_embeddings=512), tok,
+                                  [transcript(a, b) for a, b in PAIRS], [add], steps=100, lr=1e-2, prompt_messages=1)
+    for name, model in [("caller", caller),  # it calls `add`, then answers
                         ("untrained", build_causal_lm(tok, max_position_embeddings=512)),
                         ("value", build_scalar_model(tok, max_position_embeddings=512))]:
         model.save_pretrained(root / name)

@@ -106,10 +106,8 @@ def tool_model(tmp_path_factory):
     """A tiny causal LM with a tokenizer whose chat template (TRL's Qwen2.5) renders and parses tool calls, fitted
     to the four episodes of `transcript` (rendered with the recipe's tools, `add` and the environment's `guess`), so
     that it calls `add` when it samples (~15 s)."""
-    import torch
-
     from trl_ext.testing import build_causal_lm
-    from trl_ext.testing_tools import build_tool_tokenizer
+    from trl_ext.testing_tools import build_tool_tokenizer, fit_to_conversations
 
     path = tmp_path_factory.mktemp("tool_model")
     tokenizer = build_tool_tokenizer(["Add 2 and 3.", "The sum is 5."])
@@ -117,18 +115,7 @@ def tool_model(tmp_path_factory):
     namespace: dict = {}
     exec(TOOLS_PY, namespace)  # the schemas the trainer renders: the same functions' docstrings and types
     tools = [namespace["add"], namespace["Guess"]().guess]
-    seqs = [tokenizer.apply_chat_template(transcript(a, b), tools=tools, tokenize=True, return_dict=True)["input_ids"]
-            for a, b in ANSWERS]
-    ids = torch.full((len(seqs), max(map(len, seqs))), tokenizer.pad_token_id)
-    mask = torch.zeros_like(ids)
-    for i, seq in enumerate(seqs):
-        ids[i, :len(seq)], mask[i, :len(seq)] = torch.tensor(seq), 1
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(150):
-        loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    fit_to_conversations(model, tokenizer, [transcript(a, b) for a, b in ANSWERS], tools, steps=150, lr=3e-3)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
