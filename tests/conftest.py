@@ -105,11 +105,23 @@ def once_per_run(tmp_path_factory, worker_id: str, name: str, build):
 
 
 @pytest.fixture(scope="session")
-def ddp_reference(tiny_models, reward_adapter, tmp_path_factory, worker_id):
+def tool_models(tmp_path_factory, worker_id):
+    """The folder of the tool tests' models (`trl_ext.testing_tools.save_tool_models`: a tiny Llama fitted to call
+    `add`, the same untrained, a value model, the tokenizer), built once per run (~10 s): the tool tests and the DDP
+    launch use the same."""
+    from pathlib import Path
+
+    from trl_ext.testing_tools import save_tool_models
+
+    return Path(once_per_run(tmp_path_factory, worker_id, "tool_models", lambda root: str(save_tool_models(root))))
+
+
+@pytest.fixture(scope="session")
+def ddp_reference(tiny_models, reward_adapter, tool_models, tmp_path_factory, worker_id):
     """Per-rank results of tests/runtime/ddp_script.py under 2 CPU processes (DDP over gloo): reward, DPO, PPO and
     PPO resumed, with LoRA and the extensions on; then, in the same launch, the PPO runs of test_ppo_ddp.py (key
-    "ppo_ddp"). The reference numbers of the DDP and the engine tests (on two workers, launched once: see
-    `once_per_run`; the tiny models are the same on every worker)."""
+    "ppo_ddp"; its tools run uses `tool_models`). The reference numbers of the DDP and the engine tests (on two
+    workers, launched once: see `once_per_run`; the tiny models are the same on every worker)."""
     import json
     import subprocess
     import sys
@@ -121,7 +133,8 @@ def ddp_reference(tiny_models, reward_adapter, tmp_path_factory, worker_id):
         env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                "OMP_NUM_THREADS": "1"}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               str(root / "tests" / "runtime" / "ddp_script.py"), str(tiny_models.root), str(out), str(reward_adapter)]
+               str(root / "tests" / "runtime" / "ddp_script.py"), str(tiny_models.root), str(out), str(reward_adapter),
+               str(tool_models)]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=600)
         assert proc.returncode == 0, proc.stderr[-4000:]
         return [json.loads((out / f"rank{i}.json").read_text()) for i in range(2)]

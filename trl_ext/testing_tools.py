@@ -9,7 +9,9 @@ write exactly as it parses Qwen's: what TRL's ``GRPOTrainer(tools=...)`` and :cl
 Byte-level: any text round-trips through encode/decode unchanged. Offline and deterministic.
 
 :func:`add` is a tool in TRL's form (typed, Google-style docstring); :func:`fit_to_conversations` teaches a tiny model,
-in a few seconds, to write the tool calls of a few transcripts (the tool tests' models that call tools).
+in a few seconds, to write the tool calls of a few transcripts; :func:`save_tool_models` saves the tool tests'
+models (one that learned to call :func:`add` on the :func:`add_transcript` episodes of :data:`ADD_PAIRS`, the same
+model untrained, a value model, the tokenizer).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import json
 import random
 from pathlib import Path
 
-__all__ = ["TOOL_SPECIAL_TOKENS", "add", "build_tool_tokenizer", "fit_to_conversations", "qwen2_5_chat_template"]
+__all__ = ["ADD_PAIRS", "TOOL_SPECIAL_TOKENS", "add", "add_transcript", "build_tool_tokenizer", "fit_to_conversations",
+           "qwen2_5_chat_template", "save_tool_models"]
 
 TOOL_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
@@ -112,3 +115,34 @@ def fit_to_conversations(model, tokenizer, conversations: list[list[dict]], tool
         loss.backward()
         optimizer.step()
     return model
+
+
+ADD_PAIRS = [(2, 3), (4, 1), (7, 5), (6, 6)]
+"""The sums of the tool tests' prompts ("Add 2 and 3.") and of the transcripts their caller is fitted to."""
+
+
+def add_transcript(a: int, b: int) -> list[dict]:
+    """An episode of :func:`add` in TRL's messages: the question, the call, its result, the answer."""
+    return [{"role": "user", "content": f"Add {a} and {b}."},
+            {"role": "assistant", "content": "",
+             "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": a, "b": b}}}]},
+            {"role": "tool", "name": "add", "content": str(a + b)},
+            {"role": "assistant", "content": f"The sum is {a + b}."}]
+
+
+def save_tool_models(root) -> Path:
+    """Saves under ``root``: ``tok`` (:func:`build_tool_tokenizer`), ``caller`` (a tiny Llama fitted in ~10 s to the
+    :func:`add_transcript` episodes of :data:`ADD_PAIRS`: it calls ``add``, then answers), ``untrained`` (the same
+    model before the fit) and ``value`` (a scalar-headed model); deterministic. Returns ``root``."""
+    from .testing import build_causal_lm, build_scalar_model
+
+    root = Path(root)
+    tok = build_tool_tokenizer(["Add 2 and 3.", "The sum is 5."])
+    caller = fit_to_conversations(build_causal_lm(tok, max_position_embeddings=512), tok,
+                                  [add_transcript(a, b) for a, b in ADD_PAIRS], [add], steps=100, lr=1e-2,
+                                  prompt_messages=1)
+    for name, model in [("caller", caller), ("untrained", build_causal_lm(tok, max_position_embeddings=512)),
+                        ("value", build_scalar_model(tok, max_position_embeddings=512))]:
+        model.save_pretrained(root / name)
+    tok.save_pretrained(root / "tok")
+    return root

@@ -1,7 +1,8 @@
 """PPO under `torchrun --nproc_per_node 2` for test_ppo_ddp.py: a LoRA-policy PPO run with the extensions on.
 
-Usage: ppo_ddp_script.py TINY_MODELS_DIR OUT_DIR [MODE[,MODE...] [REWARD_ADAPTER]], modes from trl, joint (the
-default), separate, shared (needs REWARD_ADAPTER), critic_free and objectives: one launch runs them one after the
+Usage: ppo_ddp_script.py TINY_MODELS_DIR OUT_DIR [MODE[,MODE...] [REWARD_ADAPTER [TOOL_MODELS_DIR]]], modes from
+trl, joint (the default), separate, shared (needs REWARD_ADAPTER), critic_free, objectives and tools (needs
+TOOL_MODELS_DIR, trl_ext.testing_tools.save_tool_models's folder): one launch runs them one after the
 other (each from freshly loaded models; the process start and imports are paid once). For each mode each rank
 writes OUT_DIR/MODE/rank{N}.json with its logged kl_coef values and a checksum of its trainable weights, or
 {"rank": N, "error": TRACEBACK} when the mode raised (the next mode runs all the same). The suite runs the modes of
@@ -12,13 +13,16 @@ the reward and value models as adapters on the policy's base (from REWARD_ADAPTE
 resumes from it; `critic_free` (joint ptx) trains with REINFORCE++-baseline (2 samples per prompt, no value model)
 and also writes the first update's advantages and response masks. `objectives` (no ptx) trains GRPO on a binary
 score with the global token mean, clip-higher, an entropy bonus and dynamic sampling, and writes each mini-batch's
-token count and normalizer and the sampling metrics.
+token count and normalizer and the sampling metrics. `tools` (no ptx) trains a LoRA policy that calls an `add` tool
+(on rank 1 its results have 3 more digits) with GAE (a value model) and adaptive KL, 2 updates, and also writes each
+update's logged `tools/*`, `episodes/*` metrics, the same metrics of this process's episodes alone, and the episodes.
 """
 
 import hashlib
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -31,7 +35,7 @@ torch.set_num_threads(1)
 
 from ppo_helpers import config_kwargs, left_tokenizer, load_models, prompt_dataset, ptx_dataset, seed_all  # noqa: E402
 
-PPO_DDP_MODES = ["separate", "shared", "critic_free", "objectives"]  # the modes test_ppo_ddp.py checks
+PPO_DDP_MODES = ["separate", "shared", "critic_free", "objectives", "tools"]  # the modes test_ppo_ddp.py checks
 
 
 def main():
@@ -40,12 +44,13 @@ def main():
     root, out = Path(sys.argv[1]), Path(sys.argv[2])
     modes = (sys.argv[3] if len(sys.argv) > 3 else "joint").split(",")
     adapter = Path(sys.argv[4]) if len(sys.argv) > 4 else None
+    tool_models = Path(sys.argv[5]) if len(sys.argv) > 5 else None
     tiny = TinyModels(root, root / "tokenizer", root / "policy", root / "reward")
-    for mode, result in run_modes(modes, tiny, out, adapter).items():
+    for mode, result in run_modes(modes, tiny, out, adapter, tool_models).items():
         (out / mode / f"rank{result['rank']}.json").write_text(json.dumps(result))
 
 
-def run_modes(modes: list[str], tiny, out: Path, adapter: Path | None) -> dict:
+def run_modes(modes: list[str], tiny, out: Path, adapter: Path | None, tool_models: Path | None = None) -> dict:
     """Each mode's result on this rank, in OUT/MODE (also called by tests/runtime/ddp_script.py, whose launch runs
     these modes after its own runs)."""
     import torch.distributed as dist
@@ -53,11 +58,14 @@ def run_modes(modes: list[str], tiny, out: Path, adapter: Path | None) -> dict:
     results = {}
     for mode in modes:
         (out / mode).mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
         try:
-            results[mode] = run_mode(mode, tiny, out / mode, adapter)
+            results[mode] = (run_tools(tool_models, out / mode) if mode == "tools"
+                             else run_mode(mode, tiny, out / mode, adapter))
         except Exception:
             rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ["RANK"])
             results[mode] = {"rank": rank, "error": traceback.format_exc()}
+        results[mode]["seconds"] = time.perf_counter() - start  # what each mode adds to the launch
     return results
 
 
@@ -194,6 +202,57 @@ def run_objectives(tok, policy, reward, kwargs):
     result["normalizers"] = normalizers
     result["sampling"] = [{k: v for k, v in e.items() if k.startswith("sampling/")} for e in trainer.state.log_history
                           if "sampling/rounds" in e]
+    return result
+
+
+def exact_sum(completions, answer, **kwargs):
+    """1 when the episode's last message holds the sum (the `tools` mode's reward function)."""
+    return [float(str(a) in c[-1]["content"]) for c, a in zip(completions, answer)]
+
+
+def run_tools(root: Path, out: Path) -> dict:
+    """A LoRA policy fitted to call `add` (tests/conftest.py `tool_models`), GAE with a value model, adaptive KL,
+    `tools=[add]`: 2 updates of 2 episodes per process. Also each update's `tools/*` and `episodes/*` metrics of this
+    process's episodes alone (EpisodeBatch.metrics without the gather)."""
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    from trl_ext import PPOConfig, PPOTrainer
+    from trl_ext.testing_tools import ADD_PAIRS
+    from trl_ext.testing_tools import add as add_
+
+    def add(a: int, b: int) -> int:  # rank 1's results 3 digits longer: each process's own metrics differ
+        return add_(a, b) * 1000 ** int(os.environ["RANK"])
+
+    add.__doc__ = add_.__doc__  # the schema the model was fitted with
+    own, episodes = [], []
+
+    class Recording(PPOTrainer):
+        def compute_advantages(self, rollout, kl_coef=None):
+            super().compute_advantages(rollout, kl_coef)
+            own.append(rollout.episodes.metrics(lambda t: t))
+            episodes.append([e.messages for e in rollout.episodes.episodes])
+
+    tok = AutoTokenizer.from_pretrained(root / "tok")
+    seed_all(0)
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Add {a} and {b}."}], "answer": a + b}
+                              for a, b in ADD_PAIRS])
+    kwargs = config_kwargs(out, gradient_accumulation_steps=1, num_ppo_epochs=1, total_episodes=8, response_length=64,
+                           temperature=0.3, num_sample_generations=0, missing_eos_penalty=None,
+                           kl_controller="adaptive", kl_target=0.01, kl_horizon=8)
+    trainer = Recording(
+        args=PPOConfig(**kwargs), processing_class=tok, model=AutoModelForCausalLM.from_pretrained(root / "caller"),
+        ref_model=None, reward_model=None, train_dataset=data,
+        value_model=AutoModelForSequenceClassification.from_pretrained(root / "value", num_labels=1),
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]), reward_funcs=[exact_sum],
+        tools=[add],
+    )
+    trainer.train()
+    result = summary(trainer)
+    result["logged"] = [{k: v for k, v in e.items() if k.startswith(("tools/", "episodes/"))}
+                        for e in trainer.state.log_history if "tools/call_frequency" in e]
+    result["own"], result["episodes"] = own, episodes
     return result
 
 

@@ -1,6 +1,7 @@
-"""Two CPU processes (gloo): a LoRA-policy PPO run with the extensions on finishes, where TRL's crashes.
+"""Two CPU processes (gloo): a LoRA-policy PPO run with the extensions on finishes, where TRL's crashes; and with
+tools.
 
-The four runs (tests/ppo/ppo_ddp_script.py) share one launch, the one of tests/runtime/ddp_script.py that the DDP
+The five runs (tests/ppo/ppo_ddp_script.py) share one launch, the one of tests/runtime/ddp_script.py that the DDP
 and engine tests use (`ddp_reference`, tests/conftest.py), one after the other in the same two processes, each from
 freshly loaded models: the processes' start and imports, most of a launch on tiny models, are paid once."""
 
@@ -81,3 +82,23 @@ def test_objectives_under_ddp_global_token_mean_and_dynamic_sampling(launched):
     assert len(ranks[0]["sampling"]) == 2
     for entry in ranks[0]["sampling"]:
         assert entry["sampling/completions"] == 8 * entry["sampling/rounds"]  # 2 processes x 4 per round
+
+
+def test_tools_under_ddp_identical_ranks_and_metrics_over_both_processes(launched):
+    """A LoRA policy that calls `add`, GAE with a value model and adaptive KL, `tools=[add]`, 2 processes: tool calls
+    ran on both, both end with identical weights, and the logged `tools/*` and `episodes/*` metrics are the means over
+    the episodes of both processes (rank 1's tool answers have 3 more digits, so each process's own means differ)."""
+    ranks = ranks_of(launched, "tools")
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert ranks[0]["checksum"] == ranks[1]["checksum"] and ranks[0]["kl_coef"] == ranks[1]["kl_coef"]
+    assert ranks[0]["kl_coef"][1] != 0.05  # the adaptive controller moved it, by the same KL on both
+    assert ranks[0]["logged"] == ranks[1]["logged"] and len(ranks[0]["logged"]) == 2
+    for rank in ranks:  # every episode of both processes called the tool: its result is a tool message
+        assert all(any(m["role"] == "tool" for m in episode) for update in rank["episodes"] for episode in update)
+        assert all(own["tools/call_frequency"] > 0 for own in rank["own"])
+    for logged, own0, own1 in zip(ranks[0]["logged"], ranks[0]["own"], ranks[1]["own"]):
+        assert own0["episodes/observation_tokens_mean"] + 2 <= own1["episodes/observation_tokens_mean"]
+        for key, value in logged.items():  # 2 episodes per process: the mean over all is the mean of the means
+            if key not in ("tools/failure_frequency", "tools/timeout_frequency"):  # (0 calls failed: 0 / calls)
+                assert value == pytest.approx((own0[key] + own1[key]) / 2), key
+        assert logged["tools/failure_frequency"] == own0["tools/failure_frequency"] == 0

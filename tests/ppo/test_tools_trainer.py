@@ -15,34 +15,20 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from trl_ext import PPOConfig, PPOTrainer
 from trl_ext.ppo.objective.objectives import mini_batch_token_normalizer
 from trl_ext.ppo.rollout.sequences import INVALID_LOGPROB
-from trl_ext.testing import build_causal_lm, build_scalar_model
-from trl_ext.testing_tools import add, build_tool_tokenizer, fit_to_conversations
+from trl_ext.testing_tools import ADD_PAIRS, add
 
 from ppo_helpers import seed_all
 
-PAIRS = [(2, 3), (4, 1), (7, 5), (6, 6)]
-
-
-def transcript(a, b):
-    return [{"role": "user", "content": f"Add {a} and {b}."},
-            {"role": "assistant", "content": "",
-             "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": a, "b": b}}}]},
-            {"role": "tool", "name": "add", "content": str(a + b)},
-            {"role": "assistant", "content": f"The sum is {a + b}."}]
+PAIRS = ADD_PAIRS
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tool_models")
-    tok = build_tool_tokenizer(["Add 2 and 3.", "The sum is 5."])
-    caller = fit_to_conversations(build_causal_lm(tok, max_position_embeddings=512), tok,
-                                  [transcript(a, b) for a, b in PAIRS], [add], steps=100, lr=1e-2, prompt_messages=1)
-    for name, model in [("caller", caller),  # it calls `add`, then answers
-                        ("untrained", build_causal_lm(tok, max_position_embeddings=512)),
-                        ("value", build_scalar_model(tok, max_position_embeddings=512))]:
-        model.save_pretrained(root / name)
-    tok.save_pretrained(root / "tok")
-    return root, tok
+def models(tool_models):
+    """(root, tokenizer): the caller (it calls `add`, then answers), the same model untrained, a value model
+    (trl_ext.testing_tools.save_tool_models, saved once per run: fixture `tool_models`)."""
+    from transformers import AutoTokenizer
+
+    return tool_models, AutoTokenizer.from_pretrained(tool_models / "tok")
 
 
 def exact(completions, answer, **kwargs):

@@ -1,12 +1,13 @@
 """Run by test_ddp.py under `torchrun --nproc_per_node 2`: the three trainers with LoRA and the extensions on.
 
-Usage: ddp_script.py TINY_MODELS_DIR OUT_DIR [REWARD_ADAPTER]. In order: a reward model (ranked data + label
+Usage: ddp_script.py TINY_MODELS_DIR OUT_DIR [REWARD_ADAPTER [TOOL_MODELS_DIR]]. In order: a reward model (ranked data + label
 smoothing), DPO (cDPO), PPO (adaptive KL + joint ptx) for 3 updates with a checkpoint at update 2, PPO resumed from
 that checkpoint, GRPO with a reward function (no reward model) that records the columns each rank sees, and RLOO with
 `rollout_engine: continuous_batching` (responses of uneven length) that records the responses each rank generates.
 Each rank writes OUT_DIR/rank{N}.json: per run, a checksum of its trainable weights and what the test compares.
 With REWARD_ADAPTER, the same launch then runs the PPO modes of test_ppo_ddp.py (tests/ppo/ppo_ddp_script.py; in
-OUT_DIR/ppo_ddp, results under the key "ppo_ddp"): one launch, one start and import of the two processes.
+OUT_DIR/ppo_ddp, results under the key "ppo_ddp"; its `tools` mode needs TOOL_MODELS_DIR, the folder of
+trl_ext.testing_tools.save_tool_models): one launch, one start and import of the two processes.
 """
 
 import hashlib
@@ -220,7 +221,8 @@ def main():
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ppo"))
         from ppo_ddp_script import PPO_DDP_MODES, run_modes
 
-        result["ppo_ddp"] = run_modes(PPO_DDP_MODES, tiny, out / "ppo_ddp", Path(sys.argv[3]))
+        result["ppo_ddp"] = run_modes(PPO_DDP_MODES, tiny, out / "ppo_ddp", Path(sys.argv[3]),
+                                      tool_models=Path(sys.argv[4]) if len(sys.argv) > 4 else None)
     result["rank"] = int(os.environ.get("RANK", "0"))
     (out / f"rank{result['rank']}.json").write_text(json.dumps(result))
 
