@@ -282,6 +282,52 @@ def test_with_tools_never_called_every_number_is_the_single_turn_runs(models, tm
 
 
 
+def test_adaptive_kl_gets_the_action_tokens_kl_and_ptx_runs_with_tools(models, tmp_path):
+    """GAE, adaptive KL and PPO-ptx (joint) with tools, 2 updates. The KL the controller receives is, by a sum of our
+    own, the mean over episodes of the sampled minus the reference log-probs over the action tokens only (each
+    episode's `action` flags, not the trainer's masks); the observation tokens' terms, were they counted (their
+    log-prob slot holds 0), would move it by more than 1. The coefficient follows the controller's formula; the ptx
+    loss is logged and every logged number is finite."""
+    from datasets import Dataset
+
+    ptx = Dataset.from_dict({"text": [f"Add {a} and {b}. The sum is {a + b}." for a, b in PAIRS]})
+    ppo = trainer(models, tmp_path, ptx_dataset=ptx, args={
+        "kl_controller": "adaptive", "kl_target": 0.5, "kl_horizon": 8, "ptx_coef": 0.5, "ptx_max_length": 16,
+        "learning_rate": 1e-3})
+    refs, updates, received = [], [], []
+    compute_ref_logprobs, compute_rewards, update = ppo.compute_ref_logprobs, ppo.compute_rewards, ppo.kl_ctl.update
+
+    def keep_ref(*args):
+        refs.append(compute_ref_logprobs(*args))
+        return refs[-1]
+
+    def keep_rollout(rollout, kl_coef):
+        updates.append((rollout.episodes.episodes, torch.cat(refs, 0)))
+        refs.clear()
+        return compute_rewards(rollout, kl_coef)
+
+    ppo.compute_ref_logprobs, ppo.compute_rewards = keep_ref, keep_rollout
+    ppo.kl_ctl.update = lambda kl, n_steps: received.append(kl) or update(kl, n_steps)
+    ppo.train()
+    logs = [h for h in ppo.state.log_history if "objective/kl" in h]
+    assert len(logs) == len(updates) == len(received) == 2
+    coef = 0.05
+    for log, (episodes, ref), kl in zip(logs, updates, received):
+        assert sum(not a for e in episodes for a in e.action) > 0, "no tool was called: the test needs one"
+        actions, everything = [], []
+        for i, e in enumerate(episodes):
+            terms = torch.tensor(e.logprobs) - ref[i, : len(e.ids)]
+            actions.append(terms[torch.tensor(e.action)].sum().item())
+            everything.append(terms.sum().item())
+        assert kl == log["objective/kl"] == pytest.approx(np.mean(actions), abs=1e-5)
+        assert abs(np.mean(everything) - kl) > 1.0
+        assert log["objective/kl_coef"] == pytest.approx(coef)  # Ziegler et al.'s update from the KL it received
+        coef *= 1 + float(np.clip(kl / 0.5 - 1, -0.2, 0.2)) * 2 / 8
+        assert log["tools/call_frequency"] > 0 and log["loss/ptx_avg"] > 0
+        assert all(np.isfinite(v) for v in log.values() if isinstance(v, (int, float)))
+    assert ppo.kl_ctl.value == pytest.approx(coef)
+
+
 def test_trls_grpo_trainer_takes_the_same_tools_and_environment_and_renders_alike(models, tmp_path):
     """The objects a TRL user has run with GRPOTrainer unchanged: TRL renders the prompts and the tool results into
     the same tokens as ours, and trains with the same environment class for a step."""
