@@ -33,15 +33,16 @@ def lora_config():
     return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
 
 
-def build_models(tiny_models, reward_adapter, *, shared: bool, checkpointing: bool):
-    """(policy, reward, value) with the same weights, as separate models or sharing the policy's base."""
+def build_models(base_path, reward_adapter, *, shared: bool, checkpointing: bool):
+    """(policy, reward, value) on the causal LM at ``base_path`` with the same weights, as separate models or
+    sharing the policy's base."""
     from peft import PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     from trl_ext.models.shared_base import add_scalar_adapter
 
     def base(cls, **kwargs):
-        model = cls.from_pretrained(tiny_models.policy, **kwargs)
+        model = cls.from_pretrained(base_path, **kwargs)
         if checkpointing:
             model.activation_checkpointing_enable({"use_reentrant": False})
         return model
@@ -97,13 +98,14 @@ def recording_trainer_class():
     return Recording
 
 
-def run(tiny_models, reward_adapter, tok, data, tmp_path, *, shared, checkpointing):
+def run(base_path, reward_adapter, tok, data, tmp_path, *, shared, checkpointing, settings=None, **kwargs):
+    """A recording run (``settings``: config overrides; ``kwargs``: more trainer arguments)."""
     import trl_ext
 
-    policy, reward, value = build_models(tiny_models, reward_adapter, shared=shared, checkpointing=checkpointing)
+    policy, reward, value = build_models(base_path, reward_adapter, shared=shared, checkpointing=checkpointing)
     trainer = recording_trainer_class()(
-        args=trl_ext.PPOConfig(**config_kwargs(tmp_path)), processing_class=tok, model=policy, ref_model=None,
-        reward_model=reward, train_dataset=data[0], value_model=value, eval_dataset=data[1],
+        args=trl_ext.PPOConfig(**config_kwargs(tmp_path, **(settings or {}))), processing_class=tok, model=policy,
+        ref_model=None, reward_model=reward, train_dataset=data[0], value_model=value, eval_dataset=data[1], **kwargs,
     )
     trainer.train()
     return trainer
@@ -118,9 +120,10 @@ def assert_close_tensors(a: dict, b: dict, what):
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["no_checkpointing", "checkpointing"])
 def test_shared_base_gives_the_numbers_of_separate_models(tiny_models, reward_adapter, tok, data, tmp_path,
                                                           checkpointing, monkeypatch):
-    separate = run(tiny_models, reward_adapter, tok, data, tmp_path / "separate", shared=False,
+    separate = run(tiny_models.policy, reward_adapter, tok, data, tmp_path / "separate", shared=False,
                    checkpointing=checkpointing)
-    shared = run(tiny_models, reward_adapter, tok, data, tmp_path / "shared", shared=True, checkpointing=checkpointing)
+    shared = run(tiny_models.policy, reward_adapter, tok, data, tmp_path / "shared", shared=True,
+                 checkpointing=checkpointing)
 
     # one base: policy, reference, reward and value share its weights; the reward adapter is frozen
     policy = shared.accelerator.unwrap_model(shared.model).policy
@@ -157,8 +160,44 @@ def test_shared_base_gives_the_numbers_of_separate_models(tiny_models, reward_ad
         from trl_ext.models.shared_base import AdapterSwitch
 
         monkeypatch.setattr(AdapterSwitch, "protect_checkpointing", lambda self: 0)
-        naive = run(tiny_models, reward_adapter, tok, data, tmp_path / "naive", shared=True, checkpointing=True)
+        naive = run(tiny_models.policy, reward_adapter, tok, data, tmp_path / "naive", shared=True,
+                    checkpointing=True)
         first, expected = naive.grads[0], separate.grads[0]
         value_keys = [k for k in expected if k[0] == "value" and k != ("value", "score")]
         worst = max(((first[k] - expected[k]).norm() / expected[k].norm()).item() for k in value_keys)
         assert worst > 0.1, worst
+
+
+def test_shared_base_with_tools_gives_the_numbers_of_separate_models(tool_models, tmp_path):
+    """The same parity with `tools=[add]`: a LoRA policy that calls `add` (fixture `tool_models`), reward and value
+    adapters from one adapter saved on its base, 2 updates of multi-turn episodes (GAE across the tool results):
+    the same rollouts, gradients and logged metrics with the adapters on the policy's base as with separate models,
+    and the tool was called in every update."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from trl_ext.testing import save_scalar_adapter
+    from trl_ext.testing_tools import ADD_PAIRS, add
+
+    tok = AutoTokenizer.from_pretrained(tool_models / "tok")
+    adapter = save_scalar_adapter(tool_models / "caller", tmp_path / "adapter")
+    prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Add {a} and {b}."}]} for a, b in ADD_PAIRS])
+    settings = dict(total_episodes=8, response_length=64, temperature=0.3, num_sample_generations=0,
+                    sync_with_dataloader=False)  # each update ends the 4 prompts: accumulate all the same
+    runs = [run(tool_models / "caller", adapter, tok, (prompts, None), tmp_path / layout, shared=layout == "shared",
+                checkpointing=False, settings=settings, tools=[add]) for layout in ("separate", "shared")]
+    separate, shared = runs
+    assert shared.reward_model.policy is shared.accelerator.unwrap_model(shared.model).policy
+    assert len(shared.rollouts) == len(separate.rollouts) == 2
+    for update, (a, b) in enumerate(zip(shared.rollouts, separate.rollouts)):
+        assert_close_tensors(a, b, f"update {update + 1}")
+    assert len(shared.grads) == len(separate.grads) == 4  # 2 updates x 2 PPO epochs
+    for step, (a, b) in enumerate(zip(shared.grads, separate.grads)):
+        assert_close_tensors(a, b, f"optimizer step {step + 1}")
+    logs, reference = update_logs(shared), update_logs(separate)
+    for got, expected in zip(logs, reference):
+        assert expected["tools/call_frequency"] > 0 and expected["episodes/observation_tokens_mean"] > 0
+        for key, value in expected.items():
+            if not key.startswith(EXCLUDED_PREFIXES):
+                assert got[key] == pytest.approx(value, abs=1e-5, rel=1e-5), (expected["step"], key)
+    assert abs(logs[-1]["objective/kl"]) > 1e-6  # the run moved
