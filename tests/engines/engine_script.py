@@ -4,9 +4,10 @@ three trainers with LoRA and the extensions on, under whatever engine CONFIG nam
 Usage: engine_script.py TINY_MODELS_DIR OUT_DIR RUN[,RUN...] [--gpu] with runs from `reward` (ranked data + label
 smoothing), `dpo` (cDPO), `ppo` (LoRA policy, adaptive KL, joint ptx; 3 updates, checkpoint at update 2) and
 `ppo_resumed` (PPO resumed from that checkpoint by a fresh trainer), in that order, `ppo_reward_funcs` (GRPO with a
-reward function and no reward model, as in ddp_script.py), and `ppo_recipe` (the PPO demo
-recipe through trl_ext.recipe_loader.pipeline, as `trl-ext train` runs it: a full policy, whose reference TRL copies, 2
-updates, fp32; needs TRL_EXT_TINY_DIR and the repository as working directory). The settings are those of
+reward function and no reward model, as in ddp_script.py), `ppo_tools` (GAE with `tools=[add]`, the `tools` run of
+tests/ppo/ppo_ddp_script.py; needs TRL_EXT_TOOL_MODELS_DIR, the folder of trl_ext.testing_tools.save_tool_models),
+and `ppo_recipe` (the PPO demo recipe through trl_ext.recipe_loader.pipeline, as `trl-ext train` runs it: a full
+policy, whose reference TRL copies, 2 updates, fp32; needs TRL_EXT_TINY_DIR and the repository as working directory). The settings are those of
 tests/runtime/ddp_script.py, so a DDP launch of this script gives the reference numbers. `--gpu` (used by
 benchmarks/engine_matrix.py) trains on the GPUs: `use_cpu=False` (on CPU the recipes' `use_cpu: true` is kept).
 
@@ -21,6 +22,7 @@ import json
 import math
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -36,7 +38,7 @@ torch.set_num_threads(1)
 from ddp_script import hf_args, lora, rows  # noqa: E402
 from ppo_helpers import config_kwargs, left_tokenizer, load_models, prompt_dataset, ptx_dataset, seed_all  # noqa: E402
 
-RUNS = ("reward", "dpo", "ppo", "ppo_resumed", "ppo_recipe", "ppo_reward_funcs")
+RUNS = ("reward", "dpo", "ppo", "ppo_resumed", "ppo_recipe", "ppo_reward_funcs", "ppo_tools")
 ON_GPU = "--gpu" in sys.argv[4:]
 
 
@@ -192,6 +194,7 @@ def main():
     result = {"rank": int(os.environ.get("RANK", "0"))}
     out.mkdir(parents=True, exist_ok=True)
     for run in runs:
+        start = time.perf_counter()
         try:
             if run == "reward":
                 result[run] = run_reward(tiny, out)
@@ -209,11 +212,19 @@ def main():
                 result[run] = run_ppo_reward_funcs(
                     tiny, left_tokenizer(tiny), out, use_cpu=not ON_GPU,
                     facts=lambda t: engine_facts(t, t.model, t.accelerator.unwrap_model(t.model)))
+            elif run == "ppo_tools":
+                sys.path.insert(0, str(TESTS / "ppo"))
+                from ppo_ddp_script import run_tools
+
+                result[run] = run_tools(
+                    Path(os.environ["TRL_EXT_TOOL_MODELS_DIR"]), out / run, use_cpu=not ON_GPU,
+                    facts=lambda t: engine_facts(t, t.model, t.accelerator.unwrap_model(t.model)))
             else:
                 raise ValueError(f"unknown run {run!r}; use {RUNS}")
         except Exception as err:  # recorded for the matrix; the test fails on it
             result[run] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-4000:]}
             print(result[run]["traceback"], file=sys.stderr, flush=True)
+        result[run]["seconds"] = time.perf_counter() - start  # what each run adds to the launch
         (out / f"rank{result['rank']}.json").write_text(json.dumps(result))  # after each run: a hang keeps it
         if "error" in result[run]:
             break  # the other rank may be waiting in a collective of this run

@@ -1,6 +1,7 @@
 """DeepSpeed ZeRO-2, ZeRO-3 and FSDP2 on CPU, two processes each, launched as users launch them
 (`accelerate launch --config_file recipes/accelerate/cpu_{zero2,zero3,fsdp}.yaml`): reward (ranked data + label
-smoothing), DPO (cDPO) and, under ZeRO-2/3, PPO (LoRA policy, adaptive KL, joint ptx) with a checkpoint and a resume.
+smoothing), DPO (cDPO) and, under ZeRO-2/3, PPO (LoRA policy, adaptive KL, joint ptx) with a checkpoint and a resume;
+under ZeRO-2 also GRPO with a reward function and PPO with a tool (GAE across the tool's results).
 
 Each engine is one launch of engine_script.py. What proves that the engine really ran, with both ranks: every rank
 reports world size 2, accelerate's distributed type and the engine's wrapper and optimizer classes; under ZeRO-3 and
@@ -24,7 +25,7 @@ SCRIPT = ROOT / "tests" / "engines" / "engine_script.py"
 DS_RUNS = ["reward", "dpo", "ppo", "ppo_resumed"]
 # engine -> (accelerate config, runs, accelerate's distributed type, wrapper class, optimizer class, ZeRO stage)
 ENGINES = {
-    "zero2": ("cpu_zero2.yaml", [*DS_RUNS, "ppo_reward_funcs"], "DEEPSPEED", "DeepSpeedEngine",
+    "zero2": ("cpu_zero2.yaml", [*DS_RUNS, "ppo_reward_funcs", "ppo_tools"], "DEEPSPEED", "DeepSpeedEngine",
               "DeepSpeedZeroOptimizer", 2),
     "zero3": ("cpu_zero3.yaml", [*DS_RUNS, "ppo_recipe"], "DEEPSPEED", "DeepSpeedEngine",
               "DeepSpeedZeroOptimizer_Stage3", 3),
@@ -45,17 +46,20 @@ def launch(config: str, args: list, env: dict, timeout: int = 900) -> subprocess
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
 
 
-def launch_env(tiny_models) -> dict:
-    return {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-            "OMP_NUM_THREADS": "1", "TRL_EXT_TINY_DIR": str(tiny_models.root)}
+def launch_env(tiny_models, tool_models=None) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1", "TRL_EXT_TINY_DIR": str(tiny_models.root)}
+    if tool_models is not None:  # the `ppo_tools` run's models (tests/conftest.py `tool_models`)
+        env["TRL_EXT_TOOL_MODELS_DIR"] = str(tool_models)
+    return env
 
 
-def launch_engine(name: str, tiny_models, out) -> tuple[str, list]:
+def launch_engine(name: str, tiny_models, tool_models, out) -> tuple[str, list]:
     """(name, per-rank results) of one launch of engine_script.py under the engine's CPU config."""
     config, runs = ENGINES[name][:2]
     if ENGINES[name][2] == "DEEPSPEED":
         require_deepspeed()
-    proc = launch(config, [SCRIPT, tiny_models.root, out, ",".join(runs)], launch_env(tiny_models))
+    proc = launch(config, [SCRIPT, tiny_models.root, out, ",".join(runs)], launch_env(tiny_models, tool_models))
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
     errors = {r["rank"]: {run: r[run]["error"] for run in runs if "error" in r.get(run, {})} for r in ranks}
     assert proc.returncode == 0 and len(ranks) == 2, (errors, proc.stderr[-4000:])
@@ -63,7 +67,7 @@ def launch_engine(name: str, tiny_models, out) -> tuple[str, list]:
 
 
 @pytest.fixture(scope="session")
-def launched(tiny_models, tmp_path_factory):
+def launched(tiny_models, tool_models, tmp_path_factory):
     """`launched(name)`: the engine's launch, run once per session whichever test asks first (a parametrized
     module-scoped fixture launches again whenever the test order leaves an engine and comes back to it)."""
     results: dict[str, tuple] = {}
@@ -71,7 +75,7 @@ def launched(tiny_models, tmp_path_factory):
     def get(name: str):
         if name not in results:
             try:
-                results[name] = ("ok", launch_engine(name, tiny_models, tmp_path_factory.mktemp(name)))
+                results[name] = ("ok", launch_engine(name, tiny_models, tool_models, tmp_path_factory.mktemp(name)))
             except BaseException as e:  # a failed launch fails every test of that engine, without relaunching
                 results[name] = ("failed", e)
         status, value = results[name]
@@ -126,6 +130,12 @@ def test_the_numbers_are_those_of_ddp(engine, ddp_reference):
             continue  # a full policy: DeepSpeed clips its gradients at norm 1, DDP does not (README, "Engines")
         elif run == "ppo_reward_funcs":  # reward functions, no reward model (a stand-in goes through DeepSpeed)
             assert a["reward_mean"] == pytest.approx(ddp[run]["reward_mean"], **close)
+        elif run == "ppo_tools":  # the DDP launch's `tools` run: the same episodes, metrics and KL
+            reference = ddp["ppo_ddp"]["tools"]
+            assert a["episodes"] == reference["episodes"] and a["logged"] == reference["logged"]
+            assert a["logged"][0]["tools/call_frequency"] > 0
+            for key in ("kl", "kl_coef"):
+                assert a[key] == pytest.approx(reference[key], **close), (run, key)
         else:
             for key in ("kl", "kl_coef", "ptx"):
                 assert a[key] == pytest.approx(ddp[run][key], **close), (run, key)

@@ -210,10 +210,11 @@ def exact_sum(completions, answer, **kwargs):
     return [float(str(a) in c[-1]["content"]) for c, a in zip(completions, answer)]
 
 
-def run_tools(root: Path, out: Path) -> dict:
+def run_tools(root: Path, out: Path, use_cpu: bool = True, facts=None) -> dict:
     """A LoRA policy fitted to call `add` (tests/conftest.py `tool_models`), GAE with a value model, adaptive KL,
     `tools=[add]`: 2 updates of 2 episodes per process. Also each update's `tools/*` and `episodes/*` metrics of this
-    process's episodes alone (EpisodeBatch.metrics without the gather)."""
+    process's episodes alone (EpisodeBatch.metrics without the gather). (Also run by tests/engines/engine_script.py
+    under DeepSpeed ZeRO-2: `facts(trainer)` then replaces the checksum with the engine's facts.)"""
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
@@ -240,7 +241,7 @@ def run_tools(root: Path, out: Path) -> dict:
                               for a, b in ADD_PAIRS])
     kwargs = config_kwargs(out, gradient_accumulation_steps=1, num_ppo_epochs=1, total_episodes=8, response_length=64,
                            temperature=0.3, num_sample_generations=0, missing_eos_penalty=None,
-                           kl_controller="adaptive", kl_target=0.01, kl_horizon=8)
+                           kl_controller="adaptive", kl_target=0.01, kl_horizon=8, use_cpu=use_cpu)
     trainer = Recording(
         args=PPOConfig(**kwargs), processing_class=tok, model=AutoModelForCausalLM.from_pretrained(root / "caller"),
         ref_model=None, reward_model=None, train_dataset=data,
@@ -250,6 +251,8 @@ def run_tools(root: Path, out: Path) -> dict:
     )
     trainer.train()
     result = summary(trainer)
+    if facts is not None:
+        result.update(facts(trainer))
     result["logged"] = [{k: v for k, v in e.items() if k.startswith(("tools/", "episodes/"))}
                         for e in trainer.state.log_history if "tools/call_frequency" in e]
     result["own"], result["episodes"] = own, episodes
