@@ -7,9 +7,10 @@ smoothing), `dpo` (cDPO), `ppo` (LoRA policy, adaptive KL, joint ptx; 3 updates,
 reward function and no reward model, as in ddp_script.py), `ppo_tools` (GAE with `tools=[add]`, the `tools` run of
 tests/ppo/ppo_ddp_script.py; needs TRL_EXT_TOOL_MODELS_DIR, the folder of trl_ext.testing_tools.save_tool_models),
 and `ppo_recipe` (the PPO demo recipe through trl_ext.recipe_loader.pipeline, as `trl-ext train` runs it: a full
-policy, whose reference TRL copies, 2 updates, fp32; needs TRL_EXT_TINY_DIR and the repository as working directory). The settings are those of
-tests/runtime/ddp_script.py, so a DDP launch of this script gives the reference numbers. `--gpu` (used by
-benchmarks/engine_matrix.py) trains on the GPUs: `use_cpu=False` (on CPU the recipes' `use_cpu: true` is kept).
+policy, whose reference TRL copies, 2 updates, fp32; needs TRL_EXT_TINY_DIR and the repository as working
+directory). The settings are those of tests/runtime/ddp_script.py, so a DDP launch of this script gives the reference
+numbers. `--gpu` (used by benchmarks/engine_matrix.py) trains on the GPUs: `use_cpu=False` (on CPU the recipes'
+`use_cpu: true` is kept).
 
 Each rank writes OUT_DIR/rank{N}.json: per run, the engine it saw (accelerate's distributed type, the wrapper and
 optimizer classes, the ZeRO stage, how many trainable values this rank holds), the logged losses/metrics, and a
