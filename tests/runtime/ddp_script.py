@@ -1,9 +1,9 @@
 """Run by test_ddp.py under `torchrun --nproc_per_node 2`: the three trainers with LoRA and the extensions on.
 
-Usage: ddp_script.py TINY_MODELS_DIR OUT_DIR [REWARD_ADAPTER [TOOL_MODELS_DIR]]. In order: a reward model (ranked data
-+ label smoothing), DPO (cDPO), PPO (adaptive KL + joint ptx) for 3 updates with a checkpoint at update 2, PPO resumed
-from that checkpoint, GRPO with a reward function (no reward model) that records the columns each rank sees, and RLOO
-with `rollout_engine: continuous_batching` (responses of uneven length) that records the responses each rank
+Usage: ddp_script.py TINY_MODELS_DIR OUT_DIR [REWARD_ADAPTER [TOOL_MODELS_DIR]]. In order: a reward model (ranked
+data, label smoothing), DPO (cDPO), PPO (adaptive KL + joint ptx) for 3 updates with a checkpoint at update 2, PPO
+resumed from that checkpoint, GRPO with a reward function (no reward model) that records the columns each rank sees,
+and RLOO with `rollout_engine: continuous_batching` (responses of uneven length) that records the responses each rank
 generates.
 Each rank writes OUT_DIR/rank{N}.json: per run, a checksum of its trainable weights and what the test compares.
 With REWARD_ADAPTER, the same launch then runs the PPO modes of test_ppo_ddp.py (tests/ppo/ppo_ddp_script.py; in
