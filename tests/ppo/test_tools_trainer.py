@@ -1,8 +1,10 @@
 """PPOTrainer with tools and environments (trl_ext/ppo/episodes), end to end on a tiny Llama that learned, in a few
 seconds of training on four transcripts, to call `add` and then answer: the observation tokens are in no loss term
 (by gradients), the episodes are what TRL's contract says, failing and hanging tools do not stop a run, an
-environment owns its reward, a resumed run matches, TRL's GRPOTrainer takes the same objects, and with tools that
-are never called every number equals the single-turn run's."""
+environment owns its reward, a resumed run matches, the adaptive KL controller gets the action tokens' KL and ptx
+runs, TRL's GRPOTrainer takes the same objects, and with tools that are never called every number equals the
+single-turn run's. (With the shared base: test_ppo_shared_base.py; on two processes: test_ppo_ddp.py, and under
+ZeRO-2 tests/engines/test_engines.py.)"""
 
 import time
 
