@@ -1,6 +1,7 @@
 """Shared plumbing of the benchmark scripts: environment, machine description, alternating timed runs, peak RSS,
-child processes, the study scaffold (fresh work folder, seeds x variants, quiet timed training with a held-out
-curve), tables, figures and JSON results (written to benchmarks/results/, which git ignores).
+child processes, the study scaffold (fresh work folder, seeds x variants, the RL trainer from an SFT model, quiet
+timed training with a held-out curve, logged series), tables, figures and JSON results (written to
+benchmarks/results/, which git ignores).
 
 Not a test module and not part of the package: the scripts import it as a sibling (`from _common import ...`).
 """
@@ -233,6 +234,37 @@ def train_with_curve(trainer, tokenizer, heldout, start: dict, updates: int, log
     if curve[-1]["update"] != trainer.state.global_step:  # stopped early (a budget) or off the evaluation grid
         curve.append({"update": trainer.state.global_step, **accuracy(trainer.model.policy, tokenizer, heldout)})
     return seconds, curve
+
+
+def rl_trainer_from_sft(sft_dir, out, *, updates: int, seed: int, settings: dict, dataset, value_model: bool,
+                        **trainer_kwargs):
+    """The RL trainer of a task study (benchmarks/verifiable.py, tool_use.py): a ``trl_ext.PPOTrainer`` from the SFT
+    model in ``sft_dir``. Its tokenizer pads on the left; the policy is loaded after ``torch.manual_seed(seed)``, the
+    reference is a copy of it, the value model (``value_model``: GAE) comes from the same checkpoint with a fresh
+    scalar head, and there is no reward model. ``settings``: PPOConfig keywords, ``updates`` x
+    ``per_device_train_batch_size`` episodes, logged every update, nothing saved. ``dataset(tokenizer)``: the train
+    dataset. ``trainer_kwargs``: the rewards and tools (``reward_funcs``, ``tools``, ``environment_factory``)."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    import trl_ext
+
+    tokenizer = AutoTokenizer.from_pretrained(sft_dir, padding_side="left")
+    torch.manual_seed(seed)
+    policy = AutoModelForCausalLM.from_pretrained(sft_dir)
+    value = AutoModelForSequenceClassification.from_pretrained(sft_dir, num_labels=1) if value_model else None
+    args = trl_ext.PPOConfig(output_dir=str(out), total_episodes=updates * settings["per_device_train_batch_size"],
+                             seed=seed, use_cpu=True, report_to="none", logging_steps=1, save_strategy="no",
+                             num_sample_generations=0, disable_tqdm=True, **settings)
+    return trl_ext.PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=copy.deepcopy(policy),
+                              reward_model=None, train_dataset=dataset(tokenizer), value_model=value, **trainer_kwargs)
+
+
+def logged(trainer, key: str) -> list[float]:
+    """The values the trainer logged under ``key``, one per logging step that has it."""
+    return [h[key] for h in trainer.state.log_history if key in h]
 
 
 def seconds_per_update(logged: dict) -> float:

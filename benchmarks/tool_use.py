@@ -25,7 +25,6 @@ Writes benchmarks/results/tool_use.json (or --out).
 from __future__ import annotations
 
 import argparse
-import copy
 import shutil
 import statistics
 import sys
@@ -35,8 +34,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import (REPO, RESULTS, fresh_workdir, load_average, print_table, quiet_timed, setup_env,  # noqa: E402
-                     study_cells, write_result)
+from _common import (REPO, RESULTS, fresh_workdir, load_average, logged, print_table, quiet_timed,  # noqa: E402
+                     rl_trainer_from_sft, setup_env, study_cells, write_result)
 
 TASK = REPO / "recipes" / "tool_use"
 sys.path.insert(0, str(TASK))
@@ -95,32 +94,17 @@ def rl_dataset(rows: list[dict]):
 def make_rl_trainer(sft_dir: Path, train_rows: list[dict], out: Path, *, updates: int, seed: int, variant: dict,
                     **overrides):
     """A trl_ext.PPOTrainer from ``sft_dir`` with ``reward_funcs=[exact_match]``, no reward model, and
-    ``tools=[add]`` when ``variant["tools"]``."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
-
-    import trl_ext
+    ``tools=[add]`` when ``variant["tools"]`` (:func:`_common.rl_trainer_from_sft`; a value model for GAE)."""
     from tool_task import TOOLS, exact_match
 
     variant = dict(variant)
     tools = variant.pop("tools")
-    tokenizer = AutoTokenizer.from_pretrained(sft_dir, padding_side="left")
-    torch.manual_seed(seed)
-    policy = AutoModelForCausalLM.from_pretrained(sft_dir)
-    value = None
-    if variant.get("advantage_estimator", "gae") == "gae":
-        value = AutoModelForSequenceClassification.from_pretrained(sft_dir, num_labels=1)
-    settings = {**RL_SETTINGS, **(WITH_TOOLS if tools else WITHOUT_TOOLS), **variant, **overrides}
-    args = trl_ext.PPOConfig(output_dir=str(out), total_episodes=updates * settings["per_device_train_batch_size"],
-                             seed=seed, use_cpu=True, report_to="none", logging_steps=1, save_strategy="no",
-                             num_sample_generations=0, disable_tqdm=True, **settings)
-    return trl_ext.PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=copy.deepcopy(policy),
-                              reward_model=None, train_dataset=rl_dataset(train_rows), value_model=value,
-                              reward_funcs=[exact_match], tools=TOOLS if tools else None)
-
-
-def logged(trainer, key: str) -> list[float]:
-    return [h[key] for h in trainer.state.log_history if key in h]
+    return rl_trainer_from_sft(sft_dir, out, updates=updates, seed=seed,
+                               settings={**RL_SETTINGS, **(WITH_TOOLS if tools else WITHOUT_TOOLS), **variant,
+                                         **overrides},
+                               dataset=lambda tokenizer: rl_dataset(train_rows),
+                               value_model=variant.get("advantage_estimator", "gae") == "gae",
+                               reward_funcs=[exact_match], tools=TOOLS if tools else None)
 
 
 def held_out(model_dir_or_model, tokenizer, rows, tools: bool, iterations: int | None = None) -> dict:
@@ -145,11 +129,8 @@ def guess_study(work: Path, *, updates: int, seed: int, sft_steps: int | None = 
     ``environment_factory=GuessEnv`` and no reward function (the environment owns the reward through
     ``get_reward``); a finished ``<work>/sft_guess`` is reused unless ``sft_steps`` is given.
     Returns the logged environment reward, game lengths and tool-call counts per update."""
-    import torch
     from guess_env import GuessEnv
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import trl_ext
     from trl_ext.recipe_loader import resolve_recipe
     from trl_ext.recipe_loader.pipeline import run
     from evaluate import read_jsonl
@@ -165,17 +146,11 @@ def guess_study(work: Path, *, updates: int, seed: int, sft_steps: int | None = 
     sft_seconds = time.perf_counter() - start
     from datasets import Dataset
 
-    tokenizer = AutoTokenizer.from_pretrained(work / "sft_guess", padding_side="left")
-    torch.manual_seed(seed)
-    policy = AutoModelForCausalLM.from_pretrained(work / "sft_guess")
     settings = {**RL_SETTINGS, **GUESS_RL, **overrides}
-    args = trl_ext.PPOConfig(output_dir=str(work / "rl-guess"), seed=seed, use_cpu=True, report_to="none",
-                             total_episodes=updates * settings["per_device_train_batch_size"], logging_steps=1,
-                             save_strategy="no", num_sample_generations=0, disable_tqdm=True, **settings)
-    trainer = trl_ext.PPOTrainer(args=args, processing_class=tokenizer, model=policy,
-                                 ref_model=copy.deepcopy(policy), reward_model=None, value_model=None,
-                                 train_dataset=Dataset.from_list(read_jsonl(work / "data" / "guess_train.jsonl")),
-                                 reward_funcs=None, environment_factory=GuessEnv)
+    games = read_jsonl(work / "data" / "guess_train.jsonl")
+    trainer = rl_trainer_from_sft(work / "sft_guess", work / "rl-guess", updates=updates, seed=seed, settings=settings,
+                                  dataset=lambda tokenizer: Dataset.from_list(games), value_model=False,
+                                  reward_funcs=None, environment_factory=GuessEnv)
     _, seconds = quiet_timed(trainer.train, work / "rl-guess.log")
     return {"settings": settings, "sft_seconds": sft_seconds, "seconds": seconds,
             "reward": logged(trainer, "rewards/GuessEnv/mean"), "turns": logged(trainer, "episodes/turns_mean"),

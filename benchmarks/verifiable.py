@@ -25,7 +25,6 @@ Writes benchmarks/results/verifiable.json and benchmarks/figures/verifiable.png.
 from __future__ import annotations
 
 import argparse
-import copy
 import shutil
 import sys
 import time
@@ -34,8 +33,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import (REPO, RESULTS, fresh_workdir, load_average, print_table, pyplot_into, save_figure, setup_env,
-                     study_cells, train_with_curve, write_result)  # noqa: E402
+from _common import (REPO, RESULTS, fresh_workdir, load_average, logged, print_table, pyplot_into,  # noqa: E402
+                     rl_trainer_from_sft, save_figure, setup_env, study_cells, train_with_curve, write_result)
 
 TASK = REPO / "recipes" / "verifiable"
 sys.path.insert(0, str(TASK))
@@ -57,15 +56,17 @@ RL_SETTINGS = dict(  # noqa: C408 - keyword form: these are PPOConfig's keywords
 )
 
 
-def sft(work: Path, max_steps: int | None = None) -> tuple[Path, float]:
-    """Data and base model (make_data), then SFT with recipes/verifiable/sft.yaml in this process; returns (SFT
-    model folder, seconds). The recipe's console output goes to ``<work>/sft.log``."""
+def sft(work: Path, max_steps: int | None = None, *, train: int | None = None, heldout: int | None = None
+        ) -> tuple[Path, float]:
+    """Data and base model (make_data; ``train``/``heldout`` problems, default make_data's), then SFT with
+    recipes/verifiable/sft.yaml in this process; returns (SFT model folder, seconds). The recipe's console output
+    goes to ``<work>/sft.log``."""
     from make_data import make_data
 
     from trl_ext.recipe_loader import resolve_recipe
     from trl_ext.recipe_loader.pipeline import run
 
-    make_data(work)
+    make_data(work, **{k: v for k, v in (("train", train), ("heldout", heldout)) if v is not None})
     argv = ["--model_name_or_path", str(work / "base"), "--dataset_name", str(work / "data" / "train.jsonl"),
             "--output_dir", str(work / "sft"), "--disable_tqdm", "true"]
     if max_steps is not None:
@@ -97,34 +98,15 @@ def rl_dataset(tokenizer, rows: list[dict]):
 
 def make_rl_trainer(sft_dir: Path, train_rows: list[dict], out: Path, *, updates: int, seed: int, estimator: dict,
                     **overrides):
-    """A trl_ext.PPOTrainer from the SFT model with ``reward_funcs=[exact_match_reward]`` and no reward model."""
-    import torch
-    from transformers import (
-        AutoModelForCausalLM,
-        AutoModelForSequenceClassification,
-        AutoTokenizer,
-    )
-
-    import trl_ext
+    """A trl_ext.PPOTrainer from the SFT model with ``reward_funcs=[exact_match_reward]`` and no reward model
+    (:func:`_common.rl_trainer_from_sft`; a value model for GAE)."""
     from arithmetic_task import exact_match_reward
 
-    tokenizer = AutoTokenizer.from_pretrained(sft_dir, padding_side="left")
-    torch.manual_seed(seed)
-    policy = AutoModelForCausalLM.from_pretrained(sft_dir)
-    value = None
-    if estimator.get("advantage_estimator", "gae") == "gae":
-        value = AutoModelForSequenceClassification.from_pretrained(sft_dir, num_labels=1)
-    settings = {**RL_SETTINGS, **estimator, **overrides}
-    args = trl_ext.PPOConfig(output_dir=str(out), total_episodes=updates * settings["per_device_train_batch_size"],
-                             seed=seed, use_cpu=True, report_to="none", logging_steps=1, save_strategy="no",
-                             num_sample_generations=0, disable_tqdm=True, **settings)
-    return trl_ext.PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=copy.deepcopy(policy),
-                              reward_model=None, train_dataset=rl_dataset(tokenizer, train_rows), value_model=value,
-                              reward_funcs=[exact_match_reward])
-
-
-def logged(trainer, key: str) -> list[float]:
-    return [h[key] for h in trainer.state.log_history if key in h]
+    return rl_trainer_from_sft(sft_dir, out, updates=updates, seed=seed,
+                               settings={**RL_SETTINGS, **estimator, **overrides},
+                               dataset=lambda tokenizer: rl_dataset(tokenizer, train_rows),
+                               value_model=estimator.get("advantage_estimator", "gae") == "gae",
+                               reward_funcs=[exact_match_reward])
 
 
 def main(argv=None) -> int:

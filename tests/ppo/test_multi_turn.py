@@ -1,12 +1,13 @@
 """The turn loop (trl_ext/ppo/episodes/multi_turn.py) driven by a scripted sampler: the rounds cap, the length cap
-with TRL's rollback of a tool result that does not fit, the layout of actions, observations and log-probs."""
+with TRL's rollback of a tool result that does not fit, the layout of actions, observations and log-probs; and the
+prompts an update starts from (the dataset's, rendered again only where an environment's reset added text)."""
 
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from trl_ext.ppo.episodes.multi_turn import MultiTurnRollout
+from trl_ext.ppo.episodes.multi_turn import MultiTurnRollout, left_pad
 from trl_ext.ppo.episodes.toolbox import Toolbox
 from trl_ext.testing_tools import add, build_tool_tokenizer
 
@@ -102,3 +103,39 @@ def test_a_later_turn_gets_only_the_tokens_left(tok):
     assert batch.budgets == [budget, 3]  # the first turn may use all of it; the next, what is left
     assert episode.ids[-3:] == tok(ANSWER, add_special_tokens=False)["input_ids"][:3]
     assert not batch.ends_with_eos[0] and batch.ends_with_eos[1]
+
+
+class HintEnv:
+    """Its reset adds text to the prompt of the rows with ``hint``, and leaves the others as they are."""
+
+    def reset(self, **row):
+        return " Use the tool." if row["hint"] else None
+
+
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+def test_begin_keeps_the_datasets_prompts_and_renders_only_those_reset_changed(tok, padding_side):
+    from datasets import Dataset
+    from transformers import DataCollatorWithPadding
+
+    from trl_ext.rewards.columns import ColumnsCollator
+
+    args = SimpleNamespace(response_length=64, max_tool_calling_iterations=1, tool_timeout_s=None, tool_num_workers=0)
+    box = Toolbox([add], HintEnv, tok)
+    loop = MultiTurnRollout(box, args, tok)
+    prompts = [[{"role": "user", "content": "Add 2 and 3."}], [{"role": "user", "content": "Say hi."}],
+               [{"role": "user", "content": "Add 40 and 2, then say the sum."}]]
+    dataset = box.render_dataset(Dataset.from_list([{"prompt": p, "hint": h}
+                                                    for p, h in zip(prompts, (False, True, False))]))
+    side, tok.padding_side = tok.padding_side, padding_side
+    try:
+        batch = ColumnsCollator(DataCollatorWithPadding(tok))(list(dataset))
+    finally:
+        tok.padding_side = side
+    rendered, render = [], box.render_prompt
+    box.render_prompt = lambda prompt, row: rendered.append(row) or render(prompt, row)
+    data = loop.begin(batch)
+    assert rendered == [1]  # only the prompt the reset text changed
+    expected = [render(prompt, i) for i, prompt in enumerate(data["prompt"])]  # each rendered here, as it is now
+    assert loop.prompt_ids == expected
+    assert tok.decode(expected[1]).count("Say hi. Use the tool.") == 1
+    assert data["input_ids"].tolist() == left_pad(expected, tok.pad_token_id, batch["input_ids"]).tolist()

@@ -268,7 +268,11 @@ def test_resume_with_an_environment_logs_what_the_uninterrupted_run_logs(models,
 def test_with_tools_never_called_every_number_is_the_single_turn_runs(models, tmp_path):
     tok = models[1]
     with_tools = trainer(models, tmp_path / "tools", policy="untrained", args={"total_episodes": 4})
+    box, rendered = with_tools.multi_turn.toolbox, []
+    render = box.render_prompt
+    box.render_prompt = lambda prompt, row: rendered.append(row) or render(prompt, row)
     with_tools.train()
+    assert rendered == []  # no environment: the prompts are the dataset's, rendered once when the trainer was built
     rendered = prompts_dataset().map(lambda row: {"input_ids": tok.apply_chat_template(
         row["prompt"], tools=[add], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]})
     without = trainer(models, tmp_path / "plain", policy="untrained", tools=None, dataset=rendered,

@@ -191,7 +191,7 @@ def check_reward_source(ctx) -> None:
 
 
 def check_tool_data(recipe, dataset, *, name: str, split: str) -> None:
-    """With tools: the dataset's ``prompt`` column holds chat messages (rendered with the tools' schema each update);
+    """With tools: the dataset's ``prompt`` column holds chat messages (rendered with the tools' schema);
     with several environments, its ``environment`` column names one of them in every row."""
     if not uses_tools(recipe):
         return
@@ -200,7 +200,7 @@ def check_tool_data(recipe, dataset, *, name: str, split: str) -> None:
     listing = f"(columns: {', '.join(columns) or 'none'})"
     if "prompt" not in columns:
         raise UserInputError(f"{where} has no column 'prompt' {listing}; {keys} need the prompts as chat messages "
-                             "(rendered with the tools' schema each update)")
+                             "(rendered with the tools' schema)")
     prompt = dataset[0]["prompt"] if len(dataset) else []  # one Arrow type for the column: the first row tells
     if not (isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt)):
         raise UserInputError(f"{where} row 0: with {keys} 'prompt' must be chat messages (a list of "

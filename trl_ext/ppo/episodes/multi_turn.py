@@ -4,7 +4,8 @@ tool-calling loop (``_tool_call_loop``, TRL 1.16) producing one token sequence p
 Per update, on each process:
 
 1. :meth:`MultiTurnRollout.begin` (before generation): each row gets its environment (reset with the row, whose
-   text joins the last user message) and its prompt is rendered with its tools in the system turn.
+   text joins the last user message) and its prompt with its tools in the system turn (the dataset's, rendered once
+   when the trainer was built; rendered again only with reset text).
 2. :meth:`MultiTurnRollout.run`: the first turn is sampled exactly as a single-turn rollout (same call, same RNG).
    Each turn is parsed with TRL's ``parse_response``; a turn with ``tool_calls`` has them run
    (:mod:`trl_ext.ppo.episodes.tool_calls`), the tool results rendered by the chat template (TRL's tool suffix: the
@@ -148,12 +149,19 @@ class MultiTurnRollout:
 
     def begin(self, data: dict) -> dict:
         """The prompt batch with each row's environment reset and its prompt rendered with its tools: new left-padded
-        ``input_ids``, and ``prompt`` as reward functions then get it (the reset text included)."""
+        ``input_ids``, and ``prompt`` as reward functions then get it (the reset text included).
+
+        A prompt that ``reset`` left unchanged keeps the ids the batch holds (the trainer's dataset was rendered with
+        the same tools by :meth:`Toolbox.render_dataset`; its attention mask says which are padding); only a prompt
+        with reset text, or a batch without an attention mask, is rendered here."""
         columns = {k: v for k, v in data.items() if isinstance(v, list)}
         n = data["input_ids"].shape[0]
         rows = [{k: v[i] for k, v in columns.items()} for i in range(n)]
         prompts = self.toolbox.start_batch(rows, data["prompt"])
-        self.prompt_ids = [self.toolbox.render_prompt(prompt, i) for i, prompt in enumerate(prompts)]
+        mask = data.get("attention_mask")
+        self.prompt_ids = [
+            data["input_ids"][i][mask[i].bool()].tolist() if mask is not None and prompt == data["prompt"][i]
+            else self.toolbox.render_prompt(prompt, i) for i, prompt in enumerate(prompts)]
         longest = max(map(len, self.prompt_ids))
         if self.engine_prompt_length is not None and longest > self.engine_prompt_length:
             raise UserInputError(

@@ -93,7 +93,7 @@ class Toolbox:
         if columns is not None:
             if "prompt" not in columns:
                 raise UserInputError("train_dataset: tools need a 'prompt' column of chat messages (the prompt is "
-                                     "rendered with the tools' schema each update); the dataset has "
+                                     "rendered with the tools' schema); the dataset has "
                                      f"{', '.join(columns) or 'no columns'}")
             first = train_dataset[0]["prompt"] if len(train_dataset) else []
             if not isinstance(first, list):
@@ -123,8 +123,9 @@ class Toolbox:
 
     def render_dataset(self, dataset):
         """``dataset`` with ``input_ids`` = each row's prompt rendered with its tools (its environment's, by the
-        ``environment`` column): the lengths the trainer plans memory and the engine's cache with. ``reset`` text is
-        not known before an episode starts (checked then, :meth:`MultiTurnRollout.begin`)."""
+        ``environment`` column): the lengths the trainer plans memory and the engine's cache with, and the prompts
+        the updates start from. ``reset`` text is not known before an episode starts (a prompt with it is rendered,
+        and its length checked, then: :meth:`MultiTurnRollout.begin`)."""
         def render(row):
             name = row.get("environment") if self.multi_environment else None
             tools = self.env_tools[name] if self.factories is not None else self.tools

@@ -82,7 +82,8 @@ class RolloutStepsMixin:
         pad_token_id = self.processing_class.pad_token_id
         context_length = rollout.context_length
         chunk = args.local_rollout_forward_batch_size
-        # tools: episodes end where their last turn ended (EOS tokens of earlier turns inside); observations masked
+        # tools: episodes end where their last turn ended (EOS tokens of earlier turns inside: their lengths come
+        # from the episodes, not from the first pad); observations masked
         episodes = rollout.episodes if rollout.observation_mask is not None else None
         postprocessed, ref_logprobs, values, scores, sequence_lengths = [], [], [], [], []
         for i in range(0, rollout.queries.shape[0], chunk):
@@ -92,7 +93,8 @@ class RolloutStepsMixin:
             ref_logprobs.append(self.compute_ref_logprobs(query_response, response, context_length))
             postprocessed_response = response if episodes is not None else self.postprocess_responses(response)
             postprocessed_query_response = torch.cat((query, postprocessed_response), 1)
-            sequence_lengths.append(first_true_indices(postprocessed_response == pad_token_id) - 1)
+            if episodes is None:
+                sequence_lengths.append(first_true_indices(postprocessed_response == pad_token_id) - 1)
             values.append(self.compute_values(query_response, context_length))
             scores.append(self.compute_scores(postprocessed_query_response, context_length))
             postprocessed.append(postprocessed_response)
