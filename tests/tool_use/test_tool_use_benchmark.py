@@ -75,3 +75,49 @@ def test_environment_case_runs_one_update(bench, sft_work, tmp_path):
     assert len(guess["reward"]) == 1 and 0.0 <= guess["reward"][0] <= 1.0  # the environment's own reward was logged
     assert len(guess["turns"]) == 1 and guess["turns"][0] >= 1.0
     assert result["results"]["runs"] == {}
+
+
+RL_RECIPES = {"gae.yaml": "GAE (value model), tools", "rloo.yaml": "RLOO k=4, tools",
+              "grpo.yaml": "GRPO k=4 (KL in loss), tools"}
+
+
+@pytest.mark.parametrize("recipe_name", sorted(RL_RECIPES))
+def test_shipped_rl_recipes_carry_the_benchmarks_settings(bench, sft_work, tmp_path, recipe_name):
+    """recipes/tool_use/{gae,rloo,grpo}.yaml resolve to the PPOConfig the benchmark trains its tool variant with
+    (every setting it passes, and its episode budget), with the add tool and the exact-match reward."""
+    import inspect
+
+    from trl_ext.recipe_loader import resolve_recipe
+
+    recipe = resolve_recipe(bench.TASK / recipe_name, [
+        "--model_name_or_path", str(sft_work / "sft_tools"), "--dataset_name", str(sft_work / "data" / "train.jsonl"),
+        "--output_dir", str(tmp_path / "out")])
+    variant = dict(bench.VARIANTS[RL_RECIPES[recipe_name]])
+    assert variant.pop("tools") is True
+    expected = {**bench.RL_SETTINGS, **bench.WITH_TOOLS, **variant,
+                "total_episodes": bench.RL_UPDATES * bench.EPISODES_PER_UPDATE}
+    args = recipe.training_args
+    assert {key: getattr(args, key) for key in expected} == expected
+    def named(functions):  # the loader imports tool_task.py from the recipe's folder as its own module
+        return [(f.__name__, Path(inspect.getfile(f)).resolve()) for f in functions]
+
+    assert named(recipe.tools) == [("add", bench.TASK / "tool_task.py")]
+    assert named(recipe.reward_funcs) == [("exact_match", bench.TASK / "tool_task.py")]
+    assert recipe.reward_model_args is None and (recipe.value_model_args is not None) == (recipe_name == "gae.yaml")
+
+
+def test_shipped_gae_recipe_trains_one_update_with_the_tool(bench, sft_work, tmp_path):
+    """recipes/tool_use/gae.yaml as shipped, one update of 4 episodes from the tiny SFT model: the trainer plays
+    episodes with the add tool (tool metrics logged) and scores them with exact_match only (no reward model)."""
+    from trl_ext.recipe_loader import resolve_recipe
+    from trl_ext.recipe_loader.pipeline import run
+
+    recipe = resolve_recipe(bench.TASK / "gae.yaml", [
+        "--model_name_or_path", str(sft_work / "sft_tools"), "--dataset_name", str(sft_work / "data" / "train.jsonl"),
+        "--output_dir", str(tmp_path / "gae"), "--total_episodes", "4", "--per_device_train_batch_size", "4",
+        "--local_rollout_forward_batch_size", "4", "--num_ppo_epochs", "1", "--disable_tqdm", "true"])
+    trainer = run(recipe)
+    (log,) = [h for h in trainer.state.log_history if "reward" in h]
+    assert log["reward"] == log["rewards/exact_match/mean"]  # the only reward source
+    assert "tools/call_frequency" in log and "episodes/turns_mean" in log and log["episodes/turns_mean"] >= 1
+    assert trainer.args.lam == 1.0 and trainer.args.advantage_estimator == "gae"
