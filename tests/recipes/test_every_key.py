@@ -55,18 +55,36 @@ def wrong_values(spec, action):
     return unique
 
 
+def tool_policy(root: Path) -> str:
+    """An untrained tiny Llama whose tokenizer's chat template renders tool calls (TRL's Qwen2.5): the stand-in
+    policy of a recipe with ``tools`` or ``environment_factory``; made once in ``root``."""
+    from trl_ext.testing import build_causal_lm
+    from trl_ext.testing_tools import build_tool_tokenizer
+
+    path = root / "tool_policy"
+    if not (path / "config.json").exists():
+        tokenizer = build_tool_tokenizer(["What is 1 + 1?"])
+        build_causal_lm(tokenizer, max_position_embeddings=512).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    return str(path)
+
+
 def standins(keys, tmp_path, tiny_models, reward_adapter):
     """The recipe with what `check` needs to pass on this machine: its output_dir in tmp_path, and local models and
-    data it reads from other recipes' outputs replaced by tiny ones."""
+    data it reads from other recipes' outputs replaced by tiny ones (a tool-calling template for a recipe with
+    tools)."""
     keys = dict(keys, output_dir=str(tmp_path / "out"))
     trainer = keys["trainer"]
+    policy = "tiny://policy"
+    if keys.get("tools") or keys.get("environment_factory"):
+        policy = tool_policy(tmp_path)
     if keys.get("shared_base"):
         keys.update(model_name_or_path="tiny://policy", reward_model_path=str(reward_adapter))
         keys.pop("value_model_path", None)
     for key in ("model_name_or_path", "reward_model_path", "value_model_path"):
         value = keys.get(key)
         if isinstance(value, str) and looks_local(value) and not Path(value).exists():
-            keys[key] = "tiny://reward" if key != "model_name_or_path" or trainer == "reward" else "tiny://policy"
+            keys[key] = "tiny://reward" if key != "model_name_or_path" or trainer == "reward" else policy
     data = keys.get("dataset_name")
     if isinstance(data, str) and looks_local(data) and not (ROOT / data).exists() and not Path(data).exists():
         if trainer == "sft":
