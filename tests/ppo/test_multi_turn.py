@@ -139,3 +139,43 @@ def test_begin_keeps_the_datasets_prompts_and_renders_only_those_reset_changed(t
     assert loop.prompt_ids == expected
     assert tok.decode(expected[1]).count("Say hi. Use the tool.") == 1
     assert data["input_ids"].tolist() == left_pad(expected, tok.pad_token_id, batch["input_ids"]).tolist()
+
+
+def hand_batch(calls=3, failures=1, timeouts=1):
+    """Three episodes written out by hand: a call and an answer; a length-truncated call; a single-turn answer."""
+    from trl_ext.ppo.episodes.multi_turn import Episode, EpisodeBatch
+    from trl_ext.ppo.episodes.tool_calls import ToolCallCounts
+
+    def episode(layout, turns, truncated=None):  # layout: (ids, action) runs
+        e = Episode(prompt_ids=[1], ids=[], action=[], logprobs=[], messages=[], turns=turns, truncated=truncated)
+        for ids, action in layout:
+            e.append(ids, action)
+        return e
+
+    return EpisodeBatch([episode([([11, 12], True), ([21, 22, 23], False), ([13], True)], turns=2),
+                         episode([([14, 15, 16], True), ([24], False)], turns=2, truncated="length"),
+                         episode([([17], True)], turns=1, truncated="iterations")],
+                        ToolCallCounts(calls, failures, timeouts))
+
+
+def test_episode_metrics_are_the_hand_counted_means():
+    metrics = hand_batch().metrics(lambda t: t)  # one process: gather is the identity
+    assert metrics == pytest.approx({
+        "tools/call_frequency": 3 / 3, "tools/failure_frequency": 1 / 3, "tools/timeout_frequency": 1 / 3,
+        "episodes/turns_mean": 5 / 3, "episodes/action_tokens_mean": (3 + 3 + 1) / 3,
+        "episodes/observation_tokens_mean": (3 + 1 + 0) / 3, "episodes/truncated_length_frac": 1 / 3,
+        "episodes/truncated_iterations_frac": 1 / 3})
+    no_calls = hand_batch(calls=0, failures=0, timeouts=0).metrics(lambda t: t)
+    assert (no_calls["tools/call_frequency"], no_calls["tools/failure_frequency"],
+            no_calls["tools/timeout_frequency"]) == (0.0, 0.0, 0.0)
+
+
+def test_marked_texts_wrap_each_observation_span(tok):
+    texts = hand_batch().marked_texts(tok)
+
+    def text(ids):
+        return tok.decode(ids, skip_special_tokens=False)
+
+    assert texts == [text([11, 12]) + f"[observation]{text([21, 22, 23])}[/observation]" + text([13]),
+                     text([14, 15, 16]) + f"[observation]{text([24])}[/observation]",
+                     text([17])]
