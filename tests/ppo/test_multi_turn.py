@@ -105,6 +105,33 @@ def test_a_later_turn_gets_only_the_tokens_left(tok):
     assert not batch.ends_with_eos[0] and batch.ends_with_eos[1]
 
 
+
+def test_a_tool_result_that_fills_the_budget_exactly_is_kept_and_no_turn_follows(tok):
+    script = lambda row, turn: CALL if row == 0 else ANSWER  # noqa: E731
+    n_call = len(tok(CALL, add_special_tokens=False)["input_ids"])
+    suffix = Toolbox([add], None, tok).tool_suffix_ids([{"role": "tool", "name": "add", "content": "5"}])
+    _, _, batch, _ = rollout(tok, n_call + len(suffix), None, script)  # the result fits, with no token left
+    episode = batch.episodes[0]
+    assert [m["role"] for m in episode.messages] == ["assistant", "tool"] and len(episode.ids) == n_call + len(suffix)
+    assert episode.truncated == "length" and episode.turns == 1
+    assert batch.budgets == [n_call + len(suffix)]  # no next turn sampled with nothing left
+
+
+def test_each_later_turn_is_cut_to_its_own_episodes_tokens_left(tok):
+    """Two episodes continue with different room (row 1's call and result are longer): the turn is sampled with
+    the larger budget, and each episode keeps only what fits its own."""
+    script = lambda row, turn: ((CALL if row == 0 else CALL_AGAIN) if turn == 0 else ANSWER)  # noqa: E731
+    box = Toolbox([add], None, tok)
+    used = [len(tok(c, add_special_tokens=False)["input_ids"]) + len(box.tool_suffix_ids(
+        [{"role": "tool", "name": "add", "content": r}])) for c, r in ((CALL, "5"), (CALL_AGAIN, "11"))]
+    assert used[1] > used[0]
+    budget = used[1] + 3
+    _, _, batch, _ = rollout(tok, budget, None, script)
+    assert batch.budgets == [budget, budget - used[0]]
+    answer = tok(ANSWER, add_special_tokens=False)["input_ids"]
+    for episode, room in zip(batch.episodes, (budget - used[0], 3)):
+        assert len(episode.ids) == budget and episode.ids[-room:] == answer[:room] and episode.turns == 2
+
 class HintEnv:
     """Its reset adds text to the prompt of the rows with ``hint``, and leaves the others as they are."""
 
