@@ -132,6 +132,12 @@ def test_each_later_turn_is_cut_to_its_own_episodes_tokens_left(tok):
     for episode, room in zip(batch.episodes, (budget - used[0], 3)):
         assert len(episode.ids) == budget and episode.ids[-room:] == answer[:room] and episode.turns == 2
 
+
+def test_an_answer_that_ends_with_eos_exactly_at_the_budget_is_not_truncated(tok):
+    n_answer = len(tok(ANSWER, add_special_tokens=False)["input_ids"])
+    _, _, batch, _ = rollout(tok, n_answer, None, lambda row, turn: ANSWER)
+    assert [(len(e.ids), e.ids[-1], e.truncated) for e in batch.episodes] == [(n_answer, tok.eos_token_id, None)] * 2
+
 class HintEnv:
     """Its reset adds text to the prompt of the rows with ``hint``, and leaves the others as they are."""
 
