@@ -71,6 +71,20 @@ def test_environment_methods_are_tools_and_reset_text_joins_the_last_user_messag
     assert again == prompts and box.environments[2].count == 0 and len(box.pool[None]) == 3
 
 
+
+def test_an_environment_whose_method_timed_out_is_replaced_in_the_pool(tok):
+    """Its thread cannot be stopped: the next batches get a fresh instance in its place, the others stay."""
+    box = Toolbox(None, Counter, tok)
+    batch = rows(3)
+    box.start_batch(batch, [r["prompt"] for r in batch])
+    hung, kept = box.environments[1], [box.environments[0], box.environments[2]]
+    box.replace_environment(1)
+    pool = box.pool[None]
+    assert hung not in pool and len(pool) == 3 and pool[0] is kept[0] and pool[2] is kept[1]
+    assert isinstance(pool[1], Counter)
+    box.start_batch(batch, [r["prompt"] for r in batch])
+    assert box.environments[1] is pool[1] and box.environments[1] is not hung
+
 def test_several_environments_by_the_environment_column(tok):
     box = Toolbox(None, {"count": Counter, "quiet": Quiet}, tok)
     batch = rows(3, environment=["quiet", "count", "quiet"])
