@@ -129,3 +129,31 @@ def test_sft_loss_covers_only_the_guesses_and_the_final_message(game_data):
         calls = [m["tool_calls"][0]["function"]["arguments"]["number"] for m in game["completion"] if "tool_calls" in m]
         assert kept == "".join('<tool_call>\n{"name": "guess", "arguments": {"number": %d}}\n</tool_call><|im_end|>'
                                % n for n in calls) + game["completion"][-1]["content"] + "<|im_end|>"
+
+
+def test_the_shipped_grpo_recipe_trains_on_the_environment(game_data, tmp_path):
+    """recipes/tool_use/grpo_guess.yaml as shipped (environment_factory: GuessEnv, no reward function), on the game's
+    base model and its RL rows, for one update of 8 episodes: the environment is the only reward source and the
+    logged reward is the mean of the update's environments' get_reward()."""
+    from recipe_modules import RECIPES
+
+    from trl_ext.recipe_loader import resolve_recipe
+    from trl_ext.recipe_loader.pipeline import run
+
+    recipe = resolve_recipe(RECIPES / "tool_use" / "grpo_guess.yaml", [
+        "--model_name_or_path", str(game_data / "guess_base"),
+        "--dataset_name", str(game_data / "data" / "guess_train.jsonl"), "--output_dir", str(tmp_path / "grpo"),
+        "--total_episodes", "8", "--per_device_train_batch_size", "8", "--local_rollout_forward_batch_size", "8",
+        "--num_ppo_epochs", "1", "--response_length", "48", "--disable_tqdm", "true"])
+    assert recipe.environment_factory.__name__ == "GuessEnv" and not recipe.reward_funcs
+    trainer = run(recipe)
+    args = trainer.args
+    assert (args.advantage_estimator, args.num_samples_per_prompt, args.max_tool_calling_iterations) == ("grpo", 4, 4)
+    (log,) = [h for h in trainer.state.log_history if "rewards/GuessEnv/mean" in h]
+    environments = trainer.multi_turn.toolbox.environments
+    assert len(environments) == 8 and {type(e).__name__ for e in environments} == {"GuessEnv"}
+    secrets = [e.secret for e in environments]  # each of the 2 prompts' rows reset 4 environments (k = 4)
+    assert len(set(secrets[:4])) == len(set(secrets[4:])) == 1
+    assert set(secrets) <= {r["secret"] for r in read(game_data / "data" / "guess_train.jsonl")}
+    assert log["rewards/GuessEnv/mean"] == pytest.approx(sum(e.get_reward() for e in environments) / 8)
+    assert log["reward"] == pytest.approx(log["rewards/GuessEnv/mean"]) and trainer.state.global_step == 1
