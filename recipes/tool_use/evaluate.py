@@ -11,6 +11,12 @@ the results appended as ``tool`` messages (the tokens TRL appends: the template'
 the next generation prompt), and generation resumes, at most ``max_tool_calling_iterations`` times and
 ``response_length`` completion tokens in all. The episode (a list of messages) is scored by
 ``tool_task.exact_match``, the reward function RL trains on.
+
+    python recipes/tool_use/evaluate.py --game outputs/tool_use/sft_guess outputs/tool_use/grpo_guess
+
+``--game``: the guessing game (guess_env.py) instead, one ``GuessEnv`` per game as ``environment_factory`` gives RL:
+every secret greedily and ``--samples`` times sampled at ``--temperature`` (:func:`game_evaluation`), scored by the
+environment's ``get_reward``.
 """
 
 from __future__ import annotations
@@ -60,7 +66,8 @@ def generate_turn(model, tokenizer, sequences: list[list[int]], budgets: list[in
     pad = tokenizer.pad_token_id
     ids = torch.tensor([[pad] * (width - len(s)) + s for s in sequences])
     mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences])
-    config = GenerationConfig(max_new_tokens=max(budgets), do_sample=not greedy, temperature=temperature, top_k=0, top_p=1.0,
+    config = GenerationConfig(max_new_tokens=max(budgets), do_sample=not greedy, temperature=temperature, top_k=0,
+                              top_p=1.0,
                               eos_token_id=tokenizer.eos_token_id, pad_token_id=pad)
     out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)[:, width:].tolist()
     turns = []

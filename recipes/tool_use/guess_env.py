@@ -12,8 +12,10 @@ ends without finding it (``max_tool_calling_iterations`` = :data:`MAX_GUESSES`).
 guesses for 8 numbers, 2.6 on average (mean reward 0.84); a player that guesses uniformly among the numbers the
 answers so far allow needs 3.1 on average and more than 4 in 16 % of the games (mean reward 0.70 under the cap).
 
-The SFT warm start (``sft_guess.yaml``) teaches the format on games of that uniform player that end within the cap
-(:func:`transcript`, :func:`sft_rows`); RL (``grpo_guess.yaml``) can then shorten the search.
+The SFT warm start (``sft_guess.yaml``) imitates that uniform player on games that end within the cap
+(:func:`transcript`, :func:`sft_rows`; make_data.py tokenizes them as RL's episodes, the environment's answers out of
+the loss); RL (``grpo_guess.yaml``: GRPO with ``environment_factory: guess_env.py:GuessEnv``) then plays for the
+reward; evaluate.py ``--game`` measures both (README, "The environment case").
 """
 
 from __future__ import annotations
