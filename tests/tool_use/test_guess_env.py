@@ -1,12 +1,13 @@
 """The guessing game (recipes/tool_use/guess_env.py), the tool-use task's environment case: its SFT games are token
 for token the episodes trl_ext.PPOTrainer's multi-turn rollout plays with ``environment_factory=GuessEnv``, their
-loss on the policy's own turns only, and the game evaluation of evaluate.py scores what it plays.
+loss is on the policy's own turns only, and the shipped ``grpo_guess.yaml`` trains on the environment's reward.
 
 What must hold: replaying an SFT game's guesses through the trainer's own rollout (Toolbox + MultiTurnRollout: the
 environment reset with the row, the prompt rendered with the ``guess`` schema and the reset text, each turn parsed by
 TRL's ``parse_response``, the environment's answers appended as TRL's tool-result suffix) gives exactly the SFT
 row's tokens, its action mask is the row's ``completion_mask`` and the environment ends with the game's reward;
-SFTTrainer with ``sft_guess.yaml``'s ``completion_only_loss`` labels exactly the guesses and the final message."""
+SFTTrainer with ``sft_guess.yaml``'s ``completion_only_loss`` labels exactly the guesses and the final message;
+the recipe's logged reward is the mean of its environments' ``get_reward()``."""
 
 from __future__ import annotations
 
