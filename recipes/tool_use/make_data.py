@@ -14,8 +14,9 @@
   ``completion_only_loss: true`` so that SFTTrainer masks the loss with it);
 * ``data/sft_no_tools.jsonl``: the same problems answered at once (``prompt``, ``completion``; no tools);
 * ``guess_base/``, ``data/guess_sft.jsonl``, ``data/guess_train.jsonl``: the guessing game (guess_env.py): its
-  tokenizer and random tiny Llama (512 positions: a game is longer), 1000 SFT games (``prompt``, ``completion``,
-  ``tools``) and 1000 RL rows (``prompt``, ``secret``, which ``GuessEnv.reset`` reads).
+  tokenizer and random tiny Llama (512 positions: a game is longer), 1000 SFT games pre-tokenized as RL's episodes
+  (``input_ids``, ``completion_mask``: :func:`episode_sft_row`, the environment's answers masked) and 1000 RL rows
+  (``prompt``, ``secret``, which ``GuessEnv.reset`` reads).
 
 Deterministic given ``--seed``; held-out and training problems are disjoint.
 """
