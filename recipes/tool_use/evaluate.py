@@ -11,6 +11,12 @@ the results appended as ``tool`` messages (the tokens TRL appends: the template'
 the next generation prompt), and generation resumes, at most ``max_tool_calling_iterations`` times and
 ``response_length`` completion tokens in all. The episode (a list of messages) is scored by
 ``tool_task.exact_match``, the reward function RL trains on.
+
+    python recipes/tool_use/evaluate.py --game outputs/tool_use/sft_guess outputs/tool_use/grpo_guess
+
+``--game``: the guessing game (guess_env.py) instead, one ``GuessEnv`` per game as ``environment_factory`` gives RL:
+every secret greedily and ``--samples`` times sampled at ``--temperature`` (:func:`game_evaluation`), scored by the
+environment's ``get_reward``.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import guess_env
 import tool_task
 
 
@@ -49,15 +56,18 @@ def run_tool_calls(tool_calls: list[dict], tools: list) -> list[dict]:
 
 
 @torch.no_grad()
-def generate_turn(model, tokenizer, sequences: list[list[int]], budgets: list[int], *, greedy: bool) -> list[list[int]]:
-    """One turn for each sequence (left-padded batch): the new tokens up to and including EOS, at most its budget."""
+def generate_turn(model, tokenizer, sequences: list[list[int]], budgets: list[int], *, greedy: bool,
+                  temperature: float = 1.0) -> list[list[int]]:
+    """One turn for each sequence (left-padded batch): the new tokens up to and including EOS, at most its budget;
+    sampled from the whole distribution at ``temperature`` (as RL samples) unless ``greedy``."""
     from transformers import GenerationConfig
 
     width = max(len(s) for s in sequences)
     pad = tokenizer.pad_token_id
     ids = torch.tensor([[pad] * (width - len(s)) + s for s in sequences])
     mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences])
-    config = GenerationConfig(max_new_tokens=max(budgets), do_sample=not greedy, temperature=1.0, top_k=0, top_p=1.0,
+    config = GenerationConfig(max_new_tokens=max(budgets), do_sample=not greedy, temperature=temperature, top_k=0,
+                              top_p=1.0,
                               eos_token_id=tokenizer.eos_token_id, pad_token_id=pad)
     out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)[:, width:].tolist()
     turns = []
@@ -71,30 +81,34 @@ def generate_turn(model, tokenizer, sequences: list[list[int]], budgets: list[in
 
 def episodes(model, tokenizer, prompts: list[list[dict]], *, tools: list | None, greedy: bool = True,
              max_tool_calling_iterations: int = tool_task.MAX_TOOL_CALLING_ITERATIONS,
-             response_length: int = tool_task.RESPONSE_LENGTH) -> list[list[dict]]:
+             response_length: int = tool_task.RESPONSE_LENGTH, row_tools: list[list] | None = None,
+             temperature: float = 1.0) -> list[list[dict]]:
     """Play each prompt (chat messages) as an episode (module docstring); returns the completions as TRL passes them
-    to reward functions: lists of messages (assistant turns, tool results)."""
+    to reward functions: lists of messages (assistant turns, tool results). ``row_tools``: each prompt's own tools
+    instead of ``tools`` (an environment's bound methods, one environment per episode)."""
     from trl.chat_template_utils import add_response_schema
 
     from trl_ext.ppo.episodes.toolbox import parse_turn  # TRL's parse_response on TRL 1.12 too
 
     tokenizer = add_response_schema(tokenizer)
-    seqs = [tokenizer.apply_chat_template(p, tools=tools or None, add_generation_prompt=True, tokenize=True,
-                                          return_dict=False) for p in prompts]
+    row_tools = row_tools if row_tools is not None else [tools] * len(prompts)
+    seqs = [tokenizer.apply_chat_template(p, tools=t or None, add_generation_prompt=True, tokenize=True,
+                                          return_dict=False) for p, t in zip(prompts, row_tools)]
     starts = [len(s) for s in seqs]
     completions: list[list[dict]] = [[] for _ in prompts]
     active, calls_left = list(range(len(prompts))), max_tool_calling_iterations
     while active:
         budgets = [response_length - (len(seqs[i]) - starts[i]) for i in active]
-        turns = generate_turn(model, tokenizer, [seqs[i] for i in active], budgets, greedy=greedy)
+        turns = generate_turn(model, tokenizer, [seqs[i] for i in active], budgets, greedy=greedy,
+                              temperature=temperature)
         still = []
         for i, new in zip(active, turns):
-            message = parse_turn(tokenizer, new, seqs[i], tools)
+            message = parse_turn(tokenizer, new, seqs[i], row_tools[i])
             completions[i].append(message)
             seqs[i] = seqs[i] + new
-            if not (tools and message.get("tool_calls") and calls_left > 0):
+            if not (row_tools[i] and message.get("tool_calls") and calls_left > 0):
                 continue
-            results = run_tool_calls(message["tool_calls"], tools)
+            results = run_tool_calls(message["tool_calls"], row_tools[i])
             suffix = tool_suffix_ids(tokenizer, results)
             if len(seqs[i]) + len(suffix) - starts[i] >= response_length:
                 continue  # no room for the results and an answer: the episode ends truncated, as TRL drops them
@@ -121,6 +135,34 @@ def accuracy(model, tokenizer, rows: list[dict], *, tools: bool, greedy: bool = 
     return {"exact_match": sum(rewards) / len(rewards), "tool_calls": sum(called) / len(called)}
 
 
+def game_scores(model, tokenizer, secrets: list[int], *, greedy: bool = True, temperature: float = 1.0) -> dict:
+    """The guessing game (guess_env.py) played once per secret in ``secrets`` as RL plays it (a ``GuessEnv`` per
+    game, reset with the secret, its ``guess`` the game's tool, at most ``MAX_GUESSES`` rounds and
+    ``RESPONSE_LENGTH`` tokens): ``{"reward": mean get_reward(), "guesses": mean guesses per game, "found": share
+    of games won}``."""
+    envs = [guess_env.GuessEnv() for _ in secrets]
+    prompts = [[{"role": "user", "content": guess_env.INSTRUCTION + env.reset(secret=s)}]
+               for env, s in zip(envs, secrets)]
+    was_training = model.training
+    model.eval()
+    episodes(model, tokenizer, prompts, tools=None, row_tools=[[env.guess] for env in envs], greedy=greedy,
+             temperature=temperature, max_tool_calling_iterations=guess_env.MAX_GUESSES,
+             response_length=guess_env.RESPONSE_LENGTH)
+    model.train(was_training)
+    n = len(envs)
+    return {"reward": sum(e.get_reward() for e in envs) / n, "guesses": sum(e.guesses for e in envs) / n,
+            "found": sum(e.found for e in envs) / n}
+
+
+def game_evaluation(model, tokenizer, *, samples: int = 16, temperature: float = 0.5, seed: int = 0) -> dict:
+    """The game's evaluation: ``{"greedy": game_scores over the 8 secrets, "sampled": over the 8 secrets x
+    samples games at temperature}`` (torch seeded with ``seed``)."""
+    secrets = list(range(1, guess_env.HIGH + 1))
+    torch.manual_seed(seed)
+    return {"greedy": game_scores(model, tokenizer, secrets),
+            "sampled": game_scores(model, tokenizer, secrets * samples, greedy=False, temperature=temperature)}
+
+
 def read_jsonl(path) -> list[dict]:
     return [json.loads(line) for line in open(path)]
 
@@ -131,8 +173,22 @@ def main(argv=None) -> int:
     p.add_argument("--tools", action="store_true", help="offer the add tool (the tool-use recipes' setting)")
     p.add_argument("--data", default="outputs/tool_use/data/heldout.jsonl")
     p.add_argument("--show", type=int, default=0, help="print the first N episodes")
+    p.add_argument("--game", action="store_true", help="play the guessing game instead (guess_env.py): every "
+                   "secret greedily, and --samples times sampled at --temperature")
+    p.add_argument("--samples", type=int, default=16)
+    p.add_argument("--temperature", type=float, default=0.5)
     a = p.parse_args(argv)
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if a.game:
+        print(f"{'model':40s} {'greedy reward':>13s} {'guesses':>8s} {'sampled reward':>15s} {'guesses':>8s} "
+              f"{'found':>6s}   (8 secrets; sampled x{a.samples} at temperature {a.temperature})")
+        for path in a.models:
+            model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+            g = game_evaluation(model, tokenizer, samples=a.samples, temperature=a.temperature)
+            print(f"{path:40s} {g['greedy']['reward']:13.3f} {g['greedy']['guesses']:8.2f} "
+                  f"{g['sampled']['reward']:15.3f} {g['sampled']['guesses']:8.2f} {g['sampled']['found']:6.2f}")
+        return 0
 
     rows = read_jsonl(a.data)
     print(f"{'model':40s} {'exact match':>12s} {'tool calls':>11s}   ({len(rows)} held-out problems, greedy)")

@@ -12,8 +12,10 @@ ends without finding it (``max_tool_calling_iterations`` = :data:`MAX_GUESSES`).
 guesses for 8 numbers, 2.6 on average (mean reward 0.84); a player that guesses uniformly among the numbers the
 answers so far allow needs 3.1 on average and more than 4 in 16 % of the games (mean reward 0.70 under the cap).
 
-The SFT warm start (``sft_guess.yaml``) teaches the format on games of that uniform player that end within the cap
-(:func:`transcript`, :func:`sft_rows`); RL (``grpo_guess.yaml``) can then shorten the search.
+The SFT warm start (``sft_guess.yaml``) imitates that uniform player on games that end within the cap
+(:func:`transcript`, :func:`sft_rows`; make_data.py tokenizes them as RL's episodes, the environment's answers out of
+the loss); RL (``grpo_guess.yaml``: GRPO with ``environment_factory: guess_env.py:GuessEnv``) then plays for the
+reward; evaluate.py ``--game`` measures both (README, "The environment case").
 """
 
 from __future__ import annotations
@@ -107,26 +109,23 @@ def transcript(secret: int, rng: random.Random) -> tuple[list[dict], list[dict]]
     return prompt, completion
 
 
-def tools_json() -> str:
-    """The environment's tools as the SFT data's ``tools`` column (JSON schemas of the bound public methods, as TRL
-    renders them)."""
-    import json
+def environment_tools() -> list:
+    """The tools RL offers in a game: the public methods of a ``GuessEnv`` instance, as the trainer takes them from
+    its environment (``guess``, bound); the chat template renders their schemas in the prompt."""
+    from trl_ext.ppo.episodes.toolbox import environment_methods
 
-    from transformers.utils import get_json_schema
-
-    return json.dumps([get_json_schema(GuessEnv().guess)])
+    return environment_methods(GuessEnv())
 
 
 def sft_rows(n: int, seed: int = 0) -> list[dict]:
-    """``n`` SFT games (conversational prompt-completion with a ``tools`` column), secrets uniform in 1..HIGH, games
-    of more than :data:`MAX_GUESSES` guesses left out."""
+    """``n`` SFT games as messages (``prompt``, ``completion``), secrets uniform in 1..HIGH, games of more than
+    :data:`MAX_GUESSES` guesses left out; make_data.py tokenizes them as RL's episodes."""
     rng = random.Random(seed)
-    schema = tools_json()
     rows = []
     while len(rows) < n:
         prompt, completion = transcript(rng.randint(1, HIGH), rng)
         if len(completion) <= 2 * MAX_GUESSES + 1:  # games within the cap only
-            rows.append({"prompt": prompt, "completion": completion, "tools": schema})
+            rows.append({"prompt": prompt, "completion": completion})
     return rows
 
 

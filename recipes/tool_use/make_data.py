@@ -14,8 +14,9 @@
   ``completion_only_loss: true`` so that SFTTrainer masks the loss with it);
 * ``data/sft_no_tools.jsonl``: the same problems answered at once (``prompt``, ``completion``; no tools);
 * ``guess_base/``, ``data/guess_sft.jsonl``, ``data/guess_train.jsonl``: the guessing game (guess_env.py): its
-  tokenizer and random tiny Llama (512 positions: a game is longer), 1000 SFT games (``prompt``, ``completion``,
-  ``tools``) and 1000 RL rows (``prompt``, ``secret``, which ``GuessEnv.reset`` reads).
+  tokenizer and random tiny Llama (512 positions: a game is longer), 1000 SFT games pre-tokenized as RL's episodes
+  (``input_ids``, ``completion_mask``: :func:`episode_sft_row`, the environment's answers masked) and 1000 RL rows
+  (``prompt``, ``secret``, which ``GuessEnv.reset`` reads).
 
 Deterministic given ``--seed``; held-out and training problems are disjoint.
 """
@@ -46,11 +47,11 @@ def sft_rows(pairs) -> list[dict]:
             for a, b in pairs]
 
 
-def assistant_turn_ids(tokenizer, context: list[dict], message: dict) -> list[int]:
-    """The tokens the chat template renders for the assistant ``message`` after ``context`` (with the tools'
+def assistant_turn_ids(tokenizer, context: list[dict], message: dict, tools: list) -> list[int]:
+    """The tokens the chat template renders for the assistant ``message`` after ``context`` (with the ``tools``'
     schemas), through its end-of-turn token: what the policy generates for that turn."""
-    head = tokenizer.apply_chat_template(context, tools=tool_task.TOOLS, add_generation_prompt=True, tokenize=False)
-    full = tokenizer.apply_chat_template(context + [message], tools=tool_task.TOOLS, tokenize=False)
+    head = tokenizer.apply_chat_template(context, tools=tools, add_generation_prompt=True, tokenize=False)
+    full = tokenizer.apply_chat_template(context + [message], tools=tools, tokenize=False)
     if not full.startswith(head):
         raise ValueError("the chat template renders the assistant turn's context differently: no turn to cut out")
     turn = full[len(head):]
@@ -58,21 +59,39 @@ def assistant_turn_ids(tokenizer, context: list[dict], message: dict) -> list[in
     return tokenizer(turn, add_special_tokens=False)["input_ids"]
 
 
+def episode_sft_row(tokenizer, prompt: list[dict], completion: list[dict], tools: list) -> dict:
+    """One pre-tokenized SFT transcript of a multi-turn episode: ``input_ids`` = ``prompt`` rendered with the
+    ``tools``' schemas (as RL renders it: for an environment, the prompt with its ``reset`` text), then token for
+    token what RL's episode concatenates: each assistant turn of ``completion`` through its end of turn, and after
+    each run of ``tool`` messages TRL's tool-result suffix (:func:`tool_task.tool_suffix_ids`: the results and the
+    next assistant header); ``completion_mask`` 1 on the assistant turns (the policy's tokens), 0 on the prompt and
+    the suffixes."""
+    ids = tokenizer.apply_chat_template(prompt, tools=tools, add_generation_prompt=True, tokenize=True,
+                                        return_dict=False)
+    mask, context, k = [0] * len(ids), list(prompt), 0
+    while k < len(completion):
+        if completion[k]["role"] == "assistant":
+            span, action, end = assistant_turn_ids(tokenizer, context, completion[k], tools), 1, k + 1
+        else:  # the tool messages answering the last turn's calls: one suffix, as TRL appends them
+            end = next((j for j in range(k, len(completion)) if completion[j]["role"] != "tool"), len(completion))
+            span, action = tool_task.tool_suffix_ids(tokenizer, completion[k:end]), 0
+        ids, mask, context, k = ids + span, mask + [action] * len(span), context + completion[k:end], end
+    return {"input_ids": ids, "completion_mask": mask}
+
+
 def tool_sft_row(tokenizer, a: int, b: int) -> dict:
-    """One pre-tokenized SFT transcript with the tool: ``input_ids`` = the prompt rendered with ``tools=[add]``,
-    the call turn, TRL's tool-result suffix (:func:`tool_task.tool_suffix_ids`), the answer turn: token for token
-    what RL's episode concatenates; ``completion_mask`` 1 on the call and answer turns, 0 on the prompt and the
-    suffix."""
-    prompt = tool_task.prompt_messages(a, b)
-    call, result, answer = tool_task.tool_transcript(a, b)
-    prompt_ids = tokenizer.apply_chat_template(prompt, tools=tool_task.TOOLS, add_generation_prompt=True,
-                                               tokenize=True, return_dict=False)
-    call_ids = assistant_turn_ids(tokenizer, prompt, call)
-    suffix_ids = tool_task.tool_suffix_ids(tokenizer, [result])
-    answer_ids = assistant_turn_ids(tokenizer, prompt + [call, result], answer)
-    return {"input_ids": prompt_ids + call_ids + suffix_ids + answer_ids,
-            "completion_mask": [0] * len(prompt_ids) + [1] * len(call_ids) + [0] * len(suffix_ids)
-            + [1] * len(answer_ids)}
+    """The tool task's SFT transcript of ``a + b`` (:func:`episode_sft_row` with ``tools=[add]``): the call turn,
+    TRL's tool-result suffix, the answer turn."""
+    return episode_sft_row(tokenizer, tool_task.prompt_messages(a, b), tool_task.tool_transcript(a, b),
+                           tool_task.TOOLS)
+
+
+def guess_sft_rows(tokenizer, n: int, seed: int = 0) -> list[dict]:
+    """``n`` games of the guessing game's SFT player (:func:`guess_env.sft_rows`) as :func:`episode_sft_row`s: the
+    prompt with ``reset``'s text and the ``guess`` tool's schema, then guesses, TRL's suffixes of the answers, the
+    final message."""
+    tools = guess_env.environment_tools()
+    return [episode_sft_row(tokenizer, r["prompt"], r["completion"], tools) for r in guess_env.sft_rows(n, seed=seed)]
 
 
 def make_data(out: str | Path, *, seed: int = 0, train: int = tool_task.TRAIN,
@@ -89,7 +108,8 @@ def make_data(out: str | Path, *, seed: int = 0, train: int = tool_task.TRAIN,
     write_jsonl(out / "data" / "sft_tools.jsonl", [tool_sft_row(tokenizer, a, b) for a, b in train_pairs])
     write_jsonl(out / "data" / "sft_no_tools.jsonl", sft_rows(train_pairs))
     guess_env.write_base_model(out / "guess_base", seed=seed)
-    write_jsonl(out / "data" / "guess_sft.jsonl", guess_env.sft_rows(min(train, GUESS_SFT), seed=seed))
+    guess_tokenizer = AutoTokenizer.from_pretrained(out / "guess_base")
+    write_jsonl(out / "data" / "guess_sft.jsonl", guess_sft_rows(guess_tokenizer, min(train, GUESS_SFT), seed=seed))
     write_jsonl(out / "data" / "guess_train.jsonl", guess_env.rl_rows(min(train, GUESS_RL), seed=seed + 1))
     return out
 
