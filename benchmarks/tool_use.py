@@ -16,7 +16,8 @@ Exact match is measured on the 200 held-out problems, greedy, each a whole episo
 after SFT and after RL.
 
     python benchmarks/tool_use.py              # 30 updates x 3 estimators x {tools, no tools} x 3 seeds (+ SFT)
-    python benchmarks/tool_use.py --sft-dir outputs/tool_use --eval-problems 100 --guess 8   # section 16's run
+    python benchmarks/tool_use.py --sft-dir outputs/tool_use --eval-problems 200   # section 16's tool run
+    python benchmarks/tool_use.py --sft-dir outputs/tool_use --only --guess 100    # its environment case
     python benchmarks/tool_use.py --quick      # 5 updates, 1 seed
 
 Writes benchmarks/results/tool_use.json (or --out).
@@ -125,15 +126,23 @@ def held_out(model_dir_or_model, tokenizer, rows, tools: bool, iterations: int |
                     response_length=(WITH_TOOLS if tools else WITHOUT_TOOLS)["response_length"])
 
 
+#: The environment case's settings over RL_SETTINGS (recipes/tool_use/grpo_guess.yaml carries the same, tested): lr
+#: 3e-4, where 1e-4 gained nothing in 100 updates and 1e-3 collapsed after 30-80 (recipes/tool_use/README.md).
 GUESS_RL = {"advantage_estimator": "grpo", "num_samples_per_prompt": K, "kl_in": "loss", "response_length": 176,
-            "max_tool_calling_iterations": 4}
+            "max_tool_calling_iterations": 4, "learning_rate": 3e-4}
+GUESS_UPDATES = 100
 
 
-def guess_study(work: Path, *, updates: int, seed: int, sft_steps: int | None = None, **overrides) -> dict:
+def guess_study(work: Path, *, updates: int, seed: int, sft_steps: int | None = None, eval_samples: int = 32,
+                **overrides) -> dict:
     """The environment case: SFT on guessing games (recipes/tool_use/sft_guess.yaml), then GRPO k=4 with
     ``environment_factory=GuessEnv`` and no reward function (the environment owns the reward through
     ``get_reward``); a finished ``<work>/sft_guess`` is reused unless ``sft_steps`` is given.
-    Returns the logged environment reward, game lengths and tool-call counts per update."""
+    Returns the logged environment reward, game lengths and tool-call counts per update, and the games played
+    before and after RL (recipes/tool_use/evaluate.py ``game_evaluation``: each secret once greedily and
+    ``eval_samples`` times at temperature 0.5)."""
+    import torch
+    from evaluate import game_evaluation
     from guess_env import GuessEnv
 
     from trl_ext.recipe_loader import resolve_recipe
@@ -156,8 +165,12 @@ def guess_study(work: Path, *, updates: int, seed: int, sft_steps: int | None = 
     trainer = rl_trainer_from_sft(work / "sft_guess", work / "rl-guess", updates=updates, seed=seed, settings=settings,
                                   dataset=lambda tokenizer: Dataset.from_list(games), value_model=False,
                                   reward_funcs=None, environment_factory=GuessEnv)
+    rng = torch.get_rng_state()  # the evaluation samples: RL starts from the RNG state it would have without it
+    before = game_evaluation(trainer.model.policy, trainer.processing_class, samples=eval_samples)
+    torch.set_rng_state(rng)
     _, seconds = quiet_timed(trainer.train, work / "rl-guess.log")
-    return {"settings": settings, "sft_seconds": sft_seconds, "seconds": seconds,
+    after = game_evaluation(trainer.model.policy, trainer.processing_class, samples=eval_samples)
+    return {"settings": settings, "sft_seconds": sft_seconds, "seconds": seconds, "before": before, "after": after,
             "reward": logged(trainer, "rewards/GuessEnv/mean"), "turns": logged(trainer, "episodes/turns_mean"),
             "tool_calls": logged(trainer, "tools/call_frequency"),
             "truncated": logged(trainer, "episodes/truncated_iterations_frac")}
@@ -178,6 +191,8 @@ def parse_args(argv):
     p.add_argument("--workdir", default=str(RESULTS / "tool_use_runs"), help="where data and models are written")
     p.add_argument("--guess", type=int, default=0, metavar="UPDATES",
                    help="also the guessing-game environment case: GRPO updates after its SFT (0: not run)")
+    p.add_argument("--guess-eval-samples", type=int, default=32,
+                   help="games per secret sampled at temperature 0.5 before and after the game's RL (default 32)")
     p.add_argument("--guess-sft-steps", type=int, default=None, help="its SFT steps (default: sft_guess.yaml's)")
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/tool_use.json)")
     return p.parse_args(argv)
@@ -229,10 +244,14 @@ def main(argv=None) -> int:
 
     guess = None
     if a.guess:
-        guess = guess_study(work, updates=a.guess, seed=0, sft_steps=a.guess_sft_steps, **overrides)
+        guess = guess_study(work, updates=a.guess, seed=0, sft_steps=a.guess_sft_steps,
+                            eval_samples=a.guess_eval_samples, **overrides)
         r = guess["reward"]
+        b, e = guess["before"], guess["after"]
         print(f"guessing game (GRPO, environment_factory): GuessEnv reward {_mean(r[:3]):.3f} (first 3 updates) -> "
-              f"{_mean(r[-3:]):.3f} (last 3); turns {guess['turns'][0]:.2f} -> {guess['turns'][-1]:.2f}", flush=True)
+              f"{_mean(r[-3:]):.3f} (last 3); games before -> after RL: greedy reward {b['greedy']['reward']:.3f} -> "
+              f"{e['greedy']['reward']:.3f}, sampled {b['sampled']['reward']:.3f} -> {e['sampled']['reward']:.3f}",
+              flush=True)
     total = time.perf_counter() - started
     report(starts, runs)
     settings = {"quick": a.quick, "updates": updates, "seeds": seeds, "eval_problems": len(heldout), "k": K,

@@ -69,16 +69,32 @@ def test_variant_runs_one_update(bench, sft_work, tmp_path, name):
 
 
 def test_environment_case_runs_one_update(bench, sft_work, tmp_path):
-    result = run(bench, sft_work, tmp_path, "--only", "--guess", "1", "--guess-sft-steps", "2")
+    result = run(bench, sft_work, tmp_path, "--only", "--guess", "1", "--guess-sft-steps", "2",
+                 "--guess-eval-samples", "1")
     guess = result["results"]["guess"]
     assert guess["settings"]["advantage_estimator"] == "grpo" and guess["settings"]["max_tool_calling_iterations"] == 4
     assert len(guess["reward"]) == 1 and 0.0 <= guess["reward"][0] <= 1.0  # the environment's own reward was logged
     assert len(guess["turns"]) == 1 and guess["turns"][0] >= 1.0
     assert result["results"]["runs"] == {}
+    for when in ("before", "after"):  # each secret played once greedily and once sampled
+        for mode in ("greedy", "sampled"):
+            assert 0.0 <= guess[when][mode]["reward"] <= 1.0 and 0.0 <= guess[when][mode]["found"] <= 1.0
 
 
 RL_RECIPES = {"gae.yaml": "GAE (value model), tools", "rloo.yaml": "RLOO k=4, tools",
               "grpo.yaml": "GRPO k=4 (KL in loss), tools"}
+
+
+def test_shipped_guess_recipe_carries_the_benchmarks_settings(bench, sft_work, tmp_path):
+    """recipes/tool_use/grpo_guess.yaml resolves to the PPOConfig of the benchmark's environment case."""
+    from trl_ext.recipe_loader import resolve_recipe
+
+    recipe = resolve_recipe(bench.TASK / "grpo_guess.yaml", [
+        "--model_name_or_path", str(sft_work / "guess_base"), "--dataset_name",
+        str(sft_work / "data" / "guess_train.jsonl"), "--output_dir", str(tmp_path / "out")])
+    expected = {**bench.RL_SETTINGS, **bench.GUESS_RL, "total_episodes": bench.GUESS_UPDATES * bench.EPISODES_PER_UPDATE}
+    assert {key: getattr(recipe.training_args, key) for key in expected} == expected
+    assert recipe.environment_factory.__name__ == "GuessEnv" and not recipe.reward_funcs
 
 
 @pytest.mark.parametrize("recipe_name", sorted(RL_RECIPES))
