@@ -3,7 +3,9 @@ episodes) and without it, and the guessing-game environment case (environment_fa
 
 What must hold: each variant trains the estimator it names, from the SFT model it names, with the tool exactly when
 it says so (the trainer logs tool metrics only with tools), and its result row holds one update's reward and a
-held-out exact match; the environment case's reward is the environment's (`rewards/GuessEnv/mean`)."""
+held-out exact match; the environment case's reward is the environment's (`rewards/GuessEnv/mean`), with the games
+played before and after RL. The shipped RL recipes (recipes/tool_use/{gae,rloo,grpo,grpo_guess}.yaml) resolve to
+the benchmark's settings, and gae.yaml trains an update with the tool."""
 
 from __future__ import annotations
 
