@@ -1,6 +1,6 @@
 """Shared plumbing of the benchmark scripts: environment, machine description, alternating timed runs, peak RSS,
 child processes, the study scaffold (fresh work folder, seeds x variants, the RL trainer from an SFT model, quiet
-timed training with a held-out curve, logged series), tables, figures and JSON results (written to
+timed training with a held-out curve, logged series, a shipped recipe trained quietly), tables, figures and JSON results (written to
 benchmarks/results/, which git ignores).
 
 Not a test module and not part of the package: the scripts import it as a sibling (`from _common import ...`).
@@ -234,6 +234,23 @@ def train_with_curve(trainer, tokenizer, heldout, start: dict, updates: int, log
     if curve[-1]["update"] != trainer.state.global_step:  # stopped early (a budget) or off the evaluation grid
         curve.append({"update": trainer.state.global_step, **accuracy(trainer.model.policy, tokenizer, heldout)})
     return seconds, curve
+
+
+def train_recipe(recipe, log_path, **keys) -> float:
+    """Train the shipped recipe ``recipe`` (a YAML path) in this process with ``keys`` as its command-line overrides
+    (``--key value``; a None value is left out) and ``--disable_tqdm true``, its console output in ``log_path``
+    (the task studies' SFT warm starts). Returns the seconds the training took."""
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from trl_ext.recipe_loader import resolve_recipe
+    from trl_ext.recipe_loader.pipeline import run
+
+    argv = [token for key, value in keys.items() if value is not None for token in (f"--{key}", str(value))]
+    resolved = resolve_recipe(recipe, [*argv, "--disable_tqdm", "true"])
+    start = time.perf_counter()
+    with open(log_path, "w") as log, redirect_stdout(log), redirect_stderr(log):
+        run(resolved)
+    return time.perf_counter() - start
 
 
 def rl_trainer_from_sft(sft_dir, out, *, updates: int, seed: int, settings: dict, dataset, value_model: bool,

@@ -30,13 +30,12 @@ import shutil
 import statistics
 import sys
 import time
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _common import (REPO, RESULTS, fresh_workdir, load_average, logged, print_table, quiet_timed,  # noqa: E402
-                     rl_trainer_from_sft, setup_env, study_cells, write_result)
+                     rl_trainer_from_sft, setup_env, study_cells, train_recipe, write_result)
 
 TASK = REPO / "recipes" / "tool_use"
 sys.path.insert(0, str(TASK))
@@ -73,20 +72,10 @@ def sft(work: Path, *, train: int | None = None, heldout: int | None = None, max
     ``<work>/sft_no_tools``; console output in ``<work>/sft_*.log``). Returns the seconds SFT took."""
     from make_data import make_data
 
-    from trl_ext.recipe_loader import resolve_recipe
-    from trl_ext.recipe_loader.pipeline import run
-
-    sizes = {k: v for k, v in (("train", train), ("heldout", heldout)) if v is not None}
-    make_data(work, **sizes)
-    start = time.perf_counter()
-    for name in ("sft_tools", "sft_no_tools"):
-        argv = ["--model_name_or_path", str(work / "base"), "--dataset_name", str(work / "data" / f"{name}.jsonl"),
-                "--output_dir", str(work / name), "--disable_tqdm", "true"]
-        if max_steps is not None:
-            argv += ["--max_steps", str(max_steps)]
-        with open(work / f"{name}.log", "w") as log, redirect_stdout(log), redirect_stderr(log):
-            run(resolve_recipe(TASK / f"{name}.yaml", argv))
-    return time.perf_counter() - start
+    make_data(work, **{k: v for k, v in (("train", train), ("heldout", heldout)) if v is not None})
+    return sum(train_recipe(TASK / f"{name}.yaml", work / f"{name}.log", model_name_or_path=work / "base",
+                            dataset_name=work / "data" / f"{name}.jsonl", output_dir=work / name, max_steps=max_steps)
+               for name in ("sft_tools", "sft_no_tools"))
 
 
 def rl_dataset(rows: list[dict]):
@@ -142,22 +131,15 @@ def guess_study(work: Path, *, updates: int, seed: int, sft_steps: int | None = 
     before and after RL (recipes/tool_use/evaluate.py ``game_evaluation``: each secret once greedily and
     ``eval_samples`` times at temperature 0.5)."""
     import torch
-    from evaluate import game_evaluation
+    from evaluate import game_evaluation, read_jsonl
     from guess_env import GuessEnv
 
-    from trl_ext.recipe_loader import resolve_recipe
-    from trl_ext.recipe_loader.pipeline import run
-    from evaluate import read_jsonl
-
-    start = time.perf_counter()
-    argv = ["--model_name_or_path", str(work / "guess_base"), "--dataset_name",
-            str(work / "data" / "guess_sft.jsonl"), "--output_dir", str(work / "sft_guess"), "--disable_tqdm", "true"]
-    if sft_steps is not None:
-        argv += ["--max_steps", str(sft_steps)]
+    sft_seconds = 0.0
     if sft_steps is not None or not (work / "sft_guess" / "config.json").exists():  # else: reuse the SFT model
-        with open(work / "sft_guess.log", "w") as log, redirect_stdout(log), redirect_stderr(log):
-            run(resolve_recipe(TASK / "sft_guess.yaml", argv))
-    sft_seconds = time.perf_counter() - start
+        sft_seconds = train_recipe(TASK / "sft_guess.yaml", work / "sft_guess.log",
+                                   model_name_or_path=work / "guess_base",
+                                   dataset_name=work / "data" / "guess_sft.jsonl", output_dir=work / "sft_guess",
+                                   max_steps=sft_steps)
     from datasets import Dataset
 
     settings = {**RL_SETTINGS, **GUESS_RL, **overrides}

@@ -28,13 +28,13 @@ import argparse
 import shutil
 import sys
 import time
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _common import (REPO, RESULTS, fresh_workdir, load_average, logged, print_table, pyplot_into,  # noqa: E402
-                     rl_trainer_from_sft, save_figure, setup_env, study_cells, train_with_curve, write_result)
+                     rl_trainer_from_sft, save_figure, setup_env, study_cells, train_recipe, train_with_curve,
+                     write_result)
 
 TASK = REPO / "recipes" / "verifiable"
 sys.path.insert(0, str(TASK))
@@ -63,19 +63,10 @@ def sft(work: Path, max_steps: int | None = None, *, train: int | None = None, h
     goes to ``<work>/sft.log``."""
     from make_data import make_data
 
-    from trl_ext.recipe_loader import resolve_recipe
-    from trl_ext.recipe_loader.pipeline import run
-
     make_data(work, **{k: v for k, v in (("train", train), ("heldout", heldout)) if v is not None})
-    argv = ["--model_name_or_path", str(work / "base"), "--dataset_name", str(work / "data" / "train.jsonl"),
-            "--output_dir", str(work / "sft"), "--disable_tqdm", "true"]
-    if max_steps is not None:
-        argv += ["--max_steps", str(max_steps)]
-    recipe = resolve_recipe(TASK / "sft.yaml", argv)
-    start = time.perf_counter()
-    with open(work / "sft.log", "w") as log, redirect_stdout(log), redirect_stderr(log):
-        run(recipe)
-    return work / "sft", time.perf_counter() - start
+    seconds = train_recipe(TASK / "sft.yaml", work / "sft.log", model_name_or_path=work / "base",
+                           dataset_name=work / "data" / "train.jsonl", output_dir=work / "sft", max_steps=max_steps)
+    return work / "sft", seconds
 
 
 def sft_or_reuse(work: Path, sft_dir: str | None) -> tuple[Path, float, Path]:
