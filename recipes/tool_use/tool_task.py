@@ -22,6 +22,10 @@ import random
 import re
 from pathlib import Path
 
+#: TRL's tool-result suffix, the trainer's own function: the SFT data (make_data.py) and the evaluator append the
+#: tokens the RL episodes append.
+from trl_ext.ppo.episodes.toolbox import tool_suffix_ids  # noqa: F401 - used by make_data.py and evaluate.py
+
 LOW, HIGH = 10_000, 99_999  # five-digit operands
 TRAIN = 2000
 HELDOUT = 200
@@ -144,21 +148,6 @@ def exact_match(completions, answer, **kwargs) -> list[float]:
 
 
 # ---------------------------------------------------------------- tokenizer and base model
-
-
-def tool_suffix_ids(tokenizer, tool_messages: list[dict]) -> list[int]:
-    """The tokens that follow an assistant turn ending in EOS when ``tool_messages`` answer it: the template's
-    rendering of the tool messages and the next generation prompt (TRL's ``GRPOTrainer._get_tool_suffix_ids``)."""
-    calls = [{"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}]
-    dummy = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": calls}]
-    prefix = tokenizer.apply_chat_template(dummy, tokenize=True, return_dict=False)
-    full = tokenizer.apply_chat_template(dummy + tool_messages, add_generation_prompt=True, tokenize=True,
-                                         return_dict=False)
-    eos = [i for i, t in enumerate(prefix) if t == tokenizer.eos_token_id]
-    prefix = prefix[:eos[-1] + 1] if eos else prefix
-    if full[:len(prefix)] != prefix:
-        raise ValueError("the chat template renders the tool messages' prefix differently: no suffix to append")
-    return full[len(prefix):]
 
 
 def build_tokenizer():

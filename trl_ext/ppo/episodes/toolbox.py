@@ -21,7 +21,7 @@ import inspect
 
 from ...errors import UserInputError
 
-__all__ = ["Toolbox", "environment_methods", "parse_turn"]
+__all__ = ["Toolbox", "environment_methods", "parse_turn", "tool_suffix_ids"]
 
 
 def environment_methods(instance) -> list:
@@ -39,6 +39,25 @@ def parse_turn(tokenizer, ids: list[int], prefix: list[int], tools: list) -> dic
     if "tools" in inspect.signature(parse_response).parameters:
         return parse_response(tokenizer, ids, prefix=prefix, tools=tools)
     return parse_response(tokenizer, ids, prefix=prefix)
+
+
+def tool_suffix_ids(tokenizer, tool_messages: list[dict], *, chat_template=None, **chat_template_kwargs) -> list[int]:
+    """The tokens that follow an assistant turn with tool calls: the tool results as the template renders them and
+    the next assistant header (TRL's ``_get_tool_suffix_ids``: a dummy conversation, EOS-trimmed prefix). The
+    trainer's episodes append these, and so must any data written to match them (an SFT warm start, an evaluator)."""
+    dummy = [{"role": "user", "content": "dummy"},
+             {"role": "assistant", "content": "",
+              "tool_calls": [{"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}]}]
+    kwargs = dict(tokenize=True, chat_template=chat_template, return_dict=False, **chat_template_kwargs)
+    prefix = list(tokenizer.apply_chat_template(dummy, add_generation_prompt=False, **kwargs))
+    full = list(tokenizer.apply_chat_template(dummy + tool_messages, add_generation_prompt=True, **kwargs))
+    eos = [i for i, t in enumerate(prefix) if t == tokenizer.eos_token_id]
+    if eos:
+        prefix = prefix[: eos[-1] + 1]
+    if full[: len(prefix)] != prefix:
+        raise UserInputError("processing_class: the chat template renders a tool call differently when a tool "
+                             "result follows it (not prefix-preserving)")
+    return full[len(prefix):]
 
 
 def _check_tool(tool, where: str) -> None:
@@ -233,22 +252,9 @@ class Toolbox:
         return list(ids[0] if ids and isinstance(ids[0], list) else ids)
 
     def tool_suffix_ids(self, tool_messages: list[dict]) -> list[int]:
-        """The tokens that follow an assistant turn with tool calls: the tool results as the template renders them
-        and the next assistant header (TRL's ``_get_tool_suffix_ids``: a dummy conversation, EOS-trimmed prefix)."""
-        tok = self.processing_class
-        dummy = [{"role": "user", "content": "dummy"},
-                 {"role": "assistant", "content": "",
-                  "tool_calls": [{"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}]}]
-        kwargs = dict(tokenize=True, chat_template=self.chat_template, return_dict=False, **self.chat_template_kwargs)
-        prefix = list(tok.apply_chat_template(dummy, add_generation_prompt=False, **kwargs))
-        full = list(tok.apply_chat_template(dummy + tool_messages, add_generation_prompt=True, **kwargs))
-        eos = [i for i, t in enumerate(prefix) if t == tok.eos_token_id]
-        if eos:
-            prefix = prefix[: eos[-1] + 1]
-        if full[: len(prefix)] != prefix:
-            raise UserInputError("processing_class: the chat template renders a tool call differently when a tool "
-                                 "result follows it (not prefix-preserving)")
-        return full[len(prefix):]
+        """:func:`tool_suffix_ids` with this run's tokenizer and chat template."""
+        return tool_suffix_ids(self.processing_class, tool_messages, chat_template=self.chat_template,
+                               **self.chat_template_kwargs)
 
     def parse(self, ids: list[int], prefix: list[int], row: int) -> dict:
         """One assistant turn's message (``tool_calls`` when it calls tools): TRL's ``parse_response``."""
