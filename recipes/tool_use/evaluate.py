@@ -38,21 +38,11 @@ tool_suffix_ids = tool_task.tool_suffix_ids
 
 
 def run_tool_calls(tool_calls: list[dict], tools: list) -> list[dict]:
-    """The ``tool`` messages answering ``tool_calls`` (TRL's contract: a failing call's content is
-    ``{"error": ...}``)."""
-    by_name = {fn.__name__: fn for fn in tools}
-    messages = []
-    for call in tool_calls:
-        function = call.get("function", {})
-        name = function.get("name", "unknown")
-        try:
-            if name not in by_name:
-                raise ValueError(f"Tool {name} not found.")
-            result = by_name[name](**function.get("arguments", {}))
-        except Exception as e:  # noqa: BLE001 - the error text goes back to the model, as TRL does
-            result = {"error": str(e)}
-        messages.append({"role": "tool", "name": name, "content": str(result)})
-    return messages
+    """The ``tool`` messages answering ``tool_calls``, as the trainer runs them (its ``ToolExecutor``, no time
+    limit: TRL's contract, a failing call's content is ``{"error": ...}``)."""
+    from trl_ext.ppo.episodes.tool_calls import ToolCallCounts, ToolExecutor
+
+    return ToolExecutor([], None).run({0: tool_calls}, {0: {fn.__name__: fn for fn in tools}}, ToolCallCounts())[0]
 
 
 @torch.no_grad()
