@@ -89,6 +89,7 @@ CASES = [
     (dict(mask_truncated_completions=True), "mask_truncated_completions"),
     (dict(dynamic_sampling=True), "dynamic_sampling"),
     (dict(reward_timeout_s=5.0), "reward_timeout_s"),
+    (dict(rollout_cuda_graphs=True, rollout_engine="continuous_batching"), "rollout_cuda_graphs"),
 ]
 
 
@@ -110,7 +111,7 @@ def test_the_table_holds_every_rule_and_the_issues_examples():
     # every key checked by a rule of trl_ext.ppo.config_rules, and every trl-ext field with a range or choices
     assert {"num_mini_batches", "whiten_rewards", "stop_token", "num_train_epochs", "local_rollout_forward_batch_size",
             "num_samples_per_prompt", "kl_in", "dual_clip", "delta", "use_bias_correction_kl",
-            "mask_truncated_completions", "dynamic_sampling", "reward_timeout_s"} <= named
+            "mask_truncated_completions", "dynamic_sampling", "reward_timeout_s", "rollout_cuda_graphs"} <= named
     from trl_ext.config_rules import key_specs
     from trl_ext.ppo.base import ParentPPOConfig
 

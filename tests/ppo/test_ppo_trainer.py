@@ -365,3 +365,21 @@ def test_defaults_match_trl_at_epoch_end_with_accumulation(tiny_models, tok, dat
     # between micro-batches, so the ratio of the second micro-batch is no longer 1 in the first PPO epoch
     assert fixed[3]["loss/value_avg"] != pytest.approx(parent[3]["loss/value_avg"], abs=1e-4)
     assert fixed[3]["policy/approxkl_avg"] < parent[3]["policy/approxkl_avg"]
+
+
+def test_rollout_cuda_graphs_trains_as_the_dynamic_cache_does_and_logs_its_steps(tiny_models, tok, data, tmp_path):
+    """``rollout_cuda_graphs`` on CPU: the static KV cache without graphs (trl_ext.ppo.rollout.decode_graphs). Three
+    updates from the same seed sample the same responses and log the same metrics as the default dynamic cache (up
+    to float rounding), with ``rollout/cuda_graph_replays`` (0 on CPU) and ``rollout/eager_decode_steps`` (every
+    decoding step of every chunk so far: 3 updates x 2 chunks x at most 7 steps after the prefill)."""
+    _, plain = run_ext(tiny_models, tok, data, tmp_path / "plain", num_sample_generations=0)
+    trainer, graphs = run_ext(tiny_models, tok, data, tmp_path / "graphs", num_sample_generations=0,
+                              rollout_cuda_graphs=True)
+    assert len(plain) == len(graphs) == 3
+    for a, b in zip(plain, graphs):
+        for key in ("objective/scores", "objective/kl", "val/num_eos_tokens", "loss/policy_avg", "loss/value_avg"):
+            assert b[key] == pytest.approx(a[key], abs=1e-5), key
+        assert "rollout/cuda_graph_replays" not in a
+    assert [g["rollout/cuda_graph_replays"] for g in graphs] == [0.0, 0.0, 0.0]
+    steps = [g["rollout/eager_decode_steps"] for g in graphs]
+    assert 0 < steps[0] < steps[1] < steps[2] <= 3 * 2 * 7 and steps[2] == trainer.decode_graphs.eager_steps

@@ -97,3 +97,39 @@ def test_unsupported_sampling_falls_back_to_trls_path(setup):
     assert sampling_plan(model, GenerationConfig(do_sample=True, num_beams=2)) is None
     greedy = sampling_plan(model, GenerationConfig(do_sample=False, max_new_tokens=3))
     assert greedy is not None and greedy.warpers == []
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_static_cache_decoding_gives_generates_tokens_and_logprobs(setup, do_sample, monkeypatch):
+    """``rollout_cuda_graphs`` (trl_ext.ppo.rollout.decode_graphs): each chunk generates with a static KV cache and its
+    decoding forward goes through a DecodeGraph (on CPU: eager, no graph). Greedy and sampled (same seed): the same
+    tokens as the default dynamic cache, log-probs within float rounding (the attention runs over the full-length
+    cache with the unused positions masked). The decoding forward is the runner's: one eager step per decoding step
+    (chunks of 2 of 5 queries, 12 new tokens, no early stop: 11 decoding steps per chunk after the prefill), and the
+    patch on the model is gone afterwards. Every decoding step of a chunk calls the forward with the same arguments
+    (shapes, dtypes, the same cache object, the same flags): the key under which a CUDA graph is captured once per
+    chunk (after one eager step) and replayed."""
+    from trl_ext.ppo.rollout.decode_graphs import DecodeGraph, DecodeGraphs
+    from trl_ext.ppo.rollout.logprobs import generate_with_logprobs, sampling_plan
+
+    model, tok, queries = setup
+    config = GenerationConfig(max_new_tokens=12, do_sample=do_sample, eos_token_id=None, pad_token_id=tok.pad_token_id,
+                              **(dict(temperature=0.7 + 1e-7, top_k=0.0, top_p=1.0) if do_sample else {}))
+    plan = sampling_plan(model, config)
+    torch.manual_seed(5)
+    expected_qr, expected_lp = generate_with_logprobs(model, queries, 2, tok.pad_token_id, plan)
+    graphs, keys = DecodeGraphs(), []
+    call = DecodeGraph.__call__
+    monkeypatch.setattr(DecodeGraph, "__call__", lambda self, **kw: keys.append(self._key(kw)) or call(self, **kw))
+    torch.manual_seed(5)
+    got_qr, got_lp = generate_with_logprobs(model, queries, 2, tok.pad_token_id, plan, decode_graphs=graphs)
+    monkeypatch.undo()
+    chunks = [keys[i:i + 11] for i in range(0, len(keys), 11)]
+    assert len(keys) == 33 and all(len(set(chunk)) == 1 for chunk in chunks)  # one key per chunk: captured once
+    assert len({chunk[0] for chunk in chunks}) == 3  # each chunk its own cache (and the last one 1 row)
+    assert got_qr.shape == (5, queries.shape[1] + 12)
+    assert torch.equal(got_qr, expected_qr)
+    torch.testing.assert_close(got_lp, expected_lp, atol=1e-5, rtol=0)
+    assert (graphs.eager_steps, graphs.replays, graphs.captures, graphs.failure) == (3 * 11, 0, 0, None)
+    assert graphs.metrics() == {"rollout/cuda_graph_replays": 0.0, "rollout/eager_decode_steps": 33.0}
+    assert "get_compiled_call" not in model.__dict__ and "_valid_auto_compile_criteria" not in model.__dict__

@@ -103,6 +103,13 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
             shapes sampling, else one teacher-forced forward recomputes them) or `"auto"` (continuous batching when a
             stop token is set and `response_length >= 64`, else generate; the choice is printed once and kept in
             `trainer.rollout_engine_choice`). Refused under DeepSpeed ZeRO-3. Guide: `docs/rollout-engine.md`.
+        rollout_cuda_graphs (`bool`, *optional*, defaults to `False`):
+            With the `generate` engine: each chunk generates with transformers' static KV cache and its decoding
+            steps are captured once as a CUDA graph and replayed (one launch per step instead of thousands: a QLoRA
+            policy's decoding is bound by kernel launches; :mod:`trl_ext.ppo.rollout.decode_graphs`). Same tokens and
+            log-probs as the dynamic cache up to float rounding. On CPU the static cache runs without graphs. Logs
+            `rollout/cuda_graph_replays` and `rollout/eager_decode_steps`. Not with `continuous_batching` nor under
+            DeepSpeed ZeRO-3.
         advantage_estimator (`str`, *optional*, defaults to `"gae"`):
             `"gae"` (TRL: a value model, GAE, advantages whitened per process) or a critic-free estimator (no value
             model: pass `value_model=None`): `"rloo"` (leave-one-out baseline), `"grpo"` (group mean and std),
@@ -213,6 +220,7 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
     max_memory_gib: Optional[float] = None
     train_micro_batch_size: micro_batch_value = None
     rollout_engine: RolloutEngineName = "generate"
+    rollout_cuda_graphs: bool = False
 
     value_clip: ValueClip = "max"
     kl_controller: KLControllerName = "fixed"

@@ -42,6 +42,10 @@ def check_launch(args) -> None:
     if args.train_micro_batch_size is not None and engine == DEEPSPEED:
         raise UserInputError("train_micro_batch_size: not supported under DeepSpeed (its engine counts the "
                              "accumulation steps); use per_device_train_batch_size and gradient_accumulation_steps")
+    if args.rollout_cuda_graphs and launched_zero3():
+        raise UserInputError("rollout_cuda_graphs: not supported under DeepSpeed ZeRO-3 (its hooks gather the "
+                             "parameters into new memory at every forward, which a CUDA graph cannot replay); use "
+                             "ZeRO-2 or turn it off")
     if args.rollout_engine == "continuous_batching":
         from .rollout.engine import MIN_TRANSFORMERS, has_continuous_batching
 
@@ -58,6 +62,9 @@ def check_launch(args) -> None:
 
 def check_combinations(args) -> None:
     """The combinations of PPO's settings (after each field's own range and choices)."""
+    if args.rollout_cuda_graphs and args.rollout_engine == "continuous_batching":
+        raise UserInputError("rollout_cuda_graphs: replays generate's decoding steps; the continuous-batching engine "
+                             "has its own loop: use rollout_engine 'generate' (or 'auto') with it, or turn it off")
     check_batches(args)
     check_advantage_estimator(args)
     check_objective(args)

@@ -89,6 +89,7 @@ from .rollout.chunk import AUTO, resolve_auto_rollout_chunk
 from .rollout.steps import RolloutStepsMixin
 from .shared_base_roles import check_shared_base_roles
 from .update_metrics import UpdateMetricsMixin
+from .rollout.decode_graphs import DecodeGraphs
 from .rollout.engine import build_rollout_engine
 from .rollout.sequences import INVALID_LOGPROB, forward
 
@@ -220,6 +221,8 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, ParentFixesMixin, PPOChe
         if args.local_rollout_forward_batch_size == AUTO:  # the largest chunk that fits args.max_memory_gib
             self.rollout_chunk_choice = resolve_auto_rollout_chunk(self)
         self.rollout_engine = build_rollout_engine(self)  # None: generate; else continuous batching (auto: a rule)
+        # rollout_cuda_graphs: generate's decoding steps as CUDA graphs over a static cache (None: off)
+        self.decode_graphs = DecodeGraphs() if args.rollout_cuda_graphs and self.rollout_engine is None else None
         if not args.sync_with_dataloader:
             self._decouple_accumulation_from_dataloaders()
         # HF Trainer.__init__ (which TRL's PPO never calls) sets these; its checkpoint save/load code reads them

@@ -56,6 +56,8 @@ class UpdateMetricsMixin:
         if rollout.episodes is not None:  # tools: tools/*, episodes/* (trl_ext.ppo.episodes.multi_turn)
             metrics.update(rollout.episodes.metrics(gather))
         metrics.update(timings)
+        if self.decode_graphs is not None:  # rollout_cuda_graphs: rollout/cuda_graph_replays, eager_decode_steps
+            metrics.update(self.decode_graphs.metrics())
         metrics.update(self.step_guard.metrics())  # nonfinite/*: only under `skip` or fp16's loss scaler
         metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
         metrics["episode"] = self.state.episode

@@ -31,6 +31,7 @@ Generation configs whose sampling this module does not rebuild (beam search, ``m
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass
 
@@ -160,6 +161,7 @@ def generate_with_logprobs(
     pad_token_id: int,
     plan: SamplingPlan,
     on_chunk=None,
+    decode_graphs=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TRL's ``batch_generation`` followed by ``selective_log_softmax``, without keeping every step's scores.
 
@@ -169,20 +171,27 @@ def generate_with_logprobs(
     log-probs of the response tokens under the sampling distribution. Where a chunk stopped early, TRL's padded
     logits are zeros; the log-prob there is the same ``-log(vocab)`` (those positions are masked out later anyway).
     ``on_chunk(start, responses)``, if given, is called with each chunk's responses as soon as it is generated (the
-    reward functions' workers start on them while the next chunk generates).
+    reward functions' workers start on them while the next chunk generates). ``decode_graphs``
+    (:class:`~trl_ext.ppo.rollout.decode_graphs.DecodeGraphs`, ``rollout_cuda_graphs``): each chunk generates with a
+    static KV cache, its decoding steps replayed as a CUDA graph.
     """
     context_length = queries.shape[1]
+    generation_config = plan.generation_config
+    if decode_graphs is not None:
+        generation_config = copy.deepcopy(generation_config)
+        generation_config.cache_implementation = "static"
     chunks = []
     for i in range(0, queries.shape[0], chunk_size):
         query = queries[i : i + chunk_size]
         attention_mask = query != pad_token_id
         capture = SampledTokenLogprobs()
-        sequences = model.generate(
-            input_ids=torch.masked_fill(query, ~attention_mask, 0),
-            attention_mask=attention_mask,
-            generation_config=plan.generation_config,
-            logits_processor=LogitsProcessorList([*plan.warpers, capture]),
-        )
+        with decode_graphs.decoding(model) if decode_graphs is not None else contextlib.nullcontext():
+            sequences = model.generate(
+                input_ids=torch.masked_fill(query, ~attention_mask, 0),
+                attention_mask=attention_mask,
+                generation_config=generation_config,
+                logits_processor=LogitsProcessorList([*plan.warpers, capture]),
+            )
         response = sequences[:, context_length:]
         chunks.append((torch.cat((query, response), 1), capture.logprobs(response), capture.vocab_size))
         if on_chunk is not None:

@@ -72,7 +72,8 @@ class RolloutStepsMixin:
         plan = sampling_plan(policy, generation_config)
         pad_token_id, chunk = self.processing_class.pad_token_id, self.args.local_rollout_forward_batch_size
         if plan is not None:
-            return generate_with_logprobs(policy, queries, chunk, pad_token_id, plan, on_chunk=on_chunk)
+            return generate_with_logprobs(policy, queries, chunk, pad_token_id, plan, on_chunk=on_chunk,
+                                          decode_graphs=self.decode_graphs)
         warnings.warn("generate_rollouts: sampling config not rebuilt; keeping TRL's path", stacklevel=2)
         return generate_with_full_scores(policy, queries, chunk, pad_token_id, generation_config)
 
