@@ -128,6 +128,19 @@ def test_auto_takes_the_largest_micro_batch_whose_training_phase_fits():
         largest_fitting_micro_batch(LLAMA_3_8B, run, 8 * GIB, shared=True)
 
 
+@pytest.mark.parametrize("largest, mini_batch, expected", [(15, 16, 8), (16, 16, 16), (1, 16, 1), (5, 16, 4),
+                                                          (7, 16, 6), (40, 16, 16), (3, 10, 3), (9, 10, 5)])
+def test_auto_evens_out_its_passes(largest, mini_batch, expected):
+    """``auto`` keeps the fewest passes the largest fitting micro-batch needs, at the smallest size that needs no more
+    (one H200, 8B: 15 of 16 ran 15 + 1; 8 + 8 is the same two passes with about half the activations)."""
+    from trl_ext.ppo.micro_batches import balanced_micro_batch
+
+    got = balanced_micro_batch(largest, mini_batch)
+    assert got == expected
+    passes = -(-mini_batch // min(largest, mini_batch))
+    assert -(-mini_batch // got) == passes and (got == 1 or -(-mini_batch // (got - 1)) > passes)
+
+
 @pytest.mark.parametrize("value, expected", [(None, None), ("auto", "auto"), (" 3 ", 3), (2, 2)])
 def test_values(value, expected):
     from trl_ext.ppo.micro_batches import micro_batch_value

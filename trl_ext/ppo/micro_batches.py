@@ -7,7 +7,7 @@ exactly as those keys define them; only the forward/backward passes inside a min
 ``train_micro_batch_size`` sequences (the last one smaller when it does not divide the mini-batch), whose gradients
 accumulate into the mini-batch's one optimizer step (:func:`optimize_in_micro_batches`). ``"auto"`` takes the largest
 micro-batch whose :mod:`trl_ext.ppo.rollout.memory_budget` training peak fits the memory target beside the persistent memory
-(:func:`largest_fitting_micro_batch`).
+(:func:`largest_fitting_micro_batch`), evened out over the passes it needs (:func:`balanced_micro_batch`).
 
 So that the update does not depend on the micro-batch, every loss term is weighted by its share of the mini-batch
 (:func:`micro_batch_weights`; ``M`` = the mini-batch's sequences, ``m_j`` micro-batch ``j``'s):
@@ -41,8 +41,8 @@ from .objective.objectives import global_token_normalizer, loss_mask
 from .rollout import UpdateStats
 from .rollout.chunk import AUTO, positive_int_or_auto
 
-__all__ = ["AUTO", "MicroBatchWeights", "largest_fitting_micro_batch", "micro_batch_value", "micro_batch_weights",
-           "optimize_in_micro_batches", "resolve_train_micro_batch"]
+__all__ = ["AUTO", "MicroBatchWeights", "balanced_micro_batch", "largest_fitting_micro_batch", "micro_batch_value",
+           "micro_batch_weights", "optimize_in_micro_batches", "resolve_train_micro_batch"]
 
 KEY = "train_micro_batch_size"
 
@@ -81,6 +81,14 @@ def largest_fitting_micro_batch(shape, run, target_bytes: int, *, shared: bool, 
     return lo
 
 
+def balanced_micro_batch(largest: int, mini_batch: int) -> int:
+    """The smallest micro-batch that cuts ``mini_batch`` into as few passes as ``largest`` does: 15 of 16 would run
+    15 + 1 (the second pass all per-call overhead), 8 gives the same two passes with about half the training
+    activations. Measured on one H200 (8B, ``benchmarks/README.md`` section 7): ``auto`` chose 15 of 16."""
+    passes = -(-mini_batch // max(largest, 1))
+    return -(-mini_batch // passes)
+
+
 def resolve_train_micro_batch(trainer) -> int:
     """The micro-batch of ``trainer``'s PPO epochs (``train_micro_batch_size``; ``"auto"`` chosen once, printed,
     kept in ``trainer.train_micro_batch``). Under several processes each takes the smallest of their choices."""
@@ -109,8 +117,9 @@ def resolve_train_micro_batch(trainer) -> int:
                                     expandable_segments=expandable_segments_on()))
         if accelerator.num_processes > 1:
             micro = int(accelerator.gather(torch.tensor([micro], device=accelerator.device)).min())
-        accelerator.print(f"{KEY}: auto -> {micro} (the largest micro-batch whose training phase fits beside the "
-                          "persistent memory)")
+        micro = balanced_micro_batch(micro, args.local_mini_batch_size)
+        accelerator.print(f"{KEY}: auto -> {micro} (the fewest passes whose training phase fits beside the "
+                          "persistent memory, as even as they go)")
     trainer.train_micro_batch = min(int(micro), args.local_mini_batch_size)
     return trainer.train_micro_batch
 
