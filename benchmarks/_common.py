@@ -375,16 +375,27 @@ def _status_kb(key: str) -> int:
     raise RuntimeError(f"{key} not in /proc/self/status")
 
 
-def run_child(script: Path, args: list[str], timeout: float = 900, env: dict | None = None) -> dict:
+def run_child(script: Path, args: list[str], timeout: float = 900, env: dict | None = None,
+              stderr_log: Path | None = None) -> dict:
     """Run `python script *args` in a fresh process (own, clean peak RSS); its last stdout line is a JSON dict.
-    `env` adds environment variables (e.g. a fixed glibc mmap threshold)."""
+    `env` adds environment variables (e.g. a fixed glibc mmap threshold). `stderr_log`: the child's stderr is
+    appended to that file as it is written (what a child killed by a time limit did last stays readable)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}  # `env` may replace PYTHONPATH too
-    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env,
-                          timeout=timeout, check=False)
+    if stderr_log is None:
+        proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env,
+                              timeout=timeout, check=False)
+        stderr = proc.stderr
+    else:
+        with open(stderr_log, "a") as log:
+            log.write(f"--- {script.name} {' '.join(args)}\n")
+            log.flush()
+            proc = subprocess.run([sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=log,
+                                  text=True, env=env, timeout=timeout, check=False)
+        stderr = Path(stderr_log).read_text()
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"child {script.name} {' '.join(args)} failed (rc {proc.returncode}):\n"
-                           f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+                           f"{proc.stdout[-2000:]}\n{stderr[-4000:]}")
     return json.loads(lines[-1])
 
 

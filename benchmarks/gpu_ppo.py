@@ -18,7 +18,10 @@ each variant in its own process:
   target), ``train_micro_batch_size: auto`` (the largest training pass that fits it; same mini-batches and optimizer
   steps), ``lora_dropout: 0`` and ``upcast_non_quantized: false`` (the bf16 residual);
 * ``engine``: ``fast`` plus ``rollout_engine: continuous_batching`` (transformers' continuous batching, its cache sized
-  like the auto chunk's; ``docs/rollout-engine.md``).
+  like the auto chunk's; ``docs/rollout-engine.md``);
+* ``graphs``: ``fast`` plus ``rollout_cuda_graphs: true`` (a static KV cache, each decoding step replayed as a CUDA
+  graph; ``trl_ext.ppo.rollout.decode_graphs``). Before training it decodes 16 greedy tokens for 4 prompts with and
+  without the graphs and records the share of equal tokens (``greedy_check``).
 
 Models load through :func:`trl_ext.recipe_loader.pipeline.load_ppo_models`, the code ``trl-ext train`` runs, from the
 variant's recipe; CUDA children set ``PYTORCH_CUDA_ALLOC_CONF`` as ``trl-ext train`` does. Each result records the
@@ -55,11 +58,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS, child_result, machine_info, run_child, setup_env  # noqa: E402
+from random_checkpoint import (TEMPERATURE, bias_eos, byte_level_tokenizer, model_config,  # noqa: E402
+                               prompt_words, word_tokenizer)
 
-VARIANTS = ("trl112", "separate", "shared", "fast", "engine")
+VARIANTS = ("trl112", "separate", "shared", "fast", "engine", "graphs")
 WORKLOADS = ("full", "uneven")
 GIB, MIB = 2**30, 2**20
-TEMPERATURE = 0.7
 SHAPES = {
     # published config.json sizes; settings as measured on one H100 and one H200 (benchmarks/README.md section 7)
     "llama-3-8b": dict(arch="llama", vocab=128_256, hidden=4096, intermediate=14_336, layers=32, heads=32, kv=8,
@@ -75,110 +79,9 @@ SHAPES = {
                         prompt=12, response=6, micro=2, accumulation=2, chunk=2, epochs=1, lora_r=4, updates=2),
 }
 SMOKE_OF = {"llama-3-8b": "smoke-llama", "qwen2.5-0.5b": "smoke-qwen2"}
-SPECIALS = ["<pad>", "</s>", "<s>", "<unk>"]
 
 
 # ------------------------------------------------------------------------------------------------ checkpoints
-
-
-def word_tokenizer(vocab_size: int):
-    """The Llama path: a word-level tokenizer with exactly ``vocab_size`` tokens (``<pad>``, ``</s>``, ``<s>``,
-    ``<unk>``, then ``w4`` ... ), loaded back as saved (``TokenizersBackend``): every id the model can sample
-    decodes, and each ``w<id>`` word of a prompt is one token."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
-    vocab.update({f"w{i}": i for i in range(len(SPECIALS), vocab_size)})
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", bos_token="<s>",
-                                   unk_token="<unk>")
-
-
-def letter_words(n: int) -> list[str]:
-    """The first ``n`` words over a-z in shortlex order (a ... z, aa, ab, ...): each word's prefix comes first."""
-    import string
-
-    words, length = [], 1
-    while len(words) < n:
-        prev = [""] if length == 1 else [w for w in words if len(w) == length - 1]
-        words += [w + c for w in prev for c in string.ascii_lowercase][: n - len(words)]
-        length += 1
-    return words
-
-
-def byte_level_tokenizer(vocab_size: int):
-    """The Qwen2 path: transformers reads a qwen2 checkpoint's tokenizer as ``Qwen2Tokenizer`` whatever class the
-    files name (byte-level BPE rebuilt from the vocabulary and merges, with Qwen2's own pre-tokenizer; a word-level
-    vocabulary then tokenizes every prompt to zero tokens). So: a byte-level BPE of exactly ``vocab_size`` tokens,
-    the 4 specials, the 256 byte symbols, then `` a``, `` b``, ..., `` aa``, ... each with the merge that builds
-    it from its prefix: every id decodes, and each `` <letters>`` word of a prompt is one token."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
-    for symbol in sorted(pre_tokenizers.ByteLevel.alphabet()):
-        vocab[symbol] = len(vocab)
-    merges = []
-    for word in letter_words(vocab_size - len(vocab)):
-        merges.append(("\u0120" + word[:-1], word[-1]))  # \u0120: the byte-level symbol of a space
-        vocab["\u0120" + word] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", bos_token="<s>",
-                                   unk_token="<unk>")
-
-
-def prompt_words(s: dict) -> list[str]:
-    """The words of which prompts are made, one token each through the architecture's tokenizer."""
-    if s["arch"] == "qwen2":
-        return [" " + w for w in letter_words(s["vocab"] - len(SPECIALS) - 256)]
-    return [f" w{i}" for i in range(len(SPECIALS), s["vocab"])]
-
-
-def model_config(s: dict):
-    from transformers import LlamaConfig, Qwen2Config
-
-    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[s["arch"]]
-    return cls(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["intermediate"],
-               num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv"],
-               max_position_embeddings=max(2048, s["prompt"] + s["response"]), tie_word_embeddings=s["tie"],
-               pad_token_id=0, eos_token_id=1, bos_token_id=2)
-
-
-def eos_step_probability(logits, eos_id: int, scale: float):
-    """Mean probability of sampling EOS at ``TEMPERATURE`` when the LM head's EOS row is multiplied by ``scale``
-    (``logits``: float32 ``(positions, vocab)`` of the unscaled head)."""
-    import torch
-
-    eos = logits[:, eos_id] * scale / TEMPERATURE
-    rest = torch.cat([logits[:, :eos_id], logits[:, eos_id + 1:]], dim=1) / TEMPERATURE
-    return torch.sigmoid(eos - torch.logsumexp(rest, dim=1)).mean().item()
-
-
-def bias_eos(model, s: dict) -> dict:
-    """The uneven workload: random weights rarely sample EOS, so every response runs to ``response_length``. Scale
-    the LM head's EOS row (no bias parameter in these architectures) so that, on random prompts, the mean per-step
-    EOS probability at ``TEMPERATURE`` is ``2 / response_length``: geometric lengths (expected mean about 43 % of the
-    limit, 13 % of the responses reaching it), spread as sampled ones are. Bisection over the scale."""
-    import torch
-
-    eos_id, n = model.config.eos_token_id, s["prompt"] + s["response"]
-    ids = torch.randint(len(SPECIALS), s["vocab"], (4, n), device=model.device)
-    with torch.no_grad():
-        hidden = model.model(input_ids=ids).last_hidden_state[:, s["prompt"] - 1:]
-        logits = model.lm_head(hidden).float().flatten(0, 1)
-    target, lo, hi = 2 / s["response"], 0.0, 1000.0
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if eos_step_probability(logits, eos_id, mid) < target else (lo, mid)
-    with torch.no_grad():
-        model.lm_head.weight[eos_id] *= hi
-    q = eos_step_probability(logits, eos_id, hi)
-    return {"eos_row_scale": hi, "eos_step_probability": q,
-            "expected_mean_response_length": (1 - (1 - q) ** s["response"]) / q}
 
 
 def build_child(a):
@@ -235,22 +138,25 @@ def recipe_keys(a, variant: str) -> dict:
         reward_use_bnb_nested_quant=True, value_lora_r=s["lora_r"], value_lora_target_modules="all-linear",
         per_device_train_batch_size=s["micro"], gradient_accumulation_steps=s["accumulation"], num_mini_batches=1,
         num_ppo_epochs=s["epochs"], local_rollout_forward_batch_size=s["chunk"], response_length=s["response"],
-        total_episodes=s["updates"] * s["micro"] * s["accumulation"], learning_rate=3e-6, kl_coef=0.05,
+        total_episodes=(s["updates"] + (variant == a.profile)) * s["micro"] * s["accumulation"], learning_rate=3e-6,
+        kl_coef=0.05,
         temperature=TEMPERATURE, stop_token="eos", missing_eos_penalty=1.0, num_sample_generations=0,
         save_strategy="no", logging_steps=1, report_to="none", seed=0, disable_tqdm=True, dtype="bfloat16",
     )
     # smoke: bfloat16 weights without autocast on CPU, so that the residual stream's dtype is measurable there too
     keys.update(dict(use_cpu=True, bf16=False) if a.smoke else dict(bf16=True))
-    if variant in ("shared", "fast", "engine"):
+    if variant in ("shared", "fast", "engine", "graphs"):
         for k in [k for k in keys if k.startswith(("reward_", "value_")) and k != "reward_model_path"]:
             keys.pop(k)
         keys["shared_base"] = True
-    if variant in ("fast", "engine"):
+    if variant in ("fast", "engine", "graphs"):
         keys.update(local_rollout_forward_batch_size="auto", lora_dropout=0.0, upcast_non_quantized=False,
                     train_micro_batch_size="auto")
         if a.max_memory_gib:
             keys["max_memory_gib"] = a.max_memory_gib
     keys["rollout_engine"] = "continuous_batching" if variant == "engine" else "generate"
+    if variant == "graphs":
+        keys["rollout_cuda_graphs"] = True
     return keys
 
 
@@ -312,6 +218,27 @@ def lora_dropout_loaded(policy) -> float:
                default=0.0)
 
 
+def greedy_check(policy, tokenizer, train_ds, rows: int = 4, tokens: int = 16) -> float:
+    """The share of equal tokens when ``rows`` prompts decode ``tokens`` greedy tokens without and with
+    ``rollout_cuda_graphs`` (:mod:`trl_ext.ppo.rollout.decode_graphs`; no EOS stop, so every step runs)."""
+    import torch
+    from transformers import GenerationConfig
+
+    from trl_ext.ppo.rollout.decode_graphs import DecodeGraphs
+    from trl_ext.ppo.rollout.logprobs import generate_with_logprobs, sampling_plan
+
+    queries = torch.tensor(train_ds["input_ids"][:rows], device=policy.device)
+    plan = sampling_plan(policy, GenerationConfig(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+                                                  pad_token_id=tokenizer.pad_token_id))
+    plain, _ = generate_with_logprobs(policy, queries, rows, tokenizer.pad_token_id, plan)
+    graphs = DecodeGraphs()
+    start = time.perf_counter()
+    graphed, _ = generate_with_logprobs(policy, queries, rows, tokenizer.pad_token_id, plan, decode_graphs=graphs)
+    print(f"greedy check with graphs: {time.perf_counter() - start:.2f} s, {graphs.captures} capture(s) in "
+          f"{graphs.capture_s:.2f} s, {graphs.replays} replays, failure: {graphs.failure}", file=sys.stderr, flush=True)
+    return (plain == graphed).float().mean().item()
+
+
 def settings_in_effect(trainer, policy, dropout: float) -> dict:
     """What the run actually used (read from the trainer and the model, not from the recipe)."""
     import torch
@@ -321,6 +248,7 @@ def settings_in_effect(trainer, policy, dropout: float) -> dict:
     return {"rollout_chunk": int(trainer.args.local_rollout_forward_batch_size),
             "lora_dropout": dropout, "residual_dtype": str(residual).removeprefix("torch."),
             "upcast_non_quantized": residual == torch.float32, "engine": choice.engine if choice else "generate",
+            "cuda_graphs": getattr(trainer, "decode_graphs", None) is not None,
             "train_micro_batch": (getattr(trainer, "train_micro_batch", None)
                                   or trainer.args.per_device_train_batch_size),
             "tokenizer": type(trainer.processing_class).__name__}
@@ -344,7 +272,7 @@ def variant_child(a):
 
     class Timer(transformers.TrainerCallback):
         def __init__(self):
-            self.seconds = []
+            self.seconds, self.after = [], None  # after: (update, call) to run once that update has ended
 
         def on_train_begin(self, *_, **__):
             self.last = time.perf_counter()
@@ -352,7 +280,10 @@ def variant_child(a):
         def on_step_end(self, *_, **__):
             now = time.perf_counter()
             self.seconds.append(now - self.last)
-            self.last = now
+            print(f"update {len(self.seconds)}: {now - self.last:.2f} s", file=sys.stderr, flush=True)
+            if self.after and len(self.seconds) == self.after[0]:
+                self.after[1]()
+            self.last = time.perf_counter()
 
     if cuda:
         torch.cuda.synchronize()
@@ -360,14 +291,25 @@ def variant_child(a):
     from _common import peak_rss_mb, reset_peak_rss, rss_mb, trim_heap
 
     dropout = lora_dropout_loaded(policy)
+    print(f"{a.variant}: models loaded", file=sys.stderr, flush=True)
+    greedy = greedy_check(policy, tokenizer, train_ds) if a.variant == "graphs" else None
     trim_heap()
     rss_before = rss_mb()
     reset_peak_rss()
     timer = Timer()
     trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=ref_model,
                          reward_model=reward, value_model=value, train_dataset=train_ds, callbacks=[timer])
+    profile = None
+    if a.profile == a.variant:  # one more update after the timed ones, under the profiler (update_profile.py)
+        from update_profile import UpdateProfile
+
+        quarter = max(1, s["response"] // 4)  # 64-token responses: decoding steps 16-19
+        profile = UpdateProfile(trainer, policy, cuda=cuda, decode_start=quarter, decode_steps=min(4, quarter),
+                                trace_dir=a.trace_dir)
+        timer.after = (s["updates"], profile.arm)
     trainer.train()
-    logs = [e for e in trainer.state.log_history if "objective/kl" in e]
+    logs = [e for e in trainer.state.log_history if "objective/kl" in e][: s["updates"]]
+    timer.seconds = timer.seconds[: s["updates"]]
     result = {"variant": a.variant, "shape": a.shape, "workload": a.workload, "trl": __import__("trl").__version__,
               "seconds_per_update": timer.seconds, "first_update": logs[0] if logs else None,
               "settings": settings_in_effect(trainer, policy, dropout),
@@ -389,6 +331,15 @@ def variant_child(a):
     else:
         result.update(rss_before_mib=rss_before, peak_rss_growth_mib=peak_rss_mb() - rss_before)
     result["predicted"] = predicted_budget(a.variant, recipe, policy, trainer, train_ds)
+    if trainer.__dict__.get("decode_graphs") is not None:
+        g = trainer.decode_graphs
+        result["cuda_graphs"] = {"greedy_check": greedy, "captures": g.captures, "capture_s": g.capture_s,
+                                 "replays": g.replays, "eager_steps": g.eager_steps, "failure": g.failure}
+    if profile is not None:
+        steps = profile.decode_counts[: s["updates"]]
+        result["profile"] = {"windows": profile.windows, "decoding_steps": profile.decode_counts,
+                             "decode_ms_per_step": [1e3 * p["time/rollout"] / n for p, n in zip(phases, steps) if n],
+                             "prefills": profile.prefill_counts}
     return result
 
 
@@ -483,6 +434,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--workdir", default=None, help="where the checkpoint is built (default: benchmarks/results/)")
     p.add_argument("--out", default=None, help="JSON result path (default: benchmarks/results/gpu_ppo[_smoke].json)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--profile", default=None, choices=[v for v in VARIANTS if v != "trl112"],
+                   help="this variant runs one more update, profiled (update_profile.py); its table: *_profile.md")
+    p.add_argument("--trace-dir", default=None, help="with --profile: where the gzipped Chrome traces go")
     p.add_argument("--budget-only", action="store_true", help="print memory_budget's 8B table and exit")
     p.add_argument("--child", choices=["build", "variant"], help=argparse.SUPPRESS)
     p.add_argument("--variant", help=argparse.SUPPRESS)
@@ -535,6 +489,8 @@ def run_shape(a, out: Path, report: dict) -> None:
     common += (["--smoke"] if a.smoke else []) + (["--max-memory-gib", str(a.max_memory_gib)] if a.max_memory_gib
                                                  else [])
     common += [x for k in ("accumulation", "updates") if getattr(a, k) for x in (f"--{k}", str(getattr(a, k)))]
+    common += [x for k in ("profile", "trace_dir") if getattr(a, k)
+               for x in (f"--{k.replace('_', '-')}", getattr(a, k))]
     script = Path(__file__).resolve()
     Path(a.workdir).mkdir(parents=True, exist_ok=True)
     print(f"building the {a.shape} checkpoint ({a.workload} workload) in {a.workdir}", flush=True)
@@ -552,7 +508,7 @@ def run_shape(a, out: Path, report: dict) -> None:
             t = time.perf_counter()
             try:
                 result = run_child(script, common + ["--child", "variant", "--variant", variant],
-                                   env=child_env(a, variant), timeout=3600)
+                                   env=child_env(a, variant), timeout=3600, stderr_log=out.with_suffix(".log"))
             except RuntimeError as err:  # one broken variant does not lose the others
                 result = {"variant": variant, "shape": a.shape, "workload": a.workload,
                           "error": str(err).strip().splitlines()[-1][:300]}
@@ -560,6 +516,12 @@ def run_shape(a, out: Path, report: dict) -> None:
         report["results"].append(result)
         out.write_text(json.dumps(report, indent=1, default=str))
         out.with_suffix(".md").write_text(table(report["results"], a.smoke) + "\n")
+        if result.get("profile"):
+            from update_profile import profile_table
+
+            per_step = result["profile"]["decode_ms_per_step"]
+            table_md = profile_table(result["profile"], per_step[-1] if per_step else None)
+            Path(f"{out.with_suffix('')}_profile.md").write_text(f"{a.shape} {variant}\n\n{table_md}\n")
 
 
 def main(argv=None):
