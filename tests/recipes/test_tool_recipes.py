@@ -314,7 +314,9 @@ def test_train_one_update_with_a_tool_and_an_environment(recipe_dir, tool_model,
     """`trl-ext train`: the recipe's tool and environment reach the trainer. The environment is reset with each row
     (its text appended to the prompt); the model (fitted to call `add`) calls the tool from the recipe's file, in a
     worker process (`tool_num_workers: 1`), and reads the sum; the environment's get_reward, the row's answer, is the
-    only reward: the mean of the batch's answers (5, 5, 12, 12 -> 8.5). GAE's value model starts from the policy."""
+    only reward: the mean of the batch's answers (5, 5, 12, 12 -> 8.5). GAE's value model starts from the policy.
+    What the tiny model samples is not pinned (on another CPU one episode of four did not call the tool): the metrics
+    must agree with the episodes the completions log shows, and every call that happened must come back right."""
     path = write(recipe_dir, tool_model, log_completions=True, temperature=0.1, response_length=64,
                  tool_num_workers=1, max_tool_calling_iterations=1)
     rc, out, err = cli(capsys, "train", path)
@@ -323,15 +325,19 @@ def test_train_one_update_with_a_tool_and_an_environment(recipe_dir, tool_model,
     logs = [h for h in json.loads((run / "trainer_state.json").read_text())["log_history"] if "reward" in h]
     assert len(logs) == 1
     assert logs[0]["rewards/Guess/mean"] == pytest.approx(8.5) and logs[0]["objective/scores"] == pytest.approx(8.5)
-    # every episode: one call of `add` (no failure), its result, one more turn
-    assert (logs[0]["tools/call_frequency"], logs[0]["tools/failure_frequency"]) == (1.0, 0.0)
-    assert logs[0]["episodes/turns_mean"] == 2.0
     rows = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
     assert sorted(r["Guess"] for r in rows) == [5.0, 5.0, 12.0, 12.0]
+    # an episode that calls `add` (no failure) gets its result and one more turn (max_tool_calling_iterations 1); a
+    # malformed call (seen: an unclosed `<tool_call>`) is no call, as in TRL, and ends the episode
+    called = [r for r in rows if "[observation]" in r["episode"]]
+    share = len(called) / len(rows)
+    assert called, "the model fitted to call `add` called it in no episode"
+    assert (logs[0]["tools/call_frequency"], logs[0]["tools/failure_frequency"]) == (pytest.approx(share), 0.0)
+    assert logs[0]["episodes/turns_mean"] == pytest.approx(1 + share)
     for r in rows:  # reset's text after the user's; the reward is the row's answer
         a, b = map(int, r["prompt"][-1]["content"].removesuffix(". Guess!").removeprefix("Add ").split(" and "))
         assert r["prompt"][-1]["content"] == f"Add {a} and {b}. Guess!" and r["Guess"] == ANSWERS[a, b]
-        # the observation is what the recipe's `add` returned for the arguments the model gave it
+    for r in called:  # the observation is what the recipe's `add` returned for the arguments the model gave it
         call = json.loads(r["episode"].split("<tool_call>")[1].split("</tool_call>")[0])
         observation = r["episode"].split("[observation]")[1].split("[/observation]")[0]
         result = observation.split("<tool_response>")[1].split("</tool_response>")[0].strip()
