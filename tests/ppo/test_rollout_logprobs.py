@@ -126,7 +126,7 @@ def test_static_cache_decoding_gives_generates_tokens_and_logprobs(setup, do_sam
     monkeypatch.undo()
     chunks = [keys[i:i + 11] for i in range(0, len(keys), 11)]
     assert len(keys) == 33 and all(len(set(chunk)) == 1 for chunk in chunks)  # one key per chunk: captured once
-    assert len({chunk[0] for chunk in chunks}) == 3  # each chunk its own cache (and the last one 1 row)
+    assert chunks[2][0] != chunks[0][0]  # the last chunk's one row: other shapes, another capture
     assert got_qr.shape == (5, queries.shape[1] + 12)
     assert torch.equal(got_qr, expected_qr)
     torch.testing.assert_close(got_lp, expected_lp, atol=1e-5, rtol=0)
