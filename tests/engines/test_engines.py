@@ -121,6 +121,10 @@ def test_ranks_end_with_identical_weights(engine):
 def test_the_numbers_are_those_of_ddp(engine, ddp_reference):
     """Same seeds and global batch as the DDP runs: the engine changes where values live, not the numbers."""
     close = dict(rel=1e-5, abs=1e-6)
+    # the KL is a mean of differences of float32 log-probs of magnitude 1-10 (rounding about 1e-6 each): the engines
+    # reduce in another order, and with torch's default kernels (ATEN_CPU_CAPABILITY=default) the ZeRO-2 tools run's
+    # KL moved by 1.9e-6 (-0.0617542 vs -0.0617523); its episodes and logged metrics stay identical
+    close_kl = dict(rel=1e-5, abs=1e-5)
     ddp = ddp_reference[0]
     for run, (a, _) in runs_of(engine):
         if run in ("reward", "dpo"):
@@ -135,11 +139,11 @@ def test_the_numbers_are_those_of_ddp(engine, ddp_reference):
             assert a["episodes"] == reference["episodes"] and a["logged"] == reference["logged"]
             assert a["logged"][0]["tools/call_frequency"] > 0
             for key in ("kl", "kl_coef"):
-                assert a[key] == pytest.approx(reference[key], **close), (run, key)
+                assert a[key] == pytest.approx(reference[key], **close_kl), (run, key)
         else:
             for key in ("kl", "kl_coef", "ptx"):
-                assert a[key] == pytest.approx(ddp[run][key], **close), (run, key)
-            assert a["final_kl_coef"] == pytest.approx(ddp[run]["final_kl_coef"], **close)
+                assert a[key] == pytest.approx(ddp[run][key], **close_kl), (run, key)
+            assert a["final_kl_coef"] == pytest.approx(ddp[run]["final_kl_coef"], **close_kl)
     if "dpo" in dict(runs_of(engine)):
         assert dict(runs_of(engine))["dpo"][0]["loss_types"] == ["robust"]  # cDPO through TRL's robust loss
 
