@@ -56,8 +56,8 @@ def generate_turn(model, tokenizer, sequences: list[list[int]], budgets: list[in
     pad = tokenizer.pad_token_id
     ids = torch.tensor([[pad] * (width - len(s)) + s for s in sequences])
     mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences])
-    config = GenerationConfig(max_new_tokens=max(budgets), do_sample=not greedy, temperature=temperature, top_k=0,
-                              top_p=1.0,
+    sampling = {} if greedy else dict(temperature=temperature, top_k=0, top_p=1.0)  # greedy: no sampling knobs
+    config = GenerationConfig(max_new_tokens=max(budgets), do_sample=not greedy, **sampling,
                               eos_token_id=tokenizer.eos_token_id, pad_token_id=pad)
     out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)[:, width:].tolist()
     turns = []

@@ -32,8 +32,9 @@ def answers(model, tokenizer, prompts: list[str], *, greedy: bool, seed: int = 0
     from transformers import GenerationConfig
 
     queries = torch.tensor([tokenizer(p)["input_ids"] for p in prompts])
-    config = GenerationConfig(max_new_tokens=response_length, do_sample=not greedy, temperature=1.0, top_k=0,
-                              top_p=1.0, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    sampling = {} if greedy else dict(temperature=1.0, top_k=0, top_p=1.0)  # greedy: no sampling knobs (no warning)
+    config = GenerationConfig(max_new_tokens=response_length, do_sample=not greedy, **sampling,
+                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(seed)
     out = model.generate(input_ids=queries, attention_mask=torch.ones_like(queries), generation_config=config)
     texts = []

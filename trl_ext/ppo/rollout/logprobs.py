@@ -148,7 +148,8 @@ def sampling_plan(model, generation_config: GenerationConfig) -> SamplingPlan | 
         if cfg.top_p is not None and cfg.top_p < 1.0:
             warpers.append(TopPLogitsWarper(top_p=cfg.top_p, min_tokens_to_keep=1))
     neutral = copy.deepcopy(generation_config)
-    neutral.temperature, neutral.top_k, neutral.top_p = 1.0, 0, 1.0
+    if cfg.do_sample:  # greedy: no warpers to move (and transformers warns about sampling knobs set for greedy)
+        neutral.temperature, neutral.top_k, neutral.top_p = 1.0, 0, 1.0
     neutral.output_scores, neutral.output_logits, neutral.return_dict_in_generate = False, False, False
     return SamplingPlan(neutral, warpers)
 
