@@ -13,9 +13,12 @@ are built into a fresh folder (``TRL_EXT_TINY_DIR``), so the first command pays 
 machine; ``HF_HUB_OFFLINE=1`` keeps a machine without network from waiting on Hub retries.
 
 It prints each command's wall time and exit code, the headline line of each ``trl-ext train`` summary (the main
-metric, first -> last) and the last line of any other command, then the machine: CPU, cores, load average before
-and after, versions, commit. The README's quickstart times come from this script; a loaded machine makes them
-longer, so read them with the load average printed beside them. Stops at the first failing command.
+metric, first -> last) and the last line of any other command, with the 1-minute load average just before it (the
+previous command's own load included), then the machine: CPU, cores, load average before and after, versions,
+commit. A loaded machine makes the times longer (the README's old figures, taken under load average 8-11, were
+15-40x an idle machine's): when the 1-minute load average is above ``--max-load`` (default 1.0) before the run
+starts, the script refuses to time anything (exit code 3). The README's quickstart times come from this script.
+Stops at the first failing command.
 """
 
 from __future__ import annotations
@@ -79,14 +82,15 @@ def run_quickstart(name: str, clone: Path, env: dict, log_dir: Path) -> list[dic
     results = []
     for i, command in enumerate(commands):
         print(f"[{name} {i + 1}/{len(commands)}] $ {command}", flush=True)
+        load = round(os.getloadavg()[0], 2)
         start = time.perf_counter()
         proc = subprocess.run(command, shell=True, cwd=clone, env=env, capture_output=True, text=True)
         seconds = time.perf_counter() - start
         (log_dir / f"{name}_{i + 1}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
         note = note_of(command, proc.stdout)
         results.append({"quickstart": name, "command": command, "seconds": round(seconds, 1),
-                        "exit_code": proc.returncode, "note": note})
-        print(f"    {seconds:7.1f} s  exit {proc.returncode}  {note}", flush=True)
+                        "exit_code": proc.returncode, "note": note, "load_before": load})
+        print(f"    {seconds:7.1f} s  exit {proc.returncode}  load {load}  {note}", flush=True)
         if proc.returncode != 0:
             print(proc.stderr[-2000:], file=sys.stderr)
             break
@@ -99,7 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repo", default=str(REPO), help="the repository to clone (default: this one)")
     p.add_argument("--keep", action="store_true", help="keep the clone (its outputs/ and logs) and print where")
     p.add_argument("--json", help="also write the results to this JSON file")
+    p.add_argument("--max-load", type=float, default=1.0,
+                   help="refuse to time anything when the 1-minute load average is above this at the start")
     args = p.parse_args(argv)
+    load = os.getloadavg()[0]
+    if load > args.max_load:
+        print(f"quickstart_times: the 1-minute load average is {load:.2f} (> --max-load {args.max_load}): the times "
+              "would not be what a user sees; wait for an idle machine (or raise --max-load and say so)",
+              file=sys.stderr)
+        return 3
 
     work = Path(tempfile.mkdtemp(prefix="trl-ext-quickstart-"))
     clone = work / "trl-ext"
@@ -120,9 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.quickstart:
         results += run_quickstart(name, clone, env, work)
     info["load_after"] = [round(x, 2) for x in os.getloadavg()]
-    print("\nquickstart  seconds  command")
+    print("\nquickstart  seconds  load before  command")
     for r in results:
-        print(f"{r['quickstart']:<11} {r['seconds']:7.1f}  {r['command']}")
+        print(f"{r['quickstart']:<11} {r['seconds']:7.1f}  {r['load_before']:11.2f}  {r['command']}")
     for name in args.quickstart:
         total = sum(r["seconds"] for r in results if r["quickstart"] == name)
         print(f"{name}: {total:.0f} s in all")

@@ -44,3 +44,13 @@ def test_every_file_a_quickstart_command_names_exists(quickstart_times, section)
 def test_a_continued_line_is_one_command(quickstart_times):
     readme = "### Run the demo\n\n```bash\ntrl-ext sample a \\\n    --limit 4   # four\n# a comment\n```\n## Next\n"
     assert quickstart_times.quickstart_commands(readme, "### Run the demo") == ["trl-ext sample a      --limit 4"]
+
+
+def test_a_loaded_machine_times_nothing(quickstart_times, monkeypatch, capsys):
+    """Above --max-load the script refuses before cloning (exit 3): times taken under load are not what a user sees."""
+    import subprocess
+
+    monkeypatch.setattr(quickstart_times.os, "getloadavg", lambda: (5.0, 4.0, 3.0))
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("cloned or ran under load"))
+    assert quickstart_times.main(["--max-load", "1.0"]) == 3
+    assert "load average is 5.00 (> --max-load 1.0)" in capsys.readouterr().err
