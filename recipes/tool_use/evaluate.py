@@ -168,6 +168,10 @@ def main(argv=None) -> int:
     p.add_argument("--samples", type=int, default=16)
     p.add_argument("--temperature", type=float, default=0.5)
     a = p.parse_args(argv)
+    import transformers  # only the table: no progress bar per model load, no library warnings
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.logging.set_verbosity_error()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if a.game:

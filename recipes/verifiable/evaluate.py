@@ -69,6 +69,10 @@ def main(argv=None) -> int:
     p.add_argument("--data", default="outputs/verifiable/data/heldout.jsonl")
     p.add_argument("--samples", type=int, default=4, help="temperature-1 answers per problem")
     a = p.parse_args(argv)
+    import transformers  # only the table: no progress bar per model load, no library warnings
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.logging.set_verbosity_error()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     rows = read_jsonl(a.data)
