@@ -9,9 +9,8 @@
 
 There are 10,000 problems. :func:`split` shuffles them with a seed and cuts a held-out set (500) and a training set
 (4,000) that share no problem. A tiny Llama (hidden 64, 2 layers) trained with SFT on the training problems learns
-the digit-wise sum quickly; the carry into the tens digit (the answer is written most significant digit first, so
-the first digit depends on the carry from the units) takes longest, and a short SFT run stops with the model right on
-about a third of the held-out problems: the room RL with the exact-match reward then closes.
+the sums slowly, and when depends on the seed: the 1000-step SFT recipe stops with the model right on about a third
+of the held-out problems for seed 0 and on 5-11 % for seeds 1-3; the room RL with the exact-match reward then closes.
 
 The tokenizer is word-level over the digits, ``+`` and ``=`` (built here as ``recipes/gold/gold_task.py`` builds the
 gold task's; ``trl_ext.testing``'s BPE tokenizer knows digits only as words): ``tokenizer(prompt + completion)``
