@@ -8,6 +8,7 @@ Not a test module and not part of the package: the scripts import it as a siblin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -381,17 +382,13 @@ def run_child(script: Path, args: list[str], timeout: float = 900, env: dict | N
     `env` adds environment variables (e.g. a fixed glibc mmap threshold). `stderr_log`: the child's stderr is
     appended to that file as it is written (what a child killed by a time limit did last stays readable)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}  # `env` may replace PYTHONPATH too
-    if stderr_log is None:
-        proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env,
-                              timeout=timeout, check=False)
-        stderr = proc.stderr
-    else:
-        with open(stderr_log, "a") as log:
-            log.write(f"--- {script.name} {' '.join(args)}\n")
-            log.flush()
-            proc = subprocess.run([sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=log,
-                                  text=True, env=env, timeout=timeout, check=False)
-        stderr = Path(stderr_log).read_text()
+    with open(stderr_log, "a") if stderr_log else contextlib.nullcontext(subprocess.PIPE) as err:
+        if stderr_log:
+            err.write(f"--- {script.name} {' '.join(args)}\n")
+            err.flush()
+        proc = subprocess.run([sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=err, text=True,
+                              env=env, timeout=timeout, check=False)
+    stderr = Path(stderr_log).read_text() if stderr_log else proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"child {script.name} {' '.join(args)} failed (rc {proc.returncode}):\n"

@@ -235,7 +235,8 @@ def greedy_check(policy, tokenizer, train_ds, rows: int = 4, tokens: int = 16) -
     start = time.perf_counter()
     graphed, _ = generate_with_logprobs(policy, queries, rows, tokenizer.pad_token_id, plan, decode_graphs=graphs)
     print(f"greedy check with graphs: {time.perf_counter() - start:.2f} s, {graphs.captures} capture(s) in "
-          f"{graphs.capture_s:.2f} s, {graphs.replays} replays, failure: {graphs.failure}", file=sys.stderr, flush=True)
+          f"{graphs.capture_s:.2f} s, {graphs.replays} replays, failure: {graphs.failure}", file=sys.stderr,
+          flush=True)
     return (plain == graphed).float().mean().item()
 
 

@@ -88,14 +88,14 @@ def summarise(prof, wall_s: float, steps: int = 1, top: int = TOP) -> dict:
 class UpdateProfile:
     """Counts the policy's rollout forwards; once armed, profiles one update's windows (module docstring).
 
-    ``trainer``: a trl-ext ``PPOTrainer``; ``policy``: its policy (a ``PeftModel`` or a plain causal LM; the hooks go
-    on its base causal LM, which ``generate`` and the policy's forwards call). ``trace_dir``: where the ``decode`` and
-    ``optimization`` windows' Chrome traces are written (gzipped), if given.
+    ``trainer``: a trl-ext ``PPOTrainer`` (its steps are wrapped); ``policy``: its policy (a ``PeftModel`` or a plain
+    causal LM; the hooks go on its base causal LM, which ``generate`` and the policy's forwards call). ``trace_dir``:
+    where the ``decode`` and ``optimization`` windows' Chrome traces are written (gzipped), if given.
     """
 
     def __init__(self, trainer, policy, *, cuda: bool, decode_start: int = 16, decode_steps: int = 4,
                  trace_dir: str | Path | None = None):
-        self.trainer, self.cuda = trainer, cuda
+        self.cuda = cuda
         self.decode_start, self.decode_steps = decode_start, decode_steps
         self.trace_dir = Path(trace_dir) if trace_dir else None
         self.phase = None
@@ -106,8 +106,8 @@ class UpdateProfile:
         self._prof = None
         self._window = None
         base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
-        self._handles = [base.register_forward_pre_hook(self._pre, with_kwargs=True),
-                         base.register_forward_hook(self._post, with_kwargs=True)]
+        base.register_forward_pre_hook(self._pre, with_kwargs=True)
+        base.register_forward_hook(self._post, with_kwargs=True)
         for step, phase in (("sample_turn", "rollout"), ("score_rollouts", "scoring"), ("optimize", "optimization")):
             setattr(trainer, step, self._wrapped(getattr(trainer, step), phase))
 
@@ -200,10 +200,6 @@ class UpdateProfile:
     def arm(self) -> None:
         """Profile the next update's windows."""
         self.armed = True
-
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
 
 
 def profile_table(profile: dict, unprofiled_ms_per_step: float | None = None) -> str:

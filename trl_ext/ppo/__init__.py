@@ -21,8 +21,9 @@ base at this top, the sampling in ``rollout/``, the math in ``objective/`` (each
   as ids or paths, loaded as GRPOTrainer loads them) and ``prompt_dataset.py`` (``prompt`` datasets, text or chat,
   tokenized as GRPOTrainer tokenizes them).
 * ``rollout/``: ``containers.py`` (``Rollout``, what the steps pass along), ``steps.py`` (the sampling and scoring
-  steps), ``logprobs.py``, ``engine.py`` (continuous batching), ``decode_graphs.py`` (CUDA-graph decoding), ``chunk.py``, ``memory_budget.py`` and
-  ``allocator_margin.py`` (``local_rollout_forward_batch_size: auto``; CUDA's reserved over allocated bytes), ``sequences.py``, ``prompt_stream.py``, ``dynamic_sampling.py``,
+  steps), ``logprobs.py``, ``engine.py`` (continuous batching), ``decode_graphs.py`` (CUDA-graph decoding),
+  ``chunk.py``, ``memory_budget.py`` and ``allocator_margin.py`` (``local_rollout_forward_batch_size: auto``; CUDA's
+  reserved over allocated bytes), ``sequences.py``, ``prompt_stream.py``, ``dynamic_sampling.py``,
   ``reward_funcs.py`` (reward functions in the rollout).
 * ``objective/``: ``objectives.py`` (the policy objectives), ``losses.py``, ``advantages.py``, ``critic_free.py``,
   ``kl_controllers.py``, ``masked_stats.py``.
