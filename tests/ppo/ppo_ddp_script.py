@@ -164,7 +164,7 @@ def run_objectives(tok, policy, reward, kwargs):
     from peft import LoraConfig
 
     from trl_ext import PPOConfig, PPOTrainer
-    from trl_ext.ppo import objectives
+    from trl_ext.ppo.objective import objectives
 
     normalizers = []
 
