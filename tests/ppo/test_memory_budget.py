@@ -56,7 +56,7 @@ def test_weight_bytes_by_hand():
     assert lora_parameters(TINY, 4) == 4 * (128 + 96 + 96 + 128 + 192 + 192 + 192) == 4096
     assert lora_parameters(TINY, 4, ("q_proj", "v_proj")) == 4 * (128 + 96)
     assert kv_cache_bytes(TINY, batch=3, seq_len=10, bytes_per_value=2) == 2 * 1 * 3 * 2 * 16 * 10 * 2
-    assert rollout_scores_bytes(64, 512, 151_936) == 64 * 512 * 151_936 * 4  # ~18.5 GiB: 64 x 512 tokens, Qwen2.5's vocabulary
+    assert rollout_scores_bytes(64, 512, 151_936) == 64 * 512 * 151_936 * 4  # ~18.5 GiB, Qwen2.5's vocabulary
 
 
 def test_weight_and_lora_formulas_match_a_loaded_4bit_lora_model(tiny_models, tokenizer):
