@@ -19,6 +19,7 @@ from .objective.objectives import KLEstimator, LossAggregation, PolicyLossName, 
 from .prompt_dataset import PromptArgs
 from .rollout.chunk import rollout_chunk_value
 from .rollout.engine import RolloutEngineName
+from .rollout.sampling import SamplingArgs
 
 PTXMode = Literal["joint", "separate"]
 KLIn = Literal["reward", "loss"]
@@ -27,8 +28,8 @@ PTX_MODES, KL_IN = get_args(PTXMode), get_args(KLIn)
 
 @help_from_docstring
 @dataclass
-class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArgs, PromptArgs, NonFinitePolicyArgs,
-                ParentPPOConfig):
+class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArgs, PromptArgs, SamplingArgs,
+                NonFinitePolicyArgs, ParentPPOConfig):
     r"""Configuration for [`trl_ext.PPOTrainer`]: every field of TRL 1.12's `experimental.ppo.PPOConfig` (TRL's class
     on TRL 1.10-1.12, trl-ext's copy from 1.13 on, see :mod:`trl_ext.ppo.base`), plus the extensions below (all of
     them default to TRL's behaviour). Each field's command-line help is the first sentence of its entry here
@@ -183,6 +184,24 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
             Logged as `sampling/rounds`, `sampling/groups_dropped`, `sampling/groups_refilled`.
         max_sampling_rounds (`int`, *optional*, defaults to `3`):
             With `dynamic_sampling`: at most this many generation rounds per update (the first included).
+
+        > Sampling of the rollout (TRL `GRPOConfig`'s keys; full description:
+        > :class:`trl_ext.ppo.rollout.sampling.SamplingArgs`). They shape what is sampled; the rollout's and the
+        > loss's log-probs are both `log_softmax(logits / temperature)` of the full vocabulary (TRL's GRPOTrainer too).
+
+        top_p (`float`, *optional*, defaults to `1.0`):
+            Nucleus sampling: the smallest set of tokens whose probability sums to at least `top_p`; in (0, 1],
+            `1.0` = off.
+        top_k (`int`, *optional*, defaults to `0`):
+            Sample from the `top_k` most probable tokens; `0` = off (`1` is greedy).
+        min_p (`float`, *optional*):
+            Drop tokens below `min_p` times the top token's probability; in [0, 1]. `None` (default) = off.
+        repetition_penalty (`float`, *optional*, defaults to `1.0`):
+            Penalise tokens already in the prompt or response (`> 1`: fewer repeats); > 0, `1.0` = off.
+        generation_kwargs (`dict`, *optional*):
+            More `transformers.GenerationConfig` keys for the rollout's sampling; not the keys above nor those the
+            trainer sets (`max_new_tokens`, `do_sample`, `num_beams`, `eos_token_id`, ...).
+
         > Parameters of the trainer's `reward_funcs` (full description: :class:`trl_ext.rewards.config.RewardFunctionArgs`)
 
         reward_weights (`list[float]`, *optional*):

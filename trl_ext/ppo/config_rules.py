@@ -20,6 +20,7 @@ from ..errors import UserInputError
 from ..runtime.engines import DEEPSPEED, FSDP, launched_engine, launched_zero3
 from .objective.advantages import GROUP_ESTIMATORS
 from .rollout.chunk import AUTO
+from .rollout.sampling import generation_kwargs_problem
 
 __all__ = ["check_launch", "check_combinations", "check_trainer_inputs"]
 
@@ -66,6 +67,7 @@ def check_combinations(args) -> None:
         raise UserInputError("rollout_cuda_graphs: replays generate's decoding steps; the continuous-batching engine "
                              "has its own loop: use rollout_engine 'generate' (or 'auto') with it, or turn it off")
     check_batches(args)
+    check_sampling(args)
     check_advantage_estimator(args)
     check_objective(args)
 
@@ -99,6 +101,15 @@ def check_batches(args) -> None:
         )
     if args.train_micro_batch_size == AUTO and args.max_memory_gib is None and args.use_cpu:
         raise UserInputError("train_micro_batch_size: 'auto' on CPU (use_cpu: true) needs max_memory_gib")
+
+
+def check_sampling(args) -> None:
+    """The rollout's sampling keys (:mod:`trl_ext.ppo.rollout.sampling`; each key's range is in its field): what
+    `generation_kwargs` may hold (GenerationConfig keys other than the named sampling keys and those the trainer
+    sets, valid together)."""
+    problem = generation_kwargs_problem(args.generation_kwargs)
+    if problem is not None:
+        raise UserInputError(f"generation_kwargs: {problem}")
 
 
 def check_advantage_estimator(args) -> None:

@@ -86,6 +86,7 @@ from .rollout.reward_funcs import (
 )
 from .rollout import MicroBatchOutput, Rollout, UpdateStats
 from .rollout.chunk import AUTO, resolve_auto_rollout_chunk
+from .rollout.sampling import rollout_generation_kwargs
 from .rollout.steps import RolloutStepsMixin
 from .shared_base_roles import check_shared_base_roles
 from .update_metrics import UpdateMetricsMixin
@@ -323,13 +324,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, ParentFixesMixin, PPOChe
     def init_data_streams(self) -> None:
         """Create `self.prompt_iterator` (endless and resumable, over `self.dataloader`) and the generation config."""
         self.prompt_iterator = PromptStream(self.dataloader)
-        self.generation_kwargs = {
-            "max_new_tokens": self.args.response_length,
-            "temperature": (self.args.temperature + 1e-7),
-            "top_k": 0.0,
-            "top_p": 1.0,
-            "do_sample": True,
-        }
+        self.generation_kwargs = rollout_generation_kwargs(self.args)  # TRL's, with the sampling keys
         self.generation_config = GenerationConfig(**self.generation_kwargs)
 
     def run_update(self, update: int) -> None:
