@@ -110,6 +110,9 @@ def check_sampling(args) -> None:
     problem = generation_kwargs_problem(args.generation_kwargs)
     if problem is not None:
         raise UserInputError(f"generation_kwargs: {problem}")
+    if args.repetition_penalty != 1.0 and args.rollout_engine == "continuous_batching":
+        raise UserInputError("repetition_penalty: transformers' continuous-batching engine has no repetition "
+                             "penalty (it drops the processor); use rollout_engine 'generate' (or 'auto') with it")
 
 
 def check_advantage_estimator(args) -> None:
