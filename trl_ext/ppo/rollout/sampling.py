@@ -76,10 +76,11 @@ class SamplingArgs:
             recomputed by one forward of the policy (`log_softmax(logits / temperature)`).
     """
 
-    top_p: float = field(default=1.0, metadata={"range": "(0, 1]"})
-    top_k: int = field(default=0, metadata={"range": "[0, inf)"})
-    min_p: Optional[float] = field(default=None, metadata={"range": "[0, 1]"})
-    repetition_penalty: float = field(default=1.0, metadata={"range": "(0, inf)"})
+    # ranges: trl_ext.config_rules.RANGES
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: Optional[float] = None
+    repetition_penalty: float = 1.0
     generation_kwargs: dict[str, Any] | str | None = field(
         default=None,
         metadata={"help": "More transformers GenerationConfig keys for the rollout's sampling (GRPOConfig's key)."},
