@@ -174,3 +174,21 @@ def test_sample_generations_take_the_keys(tiny_models, tok, tmp_path):
     trainer.generate_completions(sampling=True)
     (table,) = tables
     assert len(table["model response"]) == 2 and set(table["model response"]) == {tok.decode([keep] * LENGTH)}
+
+
+def test_greedy_decoding_stays_greedy_and_quiet_with_every_key_set(tiny_models, tok, tmp_path):
+    """With every sampling key set, a greedy config (evaluation) gets none of them: after a rollout, the config
+    `generate` runs greedy decoding with passes transformers' strict check (no "generation flags are not valid"
+    warning) and gives the tokens of a trainer without the keys."""
+    from transformers import GenerationConfig
+
+    from trl_ext.ppo.rollout.logprobs import _effective_config, sampling_plan
+
+    plain = greedy(build(tiny_models, tok, tmp_path / "plain"), tok)
+    trainer = build(tiny_models, tok, tmp_path / "keys", top_k=3, top_p=0.5, min_p=0.1, repetition_penalty=1.5,
+                    generation_kwargs={"no_repeat_ngram_size": 3})
+    rollout(trainer, tok, seed=5)
+    plan = sampling_plan(policy(trainer), GenerationConfig(max_new_tokens=LENGTH, do_sample=False))
+    assert plan.warpers == [] and plan.truncation == [] and plan.repetition_penalty is None
+    _effective_config(policy(trainer), plan.generation_config).validate(strict=True)
+    assert torch.equal(greedy(trainer, tok), plain)
