@@ -90,6 +90,10 @@ CASES = [
     (dict(dynamic_sampling=True), "dynamic_sampling"),
     (dict(reward_timeout_s=5.0), "reward_timeout_s"),
     (dict(rollout_cuda_graphs=True, rollout_engine="continuous_batching"), "rollout_cuda_graphs"),
+    (dict(eval_strategy="epoch"), "eval_strategy"),
+    (dict(eval_strategy="steps", eval_steps=2.5), "eval_steps"),
+    (dict(eval_strategy="steps", eval_steps=0.0), "eval_steps"),
+    (dict(eval_strategy="steps", eval_on_start=True), "eval_on_start"),
 ]
 
 
@@ -168,3 +172,8 @@ def test_what_needs_the_models_or_the_data_is_refused_when_the_trainer_is_built(
         build(reward_model=None, reward_funcs=[needs_answer])
     with pytest.raises(UserInputError, match=r"^lora_target_modules .*'nope'.* Linear modules"):
         build(reward_model=load_models(tiny_models)[2], peft_config=LoraConfig(r=4, target_modules=["nope"]))
+    with pytest.raises(UserInputError, match=r"^eval_strategy: 'steps' needs evaluation prompts and the run has none"):
+        policy, _, reward = load_models(tiny_models)
+        args = trl_ext.PPOConfig(**config_kwargs(tmp_path / "out", total_episodes=4, eval_strategy="steps"))
+        trl_ext.PPOTrainer(args=args, processing_class=tok, model=policy, ref_model=None, value_model=None,
+                           reward_model=reward, train_dataset=data)
