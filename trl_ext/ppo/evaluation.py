@@ -74,11 +74,13 @@ def gather_rows(accelerator, tensor: torch.Tensor) -> torch.Tensor:
     """Every process's rows of `tensor` in process order, when the processes hold different numbers of rows."""
     if accelerator.num_processes == 1:
         return tensor
+    flag = tensor.dtype == torch.bool  # padding would make a bool tensor an integer one on some processes only
     sizes = accelerator.gather(torch.tensor([tensor.shape[0]], device=tensor.device)).tolist()
-    padded = accelerator.pad_across_processes(tensor, dim=0)
+    padded = accelerator.pad_across_processes(tensor.to(torch.uint8) if flag else tensor, dim=0)
     gathered = accelerator.gather(padded)
     width = padded.shape[0]
-    return torch.cat([gathered[i * width : i * width + n] for i, n in enumerate(sizes)])
+    rows = torch.cat([gathered[i * width : i * width + n] for i, n in enumerate(sizes)])
+    return rows.bool() if flag else rows
 
 
 class EvaluateMixin:
