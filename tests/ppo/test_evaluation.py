@@ -122,15 +122,16 @@ def test_eval_metrics_at_the_asked_updates_are_the_rewards_of_greedy_completions
 
 
 def test_eval_on_or_off_gives_the_same_training_numbers(tiny_models, tok, tmp_path):
-    """Reward-model scoring, sampled evaluation (`eval_do_sample`, draws from the RNG) every update: the update
-    metrics and the final weights are those of the run without evaluation, bit for bit."""
+    """Reward-model scoring, sampled evaluation (`eval_do_sample`, draws from the RNG) every update, TRL's sample
+    generations on the same eval_dataset in both runs: the update metrics and the final weights are those of the
+    run without evaluation, bit for bit."""
     from datasets import Dataset
 
     eval_dataset = Dataset.from_dict({"input_ids": rows(tok, 3, seed=9, tag="e")["input_ids"]})
-    off = make(tiny_models, tok, tmp_path / "off", eval_dataset=eval_dataset)
+    off = make(tiny_models, tok, tmp_path / "off", eval_dataset=eval_dataset, num_sample_generations=2)
     off.train()
     on = make(tiny_models, tok, tmp_path / "on", eval_dataset=eval_dataset, eval_strategy="steps", eval_steps=1,
-              eval_do_sample=True)
+              eval_do_sample=True, num_sample_generations=2)
     on.train()
     a, b = update_logs(off), update_logs(on)
     assert len(a) == len(b) == 4
