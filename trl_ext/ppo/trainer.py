@@ -26,14 +26,16 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
 8. Callbacks, ``evaluate()`` when due (``eval_strategy``), sample generations, then the checkpoint if one is due
    (``save_extra_checkpoint_files`` adds the value model and the trl-ext state; ``load_checkpoint`` restores them).
 
-Each extension is one object, built once from the config by ``build_features`` (None when off) and called at the
-steps above: ``reward_scoring`` (:class:`~trl_ext.ppo.rollout.reward_funcs.RewardFunctionScoring`), ``critic_free``
+Each extension is one object, built once from the config by ``build_features`` (None when off) and called at the steps
+above: ``reward_scoring`` (:class:`~trl_ext.ppo.rollout.reward_funcs.RewardFunctionScoring`), ``critic_free``
 (:class:`~trl_ext.ppo.objective.critic_free.CriticFree`), ``dynamic_sampling``
-(:class:`~trl_ext.ppo.rollout.dynamic_sampling.DynamicSampling`), ``ptx`` (:class:`~trl_ext.ppo.ptx_data.PretrainingMix`),
-``completions_log`` (:class:`~trl_ext.ppo.completions_log.CompletionsLog`), ``evaluation`` (:class:`~trl_ext.ppo.evaluation.Evaluation`),
-``multi_turn`` (:class:`~trl_ext.ppo.episodes.multi_turn.MultiTurnRollout`, with ``tools``/``environment_factory``). Per-step values (the update's KL
-coefficient, a mini-batch's token normaliser) travel as arguments, not on the ``Rollout``. The sampling and scoring
-steps are in :mod:`trl_ext.ppo.rollout.steps`, the parent's fixes in :mod:`trl_ext.ppo.parent_fixes`.
+(:class:`~trl_ext.ppo.rollout.dynamic_sampling.DynamicSampling`), ``ptx``
+(:class:`~trl_ext.ppo.ptx_data.PretrainingMix`), ``completions_log``
+(:class:`~trl_ext.ppo.completions_log.CompletionsLog`), ``evaluation`` (:class:`~trl_ext.ppo.evaluation.Evaluation`),
+``multi_turn`` (:class:`~trl_ext.ppo.episodes.multi_turn.MultiTurnRollout`, with ``tools``/``environment_factory``).
+Per-step values (the update's KL coefficient, a mini-batch's token normaliser) travel as arguments, not on the
+``Rollout``. The sampling and scoring steps are in :mod:`trl_ext.ppo.rollout.steps`, the parent's fixes in
+:mod:`trl_ext.ppo.parent_fixes`.
 
 Reward and value models may be adapters on the policy's own base (:mod:`trl_ext.models.shared_base`): the steps are
 the same; the reference then switches adapters without peft's ``disable_adapter`` (which would freeze the value
@@ -96,8 +98,8 @@ from .rollout.sequences import INVALID_LOGPROB, forward
 
 __all__ = ["PPOConfig", "PPOTrainer", "VALUE_MODEL_DIR", "ppo_state_file"]
 
-class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFixesMixin, PPOCheckpointMixin, AtomicCheckpointMixin,
-                 ParentPPOTrainer):
+class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFixesMixin, PPOCheckpointMixin,
+                 AtomicCheckpointMixin, ParentPPOTrainer):
     """TRL's PPO trainer (see :mod:`trl_ext.ppo.base`) with value-clip modes, KL controllers, PPO-ptx and steps.
 
     Takes every argument of TRL's trainer (same order), and GRPOTrainer's: a `GRPOConfig`, model ids or paths (then
