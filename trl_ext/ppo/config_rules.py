@@ -159,7 +159,7 @@ def check_evaluation(args) -> None:
     if strategy == "steps" and steps is not None and steps > 1 and steps != int(steps):
         raise UserInputError(f"eval_steps: {steps} is not a whole number of updates (valid: an integer >= 1, or a "
                              "fraction < 1 of the run's updates)")
-    if args.eval_on_start:
+    if getattr(args, "eval_on_start", False):  # a TrainingArguments field since transformers 4.41
         raise UserInputError("eval_on_start: not supported by PPO; the first evaluation comes after update "
                              "eval_steps (set eval_on_start to false)")
 
