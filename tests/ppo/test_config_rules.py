@@ -102,6 +102,10 @@ CASES = [
     (dict(generation_kwargs={"do_sample": False}), "generation_kwargs"),
     (dict(generation_kwargs={"no_such_key": 1}), "generation_kwargs"),
     (dict(generation_kwargs={"cache_implementation": "nope"}), "generation_kwargs"),
+    (dict(eval_strategy="epoch"), "eval_strategy"),
+    (dict(eval_strategy="steps", eval_steps=2.5), "eval_steps"),
+    (dict(eval_strategy="steps", eval_steps=0.0), "eval_steps"),
+    (dict(eval_strategy="steps", eval_on_start=True), "eval_on_start"),
 ]
 
 
@@ -193,3 +197,8 @@ def test_what_needs_the_models_or_the_data_is_refused_when_the_trainer_is_built(
         build(reward_model=None, reward_funcs=[needs_answer])
     with pytest.raises(UserInputError, match=r"^lora_target_modules .*'nope'.* Linear modules"):
         build(reward_model=load_models(tiny_models)[2], peft_config=LoraConfig(r=4, target_modules=["nope"]))
+    with pytest.raises(UserInputError, match=r"^eval_strategy: 'steps' needs evaluation prompts and the run has none"):
+        policy, _, reward = load_models(tiny_models)
+        args = trl_ext.PPOConfig(**config_kwargs(tmp_path / "out", total_episodes=4, eval_strategy="steps"))
+        trl_ext.PPOTrainer(args=args, processing_class=tok, model=policy, ref_model=None, value_model=None,
+                           reward_model=reward, train_dataset=data)

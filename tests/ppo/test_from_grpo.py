@@ -102,6 +102,19 @@ def test_mapped_keys(tmp_path, keys, ours):
     assert {k: getattr(ppo, k) for k in ours} == ours
 
 
+def test_eval_keys_are_carried(tmp_path):
+    """GRPO's evaluation keys: `eval_strategy` as it is, `eval_steps` in updates (optimizer steps / num_iterations),
+    named in no warning; GRPO's `num_generations_eval` is (one completion per prompt here); `epoch` is refused."""
+    ppo, warned = convert(grpo(tmp_path, eval_strategy="steps", eval_steps=6, num_iterations=2,
+                               per_device_eval_batch_size=12))
+    assert (str(ppo.eval_strategy.value), ppo.eval_steps, ppo.per_device_eval_batch_size) == ("steps", 3, 12)
+    assert ppo.eval_do_sample is False and warned == []
+    _, warned = convert(grpo(tmp_path, eval_strategy="steps", num_generations_eval=2))
+    assert len(warned) == 1 and "num_generations_eval=2 (evaluation generates one completion per prompt" in warned[0]
+    with pytest.raises(UserInputError, match="^eval_strategy: 'epoch' has no meaning in PPO"):
+        convert(grpo(tmp_path, eval_strategy="epoch"))
+
+
 def test_overrides_win_and_the_estimator_may_change(tmp_path):
     ppo, _ = convert(grpo(tmp_path, beta=0.1), advantage_estimator="rloo", kl_controller="adaptive")
     assert (ppo.advantage_estimator, ppo.kl_in, ppo.kl_controller, ppo.kl_coef) == ("rloo", "reward", "adaptive", 0.1)

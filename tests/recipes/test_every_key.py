@@ -102,6 +102,10 @@ def standins(keys, tmp_path, tiny_models, reward_adapter):
             keys["dataset_test_split"] = "train"
         else:
             keys["dataset_name"] = str(DEMO_DATA / ("prompts.jsonl" if trainer == "ppo" else "preferences.jsonl"))
+            keys["dataset_test_split"] = "train"  # a file's one split: the evaluation data of eval_strategy
+    held_out = keys.get("eval_dataset_name")
+    if isinstance(held_out, str) and looks_local(held_out) and not (ROOT / held_out).exists():
+        del keys["eval_dataset_name"]  # the stand-in data's test split evaluates
     return keys
 
 

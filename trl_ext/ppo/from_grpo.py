@@ -98,10 +98,9 @@ REFUSED: dict[str, str] = {
 
 WARNED: dict[str, str] = {
     "max_grad_norm": "no gradient clipping in trl-ext's PPO (nor in TRL's)",
-    "eval_strategy": "no evaluation loop (eval_dataset feeds sample generations only)",
     "router_aux_loss_coef": "no MoE load-balancing loss",
     "cast_lm_head_to_fp32": "the LM head keeps its dtype",
-    "num_generations_eval": "no evaluation loop",
+    "num_generations_eval": "evaluation generates one completion per prompt (greedy, or eval_do_sample)",
     "shuffle_dataset": "the prompts are always shuffled",
     "pad_to_multiple_of": "prompts and completions are not padded to a multiple",
     "transformers_continuous_batching_config": "rollout_engine continuous_batching sizes its own cache",
