@@ -80,10 +80,10 @@ def dpo_variants(quick: bool) -> dict[str, dict]:
 
 
 def pipeline_sizes(smoke: bool) -> tuple[dict, dict, dict]:
-    """(``make_data`` keywords, ``make_pairs`` keywords, SFT and reward recipe overrides): empty, the pipeline's own
-    sizes; with ``smoke`` (the scripts' ``--smoke``, what their test runs) 64 SFT examples and 16 held out, 32
-    training and 16 test pairs, and 2 optimizer steps of SFT and of each reward model: every step of the pipeline
-    runs, in seconds, and none of its figures means anything."""
+    """(``make_data`` keywords, ``make_pairs`` keywords, SFT, reward and DPO recipe overrides): empty, the pipeline's
+    own sizes; with ``smoke`` (the scripts' ``--smoke``, what their test runs) 64 SFT examples and 16 held out, 32
+    training and 16 test pairs, and 2 optimizer steps of SFT, of each reward model and of each DPO run: every step of
+    the pipeline runs, in seconds, and none of its figures means anything."""
     if not smoke:
         return {}, {}, {}
     return {"sft_examples": 64, "test_examples": 16}, {"n_train": 32, "n_test": 16}, {"max_steps": 2}
@@ -247,7 +247,7 @@ def main(argv=None) -> int:
         run_variant("ppo", name, overrides, ppo_common, ("objective/kl", "objective/kl_coef", "objective/scores"))
     dpo_steps = 3 * len(train_pairs) // 32  # recipes/gold/dpo.yaml: 3 epochs of batches of 32
     dpo_common = {"model_name_or_path": work / "sft", "dataset_name": data / "pairs", "save_strategy": "steps",
-                  "save_steps": max(1, dpo_steps // 6), "disable_tqdm": True}
+                  "save_steps": max(1, dpo_steps // 6), "disable_tqdm": True, **steps}
     for name, overrides in dpo_variants(a.quick).items():
         if a.only is not None and name not in a.only:
             continue
