@@ -4,8 +4,12 @@ The scripts put benchmarks/ (and recipe folders such as recipes/gold) on ``sys.p
 the recipes' modules by plain names (``_common``, ``make_data``, ``evaluate``; the gold and verifiable tasks both
 have a ``make_data``), and ``setup_env`` lowers the transformers verbosity, silences warnings and sets torch's thread
 count, all process-wide. :func:`loaded_script` imports a script with every such module fresh and puts back
-``sys.path``, ``sys.modules``, the warning filters, the verbosity, the thread count and the garbage collector's
-frozen objects when it ends."""
+``sys.path``, ``sys.modules``, the warning filters, the verbosity and the thread count when it ends.
+
+While a script runs, the objects alive before it are frozen out of the garbage collector (as the scripts' own
+``quiet_timed`` and ``freeze_gc`` do around their runs, and tests/recipes/test_gold_pipeline.py): TRL's PPO loop
+calls ``gc.collect()`` twice per update, and in a test process each call would otherwise scan every object pytest,
+torch and transformers hold (most of a tiny update's time)."""
 
 from __future__ import annotations
 
@@ -40,6 +44,8 @@ def loaded_script(name: str):
     for module in saved_modules:
         del sys.modules[module]
     sys.path.insert(0, str(BENCH))
+    gc.collect()
+    gc.freeze()
     try:
         yield importlib.import_module(name)
     finally:
@@ -50,7 +56,7 @@ def loaded_script(name: str):
         warnings.filters[:] = saved_filters
         transformers.logging.set_verbosity(verbosity)
         torch.set_num_threads(threads)
-        if not frozen:  # ppo_overhead and ppo_scaling freeze what is alive after their setup (_common.freeze_gc)
+        if not frozen:  # also what ppo_overhead and ppo_scaling froze after their setup (_common.freeze_gc)
             gc.unfreeze()
 
 

@@ -1,5 +1,5 @@
 """benchmarks/gold_reward.py, gold_critic_free.py and gold_upcast.py through their ``main`` with ``--smoke`` (64 SFT
-examples, 32 + 16 preference pairs, 2 SFT and reward steps), one training seed, one or two PPO updates and one
+examples, 32 + 16 preference pairs, 2 SFT, reward and DPO steps), one training seed, one or two PPO updates and one
 evaluation sample per prompt: every step of the pipeline and every variant each study compares runs, and its result
 JSON holds each variant's evaluated checkpoints. Nothing here depends on what the tiny models learn: each variant is
 recognised by what its settings make the trainer log or load."""
@@ -53,9 +53,9 @@ def test_gold_reward_every_reward_model_ppo_and_dpo_variant(tmp_path):
         assert r["runs"][name]["kind"] == "ppo" and checkpoints(seed, sft, [1])
         assert seed["logged"]["objective/kl_coef"]["value"] == [coef]  # the update's coefficient (adaptive: its start)
     assert r["runs"]["PPO-ptx kl 0.05"]["overrides"]["ptx_dataset_name"].endswith("ptx.jsonl")
-    for name in dpo:  # 32 pairs: 3 epochs of one batch of 32, a checkpoint after each
+    for name in dpo:  # 2 steps (--smoke) of a batch of 32 pairs, a checkpoint after each
         (seed,) = r["runs"][name]["seeds"]
-        assert r["runs"][name]["kind"] == "dpo" and checkpoints(seed, sft, [1, 2, 3])
+        assert r["runs"][name]["kind"] == "dpo" and checkpoints(seed, sft, [1, 2])
         assert len(seed["logged"]["rewards/margins"]["value"]) >= 1
     assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == [
         "gold_proxy_vs_gold.png", "gold_training_curves.png", "gold_vs_kl.png"]
@@ -89,3 +89,27 @@ def test_gold_upcast_both_residual_dtypes(tmp_path):
     for run_ in runs.values():
         assert evaluated(run_["end"]) and run_["seconds"] > 0
         assert len(run_["logged"]["objective/scores"]["value"]) == 2
+
+
+def test_objectives_every_variant_on_the_gold_task(tmp_path):
+    """GRPO with each objective setting, then the binary-reward pair (the proxy's score thresholded at the SFT model's
+    mean), without and with dynamic sampling."""
+    result = run(tmp_path, "objectives", "--ppo-updates", "2")
+    with loaded_script("objectives") as script:
+        variants = {**script.VARIANTS, **script.BINARY}
+    r = result["results"]
+    assert list(r["runs"]) == list(variants)
+    for name, run_ in r["runs"].items():
+        assert run_["overrides"] == variants[name]
+        (seed,) = run_["seeds"]
+        logged = seed["logged"]
+        updates = len(logged["objective/kl"]["value"])
+        dynamic = variants[name].get("dynamic_sampling", False)
+        # the binary runs stop at 2 x 16 generated responses: dynamic sampling may get there in one update
+        assert updates == 2 or (dynamic and updates == 1)
+        assert checkpoints(seed, r["sft"], list(range(1, updates + 1)))
+        assert bool(logged["sampling/completions"]["value"]) == dynamic  # only dynamic sampling logs what it drew
+        assert seed["completions"] >= 32 if dynamic else seed["completions"] == 32
+        assert len(logged["objective/frac_groups_equal_scores"]["value"]) == updates  # k = 4 in every variant
+        # the time of the updates after the first (none after a single one)
+        assert seed["seconds_per_update"] > 0 if updates == 2 else math.isnan(seed["seconds_per_update"])
