@@ -255,8 +255,8 @@ def main(argv=None) -> int:
 
     total = time.perf_counter() - started
     report(sft_point, reward_rows, runs, pair_stats)
-    settings = {"quick": a.quick, "smoke": a.smoke, "ppo_updates": updates, "reward_seeds": reward_seeds, "noise": NOISE,
-                "seeds": seeds,
+    settings = {"quick": a.quick, "smoke": a.smoke, "ppo_updates": updates, "reward_seeds": reward_seeds,
+                "noise": NOISE, "seeds": seeds,
                 "samples_per_prompt": a.samples_per_prompt, "seconds": {**seconds, "total": total}}
     write_result("gold_reward", settings, {"sft": sft_point, "pairs": pair_stats, "reward_models": reward_rows,
                                            "runs": runs}, out=a.out)

@@ -82,8 +82,9 @@ def main(argv=None) -> int:
 
     report(sft_point, start_points, runs)
     total = time.perf_counter() - started
-    write_result("gold_upcast", {"updates": a.updates, "seeds": a.seeds, "smoke": a.smoke, "samples_per_prompt": a.samples_per_prompt,
-                                 "policy": QLORA_POLICY, "seconds_total": total},
+    write_result("gold_upcast", {"updates": a.updates, "seeds": a.seeds, "smoke": a.smoke,
+                                 "samples_per_prompt": a.samples_per_prompt, "policy": QLORA_POLICY,
+                                 "seconds_total": total},
                  {"sft": sft_point, "start": {str(k): v for k, v in start_points.items()}, "runs": runs}, out=a.out)
     print(f"total {total:.0f} s; load average now {load_average()}")
     return 0

@@ -96,7 +96,7 @@ def main(argv=None):
     p.add_argument("--updates", type=int, default=3)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--workdir", default=None, help="where the tiny models and runs go (default: a new temporary folder)")
+    p.add_argument("--workdir", default=None, help="where the tiny models and runs go (default: a new temp folder)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if args.quick:

@@ -1,8 +1,8 @@
-"""benchmarks/gold_reward.py, gold_critic_free.py and gold_upcast.py through their ``main`` with ``--smoke`` (64 SFT
-examples, 32 + 16 preference pairs, 2 SFT, reward and DPO steps), one training seed, one or two PPO updates and one
-evaluation sample per prompt: every step of the pipeline and every variant each study compares runs, and its result
-JSON holds each variant's evaluated checkpoints. Nothing here depends on what the tiny models learn: each variant is
-recognised by what its settings make the trainer log or load."""
+"""benchmarks/gold_reward.py, gold_critic_free.py, gold_upcast.py and objectives.py (its gold task) through their
+``main`` with ``--smoke`` (64 SFT examples, 32 + 16 preference pairs, 2 SFT, reward and DPO steps), one training
+seed, one or two PPO updates and one evaluation sample per prompt: every step of the pipeline and every variant each
+study compares runs, and its result JSON holds each variant's evaluated checkpoints. Nothing here depends on what the
+tiny models learn: each variant is recognised by what its settings make the trainer log or load."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ def run(tmp_path, name, *args) -> dict:
     out = tmp_path / f"{name}.json"
     with loaded_script(name) as script:
         assert script.main([*SMALL_EVAL, *args, "--workdir", str(tmp_path / "work"), "--out", str(out)]) == 0
-        constants = {k: getattr(script, k) for k in ("ESTIMATORS", "QLORA_POLICY") if hasattr(script, k)}
+        constants = {k: getattr(script, k) for k in ("ESTIMATORS", "QLORA_POLICY", "VARIANTS", "BINARY")
+                     if hasattr(script, k)}
     return {**json.loads(out.read_text()), **constants}
 
 
@@ -95,8 +96,7 @@ def test_objectives_every_variant_on_the_gold_task(tmp_path):
     """GRPO with each objective setting, then the binary-reward pair (the proxy's score thresholded at the SFT model's
     mean), without and with dynamic sampling."""
     result = run(tmp_path, "objectives", "--ppo-updates", "2")
-    with loaded_script("objectives") as script:
-        variants = {**script.VARIANTS, **script.BINARY}
+    variants = {**result["VARIANTS"], **result["BINARY"]}
     r = result["results"]
     assert list(r["runs"]) == list(variants)
     for name, run_ in r["runs"].items():
