@@ -29,6 +29,7 @@ LONGEST_FIRST = [
     "tests/engines/test_engines.py",  # 3 DeepSpeed/FSDP launches (the first on a machine compiles an op, ~2 min)
     "tests/recipes/test_recipe_runs.py",  # demo recipes learning, three 2-process CLI launches
     "tests/recipes/test_gold_pipeline.py",  # SFT -> reward -> PPO on the gold task: one test
+    "tests/benchmarks/test_gold_benchmarks.py",  # the four gold studies' scripts, each its own tiny pipeline
     "tests/engines/test_engine_cli.py",  # 2 ZeRO-2 CLI launches
     "tests/recipes/test_every_key.py",
     "tests/test_gpu_ppo_benchmark.py",
