@@ -216,10 +216,14 @@ class HeldOutCurve:
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % self.every == 0 or state.global_step == self.last:
+            import torch
             from evaluate import accuracy
 
-            self.curve.append({"update": state.global_step,
-                               **accuracy(self.trainer.model.policy, self.tokenizer, self.rows)})
+            # evaluate.py seeds torch for its sampled answers: without the fork every training seed would continue
+            # from that one RNG state after the first evaluation
+            with torch.random.fork_rng():
+                self.curve.append({"update": state.global_step,
+                                   **accuracy(self.trainer.model.policy, self.tokenizer, self.rows)})
 
 
 def train_with_curve(trainer, tokenizer, heldout, start: dict, updates: int, log_path, evals: int = 4,
