@@ -4,17 +4,20 @@
     python recipes/tool_use/evaluate.py outputs/tool_use/sft_no_tools
     (--data: the held-out file, default outputs/tool_use/data/heldout.jsonl)
 
-Every held-out problem is played as an episode, as RL plays it (TRL's ``GRPOTrainer(tools=...)`` contract): the
-prompt is rendered by the chat template (with the tools' schemas when ``--tools``), the model generates a turn up to
-its end-of-turn token, the turn is parsed by TRL's ``parse_response``; a turn that calls tools gets each call run and
-the results appended as ``tool`` messages (the tokens TRL appends: the template's rendering of the tool messages and
-the next generation prompt), and generation resumes, at most ``max_tool_calling_iterations`` times and
-``response_length`` completion tokens in all. The episode (a list of messages) is scored by
+Every held-out problem is played as an episode by the trainer's own turn loop (``trl_ext.PPOTrainer(tools=...)``'s
+``MultiTurnRollout``, through :func:`trl_ext.ppo.episodes.play_episodes`; TRL's ``GRPOTrainer(tools=...)``
+contract) with a greedy sampler: the prompt is rendered with the tools' schemas, the model generates a turn up to its
+end-of-turn token, the turn is parsed by TRL's ``parse_response``; a turn that calls tools gets each call run and the
+results appended (the template's rendering of the tool messages and the next generation prompt), and generation
+resumes, at most ``max_tool_calling_iterations`` rounds and ``response_length`` completion tokens in all (a tool
+result that would pass the limit is dropped and the episode ends; one that reaches it exactly is kept, with no turn
+after it). Without ``--tools`` an episode is one turn. The episode (a list of messages) is scored by
 ``tool_task.exact_match``, the reward function RL trains on.
 
     python recipes/tool_use/evaluate.py --game outputs/tool_use/sft_guess outputs/tool_use/grpo_guess
 
-``--game``: the guessing game (guess_env.py) instead, one ``GuessEnv`` per game as ``environment_factory`` gives RL:
+``--game``: the guessing game (guess_env.py) instead, with ``environment_factory=GuessEnv`` as RL plays it (one
+instance per game, reset with the game's row):
 every secret greedily and ``--samples`` times sampled at ``--temperature`` (:func:`game_evaluation`), scored by the
 environment's ``get_reward``.
 """
@@ -37,76 +40,70 @@ import tool_task
 tool_suffix_ids = tool_task.tool_suffix_ids
 
 
-def run_tool_calls(tool_calls: list[dict], tools: list) -> list[dict]:
-    """The ``tool`` messages answering ``tool_calls``, as the trainer runs them (its ``ToolExecutor``, no time
-    limit: TRL's contract, a failing call's content is ``{"error": ...}``)."""
-    from trl_ext.ppo.episodes.tool_calls import ToolCallCounts, ToolExecutor
-
-    return ToolExecutor([], None).run({0: tool_calls}, {0: {fn.__name__: fn for fn in tools}}, ToolCallCounts())[0]
-
-
-@torch.no_grad()
-def generate_turn(model, tokenizer, sequences: list[list[int]], budgets: list[int], *, greedy: bool,
-                  temperature: float = 1.0) -> list[list[int]]:
-    """One turn for each sequence (left-padded batch): the new tokens up to and including EOS, at most its budget;
-    sampled from the whole distribution at ``temperature`` (as RL samples) unless ``greedy``."""
+def sampler(model, tokenizer, *, greedy: bool, temperature: float = 1.0):
+    """The trainer's turn sampler (``sample(queries, max_new_tokens) -> (query_responses, logprobs)``, the
+    log-probs taken as sampled) with ``model``: greedy, or from the whole distribution at ``temperature`` (as RL
+    samples)."""
     from transformers import GenerationConfig
 
-    width = max(len(s) for s in sequences)
-    pad = tokenizer.pad_token_id
-    ids = torch.tensor([[pad] * (width - len(s)) + s for s in sequences])
-    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences])
+    from trl_ext.ppo.rollout.logprobs import generate_with_logprobs, sampling_plan
+
     sampling = {} if greedy else dict(temperature=temperature, top_k=0, top_p=1.0)  # greedy: no sampling knobs
-    config = GenerationConfig(max_new_tokens=max(budgets), do_sample=not greedy, **sampling,
-                              eos_token_id=tokenizer.eos_token_id, pad_token_id=pad)
-    out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)[:, width:].tolist()
-    turns = []
-    for new, budget in zip(out, budgets):
-        new = new[:budget]
-        if tokenizer.eos_token_id in new:
-            new = new[:new.index(tokenizer.eos_token_id) + 1]
-        turns.append(new)
-    return turns
+
+    def sample(queries: torch.Tensor, max_new_tokens: int):
+        config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy, **sampling,
+                                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        return generate_with_logprobs(model, queries, queries.shape[0], tokenizer.pad_token_id,
+                                      sampling_plan(model, config))
+
+    return sample
+
+
+def play(model, tokenizer, prompts: list[list[dict]], *, tools: list | None = None, environment_factory=None,
+         rows: list[dict] | None = None, greedy: bool = True, temperature: float = 1.0,
+         max_tool_calling_iterations: int = tool_task.MAX_TOOL_CALLING_ITERATIONS,
+         response_length: int = tool_task.RESPONSE_LENGTH):
+    """Play each prompt (chat messages) as an episode with the trainer's turn loop
+    (:func:`trl_ext.ppo.episodes.play_episodes`, module docstring): ``(EpisodeBatch, environments)``. ``rows``: each
+    prompt's dataset columns, which an environment's ``reset`` gets."""
+    from trl_ext.ppo.episodes import play_episodes
+
+    with torch.no_grad():
+        return play_episodes(tokenizer, prompts, sampler(model, tokenizer, greedy=greedy, temperature=temperature),
+                             response_length=response_length, max_tool_calling_iterations=max_tool_calling_iterations,
+                             tools=tools, environment_factory=environment_factory, rows=rows)
+
+
+def single_turn(model, tokenizer, prompts: list[list[dict]], *, greedy: bool = True,
+                response_length: int = tool_task.RESPONSE_LENGTH) -> list[list[dict]]:
+    """Without tools an episode is one turn: each prompt rendered by the chat template, one turn sampled with the
+    trainer's sampler up to its end of turn, parsed into the assistant message."""
+    from trl.chat_template_utils import add_response_schema
+
+    from trl_ext.ppo.episodes.multi_turn import left_pad, turn_ids
+    from trl_ext.ppo.episodes.toolbox import parse_turn  # TRL's parse_response on TRL 1.12 too
+
+    tokenizer = add_response_schema(tokenizer)
+    seqs = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
+            for p in prompts]
+    queries = left_pad(seqs, tokenizer.pad_token_id, torch.zeros(1, dtype=torch.long))
+    with torch.no_grad():
+        query_responses, _ = sampler(model, tokenizer, greedy=greedy)(queries, response_length)
+    responses = query_responses[:, queries.shape[1]:]
+    return [[parse_turn(tokenizer, turn_ids(r, response_length, tokenizer.eos_token_id, tokenizer.pad_token_id),
+                        seq, [])] for r, seq in zip(responses, seqs)]
 
 
 def episodes(model, tokenizer, prompts: list[list[dict]], *, tools: list | None, greedy: bool = True,
              max_tool_calling_iterations: int = tool_task.MAX_TOOL_CALLING_ITERATIONS,
-             response_length: int = tool_task.RESPONSE_LENGTH, row_tools: list[list] | None = None,
-             temperature: float = 1.0) -> list[list[dict]]:
+             response_length: int = tool_task.RESPONSE_LENGTH) -> list[list[dict]]:
     """Play each prompt (chat messages) as an episode (module docstring); returns the completions as TRL passes them
-    to reward functions: lists of messages (assistant turns, tool results). ``row_tools``: each prompt's own tools
-    instead of ``tools`` (an environment's bound methods, one environment per episode)."""
-    from trl.chat_template_utils import add_response_schema
-
-    from trl_ext.ppo.episodes.toolbox import parse_turn  # TRL's parse_response on TRL 1.12 too
-
-    tokenizer = add_response_schema(tokenizer)
-    row_tools = row_tools if row_tools is not None else [tools] * len(prompts)
-    seqs = [tokenizer.apply_chat_template(p, tools=t or None, add_generation_prompt=True, tokenize=True,
-                                          return_dict=False) for p, t in zip(prompts, row_tools)]
-    starts = [len(s) for s in seqs]
-    completions: list[list[dict]] = [[] for _ in prompts]
-    active, calls_left = list(range(len(prompts))), max_tool_calling_iterations
-    while active:
-        budgets = [response_length - (len(seqs[i]) - starts[i]) for i in active]
-        turns = generate_turn(model, tokenizer, [seqs[i] for i in active], budgets, greedy=greedy,
-                              temperature=temperature)
-        still = []
-        for i, new in zip(active, turns):
-            message = parse_turn(tokenizer, new, seqs[i], row_tools[i])
-            completions[i].append(message)
-            seqs[i] = seqs[i] + new
-            if not (row_tools[i] and message.get("tool_calls") and calls_left > 0):
-                continue
-            results = run_tool_calls(message["tool_calls"], row_tools[i])
-            suffix = tool_suffix_ids(tokenizer, results)
-            if len(seqs[i]) + len(suffix) - starts[i] >= response_length:
-                continue  # no room for the results and an answer: the episode ends truncated, as TRL drops them
-            completions[i].extend(results)
-            seqs[i] = seqs[i] + suffix
-            still.append(i)
-        active, calls_left = still, calls_left - 1
-    return completions
+    to reward functions: lists of messages (assistant turns, tool results)."""
+    if not tools:
+        return single_turn(model, tokenizer, prompts, greedy=greedy, response_length=response_length)
+    batch, _ = play(model, tokenizer, prompts, tools=tools, greedy=greedy,
+                    max_tool_calling_iterations=max_tool_calling_iterations, response_length=response_length)
+    return batch.completions
 
 
 def accuracy(model, tokenizer, rows: list[dict], *, tools: bool, greedy: bool = True,
@@ -130,14 +127,12 @@ def game_scores(model, tokenizer, secrets: list[int], *, greedy: bool = True, te
     game, reset with the secret, its ``guess`` the game's tool, at most ``MAX_GUESSES`` rounds and
     ``RESPONSE_LENGTH`` tokens): ``{"reward": mean get_reward(), "guesses": mean guesses per game, "found": share
     of games won}``."""
-    envs = [guess_env.GuessEnv() for _ in secrets]
-    prompts = [[{"role": "user", "content": guess_env.INSTRUCTION + env.reset(secret=s)}]
-               for env, s in zip(envs, secrets)]
     was_training = model.training
     model.eval()
-    episodes(model, tokenizer, prompts, tools=None, row_tools=[[env.guess] for env in envs], greedy=greedy,
-             temperature=temperature, max_tool_calling_iterations=guess_env.MAX_GUESSES,
-             response_length=guess_env.RESPONSE_LENGTH)
+    _, envs = play(model, tokenizer, [guess_env.prompt_messages() for _ in secrets],
+                   environment_factory=guess_env.GuessEnv, rows=[{"secret": s} for s in secrets], greedy=greedy,
+                   temperature=temperature, max_tool_calling_iterations=guess_env.MAX_GUESSES,
+                   response_length=guess_env.RESPONSE_LENGTH)
     model.train(was_training)
     n = len(envs)
     return {"reward": sum(e.get_reward() for e in envs) / n, "guesses": sum(e.guesses for e in envs) / n,

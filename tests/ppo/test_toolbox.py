@@ -147,8 +147,10 @@ def test_launches_where_turns_cannot_differ_between_processes_are_refused():
 
 
 @pytest.mark.parametrize("settings, data, message", [
-    ({}, {"input_ids": [[1, 2]]}, "train_dataset: tools need a 'prompt' column of chat messages"),
-    ({}, {"prompt": ["Add 2 and 3."]}, "train_dataset: with tools the 'prompt' column must hold chat messages"),
+    ({}, {"input_ids": [[1, 2]]}, "train_dataset has no column 'prompt' (columns: input_ids); tools and "
+     "environment_factory need the prompts as chat messages"),
+    ({}, {"prompt": ["Add 2 and 3."]}, "train_dataset row 0: with tools and environment_factory 'prompt' must be chat "
+     "messages"),
     ({"stop_token_id": 5}, None, "stop_token_id: 5 with tools; each turn ends at the tokenizer's EOS"),
     ({"dynamic_sampling": True, "advantage_estimator": "grpo", "num_samples_per_prompt": 2}, None,
      "dynamic_sampling: not supported with tools yet"),
@@ -164,6 +166,24 @@ def test_what_the_trainer_refuses_with_tools(tok, tmp_path, settings, data, mess
     with pytest.raises(UserInputError) as caught:
         Toolbox.for_trainer([add], Counter, tok, args, dataset)
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_the_trainer_refuses_rows_that_name_no_given_environment(tok, tmp_path):
+    """With several environments the dataset's ``environment`` column is checked when the trainer is built (the
+    recipe loader's rule, before any episode), naming the first row that names an unknown one."""
+    from datasets import Dataset
+
+    from trl_ext import PPOConfig
+
+    args = PPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False)
+    prompt = [{"role": "user", "content": "Add 2 and 3."}]
+    factories = {"count": Counter, "quiet": Quiet}
+    with pytest.raises(UserInputError, match="^train_dataset has no column 'environment' .*names several"):
+        Toolbox.for_trainer([add], factories, tok, args, Dataset.from_dict({"prompt": [prompt]}))
+    rows = Dataset.from_dict({"prompt": [prompt] * 3, "environment": ["count", "chess", "quiet"]})
+    with pytest.raises(UserInputError, match=r"^train_dataset row 1: environment 'chess' is not one of "
+                                             r"environment_factory's \(count, quiet\)$"):
+        Toolbox.for_trainer([add], factories, tok, args, rows)
 
 
 def test_reward_sources_prompt_rendering_and_the_tokenizers_own_parser(tok):

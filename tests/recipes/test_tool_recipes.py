@@ -262,6 +262,8 @@ MISSING_REWARD = ("recipe: missing key 'reward_model_path' (the reward model PPO
      MISSING_REWARD + "; environment_factory's environments have no get_reward method either"),
     (dict(environment_factory=None), MISSING_REWARD),
     (dict(reward_num_workers=2), "recipe: key 'reward_num_workers': reward functions receive the environments"),
+    (dict(dynamic_sampling=True, advantage_estimator="grpo", num_samples_per_prompt=2),
+     "recipe: key 'dynamic_sampling': not supported with tools yet"),
     (dict(environment_factory=None, reward_funcs=["my_tools.py:answer_reward"]),
      "recipe: key 'reward_funcs' entry 1 'my_tools.py:answer_reward': function 'answer_reward' needs 'environments'"),
     (dict(reward_funcs=["my_tools.py:answer_reward"], reward_weights=[1.0]),

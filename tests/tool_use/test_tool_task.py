@@ -153,14 +153,3 @@ def test_sft_loss_covers_only_the_policys_tokens(task_data, modules):
         # the labelled tokens are the call and the answer, and the tool's result is nowhere among them
         kept = tok.decode([t for t in labels if t != -100])
         assert "<tool_response>" not in kept and kept.count("<|im_end|>") == 2 and kept.startswith("<tool_call>")
-
-
-def test_run_tool_calls_follows_trl():
-    evaluate = recipe_module("tool_use", "evaluate")
-    calls = [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}},
-             {"type": "function", "function": {"name": "mul", "arguments": {"a": 2}}},
-             {"type": "function", "function": {"name": "add", "arguments": {"a": 2}}}]
-    out = evaluate.run_tool_calls(calls, tool_task.TOOLS)
-    assert out[0] == {"role": "tool", "name": "add", "content": "5"}
-    assert out[1] == {"role": "tool", "name": "mul", "content": "{'error': 'Tool mul not found.'}"}
-    assert out[2]["content"].startswith("{'error': ") and "'b'" in out[2]["content"]

@@ -13,8 +13,10 @@ callable; each tool, and each public method of each environment, has the JSON sc
 factory is called once and its instance must have ``reset``. An environment whose class has ``get_reward`` is a
 reward source (named after the class), so such a recipe needs neither ``reward_model_path`` nor ``reward_funcs``.
 Once the data and the tokenizer are open: :func:`check_tool_data` (a ``prompt`` column of chat messages; the
-``environment`` column of several environments) and :func:`check_tool_tokenizer` (a template that renders tool
-calls). Each problem is one line naming the key.
+``environment`` column of several environments) and :func:`check_tool_tokenizer` (the stop token; a template that
+renders tool calls). The rules the trainer applies too live in :mod:`trl_ext.ppo.episodes.tool_rules` (the data,
+the settings ``dynamic_sampling`` and ``reward_num_workers``, the stop token, the template); this module names the
+recipe key in their messages. Each problem is one line naming the key.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserInputError
+from ..ppo.episodes.tool_rules import (check_tool_args, check_tool_callable, check_tool_dataset, check_tool_stop_token,
+                                       check_tool_template, one_line)
 
 __all__ = ["ToolKeys", "check_reward_source", "check_tool_data", "check_tool_tokenizer", "resolve_tool_keys",
            "tool_lines", "uses_tools"]
@@ -71,21 +75,20 @@ def _decoded(value):
     return value
 
 
-def _one_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+def recipe_key(key: str) -> str:
+    """How messages name a recipe key."""
+    return f"recipe: key '{key}'"
 
 
 def check_tool(tool, where: str) -> None:
     """``tool`` can be offered to the model: a named callable whose JSON schema the chat template can render."""
     from transformers.utils import get_json_schema
 
-    if not callable(tool) or not hasattr(tool, "__name__"):
-        raise UserInputError(f"{where}: {type(tool).__name__} is not a function (a tool is called by its __name__)")
+    check_tool_callable(tool, where)
     try:
         get_json_schema(tool)
     except Exception as err:  # noqa: BLE001 - transformers' parsing errors, as one line
-        raise UserInputError(f"{where}: the chat template cannot describe it ({_one_line(err)}); {SCHEMA_HINT}"
+        raise UserInputError(f"{where}: the chat template cannot describe it ({one_line(err)}); {SCHEMA_HINT}"
                              ) from None
 
 
@@ -134,7 +137,7 @@ def _resolve_environment(spec_text: str, where: str, base_dir: Path):
     try:
         instance = factory()
     except Exception as err:  # noqa: BLE001 - the user's constructor, as one line
-        raise UserInputError(f"{where}: calling it failed: {_one_line(err)} (the trainer calls it without "
+        raise UserInputError(f"{where}: calling it failed: {one_line(err)} (the trainer calls it without "
                              "arguments to build each episode's environment)") from None
     if not callable(getattr(instance, "reset", None)):
         raise UserInputError(f"{where}: its instance ({type(instance).__name__}) has no reset method; an environment "
@@ -152,6 +155,8 @@ def resolve_tool_keys(ctx) -> ToolKeys:
         pipeline.tools = [_decoded(entry) for entry in pipeline.tools]
         out.tools, out.tool_entries = _resolve_tools(pipeline.tools, base_dir)
     if pipeline.environment_factory is None:
+        if out.tools:
+            check_tool_args(ctx.training_args, None, name=recipe_key)
         return out
     pipeline.environment_factory = _decoded(pipeline.environment_factory)
     factories, methods = {}, 0
@@ -172,9 +177,7 @@ def resolve_tool_keys(ctx) -> ToolKeys:
     if not methods and not out.tools:
         raise UserInputError("recipe: key 'environment_factory': its environments have no public method and the "
                              "recipe has no 'tools': the model would have nothing to call")
-    if getattr(ctx.training_args, "reward_num_workers", 0):
-        raise UserInputError("recipe: key 'reward_num_workers': reward functions receive the environments, which live "
-                             "in the training process; set reward_num_workers: 0 with environment_factory")
+    check_tool_args(ctx.training_args, out.environment_factory, name=recipe_key)
     return out
 
 
@@ -192,55 +195,21 @@ def check_reward_source(ctx) -> None:
 
 def check_tool_data(recipe, dataset, *, name: str, split: str) -> None:
     """With tools: the dataset's ``prompt`` column holds chat messages (rendered with the tools' schema);
-    with several environments, its ``environment`` column names one of them in every row."""
-    if not uses_tools(recipe):
-        return
-    keys = " and ".join(k for k in ("tools", "environment_factory") if getattr(recipe, k, None))
-    where, columns = f"dataset '{name}' split '{split}'", list(dataset.column_names or [])
-    listing = f"(columns: {', '.join(columns) or 'none'})"
-    if "prompt" not in columns:
-        raise UserInputError(f"{where} has no column 'prompt' {listing}; {keys} need the prompts as chat messages "
-                             "(rendered with the tools' schema)")
-    prompt = dataset[0]["prompt"] if len(dataset) else []  # one Arrow type for the column: the first row tells
-    if not (isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt)):
-        raise UserInputError(f"{where} row 0: with {keys} 'prompt' must be chat messages (a list of "
-                             f"{{'role', 'content'}} dicts), got {type(prompt).__name__}")
-    factories = recipe.environment_factory
-    if isinstance(factories, dict):
-        if "environment" not in columns:
-            raise UserInputError(f"{where} has no column 'environment' {listing}; environment_factory names several "
-                                 f"environments ({', '.join(factories)}): each row names its own")
-        unknown = [env for env in dataset.unique("environment") if env not in factories]
-        if unknown:
-            row = list(dataset["environment"]).index(unknown[0])
-            raise UserInputError(f"{where} row {row}: environment {unknown[0]!r} is not one of environment_factory's "
-                                 f"({', '.join(factories)})")
+    with several environments, its ``environment`` column names one of them in every row (the trainer's rule,
+    :func:`~trl_ext.ppo.episodes.tool_rules.check_tool_dataset`)."""
+    if uses_tools(recipe):
+        check_tool_dataset(dataset, getattr(recipe, "tools", None), recipe.environment_factory,
+                           where=f"dataset '{name}' split '{split}'")
 
 
 def check_tool_tokenizer(recipe, tokenizer) -> None:
     """With tools: every turn ends at the tokenizer's EOS (no other ``stop_token_id``), and its chat template renders
-    a tool-calling conversation whose tool calls TRL can parse (the trainer's own checks, before any model loads)."""
+    a tool-calling conversation whose tool calls TRL can parse (the trainer's own rules,
+    :mod:`trl_ext.ppo.episodes.tool_rules`, before any model loads)."""
     if not uses_tools(recipe):
         return
-    stop = getattr(recipe.training_args, "stop_token_id", None)
-    if stop is not None and stop != tokenizer.eos_token_id:
-        raise UserInputError(f"recipe: key 'stop_token_id': {stop} with tools; each turn ends at the tokenizer's EOS "
-                             f"({tokenizer.eos_token_id}): leave stop_token_id unset or use stop_token: eos")
-    try:
-        from trl.chat_template_utils import add_response_schema, supports_tool_calling
-    except ImportError:  # an older TRL: the trainer reports what it cannot do
-        return
-    model = recipe.model_args.model_name_or_path
-    if not supports_tool_calling(tokenizer):
-        raise UserInputError(f"recipe: key 'model_name_or_path': the chat template of '{model}' does not render a "
-                             "tool-calling conversation (user, assistant with tool_calls, tool); use a model whose "
-                             "template does (Qwen2.5/Qwen3, Llama 3.1) or set chat_template_path")
-    if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
-        try:
-            add_response_schema(tokenizer)
-        except ValueError as err:
-            raise UserInputError(f"recipe: key 'model_name_or_path': TRL cannot parse tool calls with the chat "
-                                 f"template of '{model}' ({_one_line(err)})") from None
+    check_tool_stop_token(recipe.training_args, tokenizer, name=recipe_key)
+    check_tool_template(tokenizer, name=recipe_key("model_name_or_path"), model=recipe.model_args.model_name_or_path)
 
 
 def tool_lines(recipe) -> list[str]:

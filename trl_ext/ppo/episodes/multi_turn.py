@@ -31,7 +31,7 @@ from ...errors import UserInputError
 from .tool_calls import ToolCallCounts, ToolExecutor
 from .toolbox import Toolbox
 
-__all__ = ["Episode", "EpisodeBatch", "MultiTurnRollout"]
+__all__ = ["Episode", "EpisodeBatch", "MultiTurnRollout", "left_pad", "turn_ids"]
 
 
 @dataclass
@@ -108,6 +108,19 @@ class EpisodeBatch:
         }
 
 
+def turn_ids(response: torch.Tensor, budget: int, eos_token_id: int, pad_token_id: int) -> list[int]:
+    """A sampled turn's tokens: through its EOS (or up to the first pad), at most ``budget``."""
+    ids = response.tolist()
+    for stop, token in enumerate(ids):
+        if token == eos_token_id:
+            ids = ids[: stop + 1]
+            break
+        if token == pad_token_id:
+            ids = ids[:stop]
+            break
+    return ids[:budget]
+
+
 def left_pad(rows: list[list[int]], pad_token_id: int, like: torch.Tensor) -> torch.Tensor:
     width = max(len(r) for r in rows)
     out = like.new_full((len(rows), width), pad_token_id)
@@ -172,16 +185,7 @@ class MultiTurnRollout:
                                                                  data["input_ids"])}
 
     def _turn_ids(self, response: torch.Tensor, budget: int) -> list[int]:
-        """A sampled turn's tokens: through its EOS (or up to the first pad), at most ``budget``."""
-        ids = response.tolist()
-        for stop, token in enumerate(ids):
-            if token == self.eos_token_id:
-                ids = ids[: stop + 1]
-                break
-            if token == self.pad_token_id:
-                ids = ids[:stop]
-                break
-        return ids[:budget]
+        return turn_ids(response, budget, self.eos_token_id, self.pad_token_id)
 
     def run(self, queries: torch.Tensor, sample) -> tuple[torch.Tensor, torch.Tensor, EpisodeBatch]:
         """The episodes of ``queries`` (rendered by :meth:`begin`): ``(query_responses, logprobs, batch)``.

@@ -20,6 +20,8 @@ from __future__ import annotations
 import inspect
 
 from ...errors import UserInputError
+from .tool_rules import (check_tool_args, check_tool_callable, check_tool_dataset, check_tool_stop_token,
+                         check_tool_template)
 
 __all__ = ["Toolbox", "environment_methods", "parse_turn", "tool_suffix_ids"]
 
@@ -60,11 +62,6 @@ def tool_suffix_ids(tokenizer, tool_messages: list[dict], *, chat_template=None,
     return full[len(prefix):]
 
 
-def _check_tool(tool, where: str) -> None:
-    if not callable(tool) or not hasattr(tool, "__name__"):
-        raise UserInputError(f"{where}: {tool!r} is not a function")
-
-
 class Toolbox:
     """The run's tools and environments (module docstring): built once from the trainer's ``tools`` and
     ``environment_factory``, then per update :meth:`start_batch` gives each row its environment and its tools."""
@@ -72,7 +69,7 @@ class Toolbox:
     def __init__(self, tools, environment_factory, processing_class, chat_template_kwargs: dict | None = None):
         tools = list(tools or [])
         for i, tool in enumerate(tools):
-            _check_tool(tool, f"tools[{i}]")
+            check_tool_callable(tool, f"tools[{i}]")
         self.standalone_tools = tools
         self.multi_environment = isinstance(environment_factory, dict)
         if environment_factory is None:
@@ -107,27 +104,10 @@ class Toolbox:
 
     @classmethod
     def for_trainer(cls, tools, environment_factory, processing_class, args, train_dataset) -> "Toolbox":
-        """The trainer's toolbox, after the checks of what the trainer was given with it (one line each)."""
-        columns = getattr(train_dataset, "column_names", None)
-        if columns is not None:
-            if "prompt" not in columns:
-                raise UserInputError("train_dataset: tools need a 'prompt' column of chat messages (the prompt is "
-                                     "rendered with the tools' schema); the dataset has "
-                                     f"{', '.join(columns) or 'no columns'}")
-            first = train_dataset[0]["prompt"] if len(train_dataset) else []
-            if not isinstance(first, list):
-                raise UserInputError("train_dataset: with tools the 'prompt' column must hold chat messages (a list "
-                                     "of {'role', 'content'} dicts), not text")
-        stop = args.stop_token_id
-        if stop is not None and stop != processing_class.eos_token_id:
-            raise UserInputError(f"stop_token_id: {stop} with tools; each turn ends at the tokenizer's EOS "
-                                 f"({processing_class.eos_token_id}): leave stop_token_id unset or use stop_token: eos")
-        if args.dynamic_sampling:
-            raise UserInputError("dynamic_sampling: not supported with tools yet (the episodes of its extra rounds are "
-                                 "not merged); leave dynamic_sampling off with tools or environment_factory")
-        if environment_factory is not None and args.reward_num_workers:
-            raise UserInputError("reward_num_workers: reward functions receive the environments, which live in the "
-                                 "training process; set reward_num_workers: 0 with environment_factory")
+        """The trainer's toolbox, after the checks of what the trainer was given with it (:mod:`.tool_rules`)."""
+        check_tool_dataset(train_dataset, tools, environment_factory, where="train_dataset")
+        check_tool_stop_token(args, processing_class)
+        check_tool_args(args, environment_factory)
         return cls(tools, environment_factory, processing_class, args.chat_template_kwargs)
 
     def with_environment_rewards(self, reward_funcs) -> list:
@@ -153,28 +133,14 @@ class Toolbox:
         return dataset.map(render)
 
     def _check_template(self, processing_class):
-        """TRL's checks and setup of the tokenizer; returns the template to render with (None: the tokenizer's)."""
-        from trl.chat_template_utils import (
-            add_response_schema,
-            get_training_chat_template,
-            is_chat_template_prefix_preserving,
-            supports_tool_calling,
-        )
+        """TRL's checks and setup of the tokenizer (:func:`.tool_rules.check_tool_template`); returns the template to
+        render with (None: the tokenizer's)."""
+        from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving
 
         if not self.tools:
             raise UserInputError("tools: none given (environment_factory's environments have no public method "
                                  "either); pass tools, or environments with tool methods")
-        if not supports_tool_calling(processing_class):
-            raise UserInputError("processing_class: its chat template does not render a tool-calling conversation "
-                                 "(user -> assistant with tool_calls -> tool); use a model whose template does "
-                                 "(e.g. Qwen2.5/Qwen3, Llama 3.1)")
-        has_template = getattr(processing_class, "response_template", None) is not None
-        if not has_template and getattr(processing_class, "response_schema", None) is None:
-            try:
-                add_response_schema(processing_class)
-            except ValueError as err:
-                raise UserInputError(f"processing_class: cannot parse tool calls with this chat template ({err})"
-                                     ) from None
+        check_tool_template(processing_class, name="processing_class")
         if is_chat_template_prefix_preserving(processing_class):
             return None
         return get_training_chat_template(processing_class)
