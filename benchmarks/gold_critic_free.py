@@ -1,4 +1,4 @@
-"""Critic-free advantage estimators on the gold task (issue 19): GAE with a value model vs RLOO, GRPO and REINFORCE++
+"""Critic-free advantage estimators on the gold task: GAE with a value model vs RLOO, GRPO and REINFORCE++
 at the same number of generated responses and the same KL coefficient, several training seeds.
 
 The pipeline of benchmarks/gold_reward.py (data, random base, SFT, 1000 noisy preference pairs, the seed-0 proxy reward

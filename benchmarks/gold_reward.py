@@ -1,5 +1,5 @@
 """Gold-reward study: does the RLHF pipeline improve what we care about, and does each extension do what its paper
-says? (issue 13; Gao et al. 2022, "Scaling Laws for Reward Model Overoptimization"; InstructGPT's SFT -> reward
+says? (Gao et al. 2022, "Scaling Laws for Reward Model Overoptimization"; InstructGPT's SFT -> reward
 model -> PPO).
 
 On the gold task of recipes/gold (a synthetic language whose true reward is a program, recipes/gold/README.md) the

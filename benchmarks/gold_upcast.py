@@ -1,5 +1,5 @@
-"""Does a bfloat16 residual stream (`upcast_non_quantized: false`) learn as well as peft's float32 upcast? (issue 18,
-section 3: the default is chosen by this evidence.)
+"""Does a bfloat16 residual stream (`upcast_non_quantized: false`) learn as well as peft's float32 upcast?
+The default is chosen by this evidence (benchmarks/README.md section 8).
 
 On the gold task of recipes/gold (recipes/gold/README.md) the script builds the data, the SFT model and the proxy
 reward model as benchmarks/gold_reward.py does, then runs PPO (recipes/gold/ppo.yaml) with a **4-bit nf4 LoRA

@@ -1,4 +1,4 @@
-"""Policy objectives on the gold task (issue 26): the GRPO baseline against clip-higher, Dr. GRPO, GSPO, dual clip,
+"""Policy objectives on the gold task: the GRPO baseline against clip-higher, Dr. GRPO, GSPO, dual clip,
 dynamic sampling and an entropy bonus, at the same number of updates, prompts and generated responses, 3 seeds.
 
 The pipeline of benchmarks/gold_critic_free.py (benchmarks/gold_reward.py's data, random base, SFT, noisy preference

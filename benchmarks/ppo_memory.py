@@ -1,4 +1,4 @@
-"""PPO memory (issue 11): (a) rollout log-probs without the (batch, length, vocab) tensor, vs TRL's rollout.
+"""PPO memory: (a) rollout log-probs without the (batch, length, vocab) tensor, vs TRL's rollout.
 
 (a) `rollout`: peak memory of the rollout phase (generation and the sampling log-probs) at response lengths 32, 128
     and 512, trl_ext's rollout (`trl_ext.ppo.rollout.logprobs.generate_with_logprobs`, what `PPOTrainer.

@@ -1,4 +1,4 @@
-"""What trl_ext's PPO extensions cost: update time and peak memory against trl.experimental.ppo.PPOTrainer (issue 7.1).
+"""What trl_ext's PPO extensions cost: update time and peak memory against trl.experimental.ppo.PPOTrainer.
 
 Same tiny Llama policy/value/reward models (built in memory), same prompts, same seed. Three configurations of
 trl_ext.PPOTrainer, each against the baseline: TRL's own trainer at its defaults where the installed TRL ships one

@@ -1,4 +1,4 @@
-"""How a trl_ext PPO update's time grows with response length and batch size (1x, 2x, 4x), and where it goes (issue 7.4).
+"""How a trl_ext PPO update's time grows with response length and batch size (1x, 2x, 4x), and where it goes.
 
 One small Llama policy/value/reward (built in memory), trl_ext.PPOTrainer at TRL's defaults (4 PPO epochs, 2
 mini-batches, micro-batches of 2). Five settings: the base (`--batch`, `--response-length`), the response length

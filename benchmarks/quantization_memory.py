@@ -1,5 +1,5 @@
 """Policy weight memory and peak RSS of a short PPO run: fp32 vs bf16 vs 8-bit vs 4-bit nf4 LoRA, and a LoRA policy
-whose reference is its own base (adapters disabled) vs a full copy as reference (issue 7.3).
+whose reference is its own base (adapters disabled) vs a full copy as reference.
 
 A random-initialised Llama policy (default hidden 768, 10 layers: ~64M parameters, so its weights dominate) is
 built locally and saved once; value and reward models are tiny (hidden 64) so that the policy is what differs.

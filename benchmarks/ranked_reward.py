@@ -1,4 +1,4 @@
-"""Ranked reward data vs the same data expanded to all pairs (issue 4 speed claim, issue 7 item 2).
+"""Ranked reward data vs the same data expanded to all pairs.
 
 For K = 2, 4, 8 responses per prompt: one epoch of trl_ext.RewardTrainer on the ranked data (each response
 scored once: K sequences per prompt) against one epoch of trl.RewardTrainer on every ordered pair of the same

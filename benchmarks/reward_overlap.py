@@ -1,4 +1,4 @@
-"""A whole PPO update with a slow verifier: does scoring overlap generation? (issue 25, section 5)
+"""A whole PPO update with a slow verifier: does scoring overlap generation?
 
 The verifier takes 20 ms per completion (it sleeps: a sandbox, a subprocess, a server). One update of
 `trl_ext.PPOTrainer` (`grpo`, k = 4, tiny policy, LoRA) over 64 completions generated in chunks of 16, measured as

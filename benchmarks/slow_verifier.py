@@ -1,4 +1,4 @@
-"""A slow verifier in process vs in `RewardWorkerPool` workers (issue 25, section 5).
+"""A slow verifier in process vs in `RewardWorkerPool` workers.
 
 The verifier takes 20 ms per completion, over 256 completions. In process it gets one call on the whole list, as
 TRL's GRPOTrainer calls a reward function; in the pool it gets one call per completion, on 8 and on 2 workers.

@@ -1,4 +1,4 @@
-"""The tool-use task (issue 33 §2): multi-turn RL with a tool in trl_ext.PPOTrainer, with and without the tool, for
+"""The tool-use task: multi-turn RL with a tool in trl_ext.PPOTrainer, with and without the tool, for
 GAE (a value model across the turns), RLOO and GRPO, measured by held-out exact match.
 
 Task (recipes/tool_use/README.md): ``"What is 48213 + 90577?"``, sums of two five-digit numbers, which a tiny Llama

@@ -1,4 +1,4 @@
-"""The verifiable task (issue 25 §4): RL from a reward function alone (no reward model) with each advantage estimator
+"""The verifiable task: RL from a reward function alone (no reward model) with each advantage estimator
 of trl_ext.PPOTrainer, measured by held-out exact-match accuracy.
 
 Task (recipes/verifiable/README.md): two-digit addition, ``"4 7 + 3 5 ="`` -> ``"8 2"``, on a word-level tokenizer

@@ -1,9 +1,9 @@
-"""TRL's GRPOTrainer against trl_ext.PPOTrainer(advantage_estimator="grpo") on the verifiable addition task (issue 25
-§5): the same SFT model, reward function, k, completions per update, optimizer steps per update and KL-in-loss
-setting, in one process; seconds per update and held-out exact-match accuracy after the same number of updates.
+"""TRL's GRPOTrainer against trl_ext.PPOTrainer(advantage_estimator="grpo") on the verifiable addition task: the
+same SFT model, reward function, k, completions per update, optimizer steps per update and KL-in-loss setting, in one
+process; seconds per update and held-out exact-match accuracy after the same number of updates.
 
 Both sides are built from ONE TRL 1.16 `GRPOConfig` (`trl_grpo_config`): TRL's GRPOTrainer takes it, ours is
-`PPOConfig.from_grpo_config(that config)` (issue 34; the key table in docs/coming-from-grpo.md), with only our rollout
+`PPOConfig.from_grpo_config(that config)` (the key table in docs/coming-from-grpo.md), with only our rollout
 chunk (`local_rollout_forward_batch_size` 64, the whole batch at once as TRL generates it) added. What the mapping
 gives here (GRPOConfig -> ours):
 
@@ -99,7 +99,7 @@ class UpdateClock:
 
 
 def prompt_data(train_rows):
-    """The training set as GRPOTrainer takes it (and, since issue 34, ours too): `prompt` text and `answer`."""
+    """The training set as GRPOTrainer takes it (and ours): `prompt` text and `answer`."""
     from datasets import Dataset
 
     return Dataset.from_dict({"prompt": [r["prompt"] for r in train_rows], "answer": [r["answer"] for r in train_rows]})
