@@ -21,7 +21,6 @@ import sys
 import warnings
 
 MOVED = {
-    "trl_ext.accumulation_state": "trl_ext.ppo.accumulation_state",
     "trl_ext.biased_score_model": "trl_ext.models.biased_score_model",
     "trl_ext.checkpoints": "trl_ext.runtime.checkpoints",
     "trl_ext.data": "trl_ext.recipe_loader.data",

@@ -95,7 +95,6 @@ REFUSED: dict[str, str] = {
 """GRPO keys with no counterpart that change what the run samples or optimises: a non-default value is refused."""
 
 WARNED: dict[str, str] = {
-    "max_grad_norm": "no gradient clipping in trl-ext's PPO (nor in TRL's)",
     "eval_strategy": "no evaluation loop (eval_dataset feeds sample generations only)",
     "router_aux_loss_coef": "no MoE load-balancing loss",
     "cast_lm_head_to_fp32": "the LM head keeps its dtype",
@@ -133,7 +132,7 @@ def not_honoured(name: str) -> bool:
 
 
 _NEUTRAL = {"top_k": (0, None), "pad_to_multiple_of": ("auto", None), "scale_rewards": ("group", True),
-            "eval_strategy": ("no",), "max_grad_norm": (0, 0.0, None)}
+            "eval_strategy": ("no",)}
 """Values that mean "off" besides the field's default (post-init forms, TRL versions' defaults)."""
 
 
@@ -149,7 +148,7 @@ def _default(cls, name):
 
 def _is_set(grpo, name) -> bool:
     value = getattr(grpo, name, None)
-    if name in ("max_grad_norm", "eval_strategy"):  # TrainingArguments defaults that GRPO honours and we do not
+    if name == "eval_strategy":  # a TrainingArguments default that GRPO honours and we do not
         return str(getattr(value, "value", value)) not in {str(v) for v in _NEUTRAL[name]}
     return not (value == _default(type(grpo), name) or value in _NEUTRAL.get(name, ()))
 
