@@ -134,6 +134,8 @@ def test_the_numbers_are_those_of_ddp(engine, ddp_reference):
             continue  # a full policy: DeepSpeed clips its gradients at norm 1, DDP does not (README, "Engines")
         elif run == "ppo_reward_funcs":  # reward functions, no reward model (a stand-in goes through DeepSpeed)
             assert a["reward_mean"] == pytest.approx(ddp[run]["reward_mean"], **close)
+            # gradient accumulation 2 x 2 mini-batches: the engine steps once per mini-batch, as DDP does
+            assert a["optimizer_steps"] == ddp[run]["optimizer_steps"] == 2 * 2 * 2, run
         elif run == "ppo_tools":  # the DDP launch's `tools` run: the same episodes, metrics and KL
             reference = ddp["ppo_ddp"]["tools"]
             assert a["episodes"] == reference["episodes"] and a["logged"] == reference["logged"]

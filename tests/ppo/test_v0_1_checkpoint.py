@@ -41,7 +41,12 @@ def test_ppo_resumes_from_a_v0_1_checkpoint(tiny_models, tmp_path):
     assert got[:CHECKPOINT_STEP] == expected[:CHECKPOINT_STEP]  # the log history comes from the checkpoint
     resumed, reference = got[CHECKPOINT_STEP], expected[CHECKPOINT_STEP]
     assert resumed.keys() == reference.keys() and "loss/ptx_avg" in resumed
-    for key, value in reference.items():
-        assert resumed[key] == pytest.approx(value, abs=1e-5, rel=1e-5), key
+    # update 4 ends a prompt epoch, where 0.1.0 (TRL's arithmetic) stepped on every micro-batch and one optimizer
+    # step per mini-batch is taken here: what the restored weights, RNGs and KL controller sample and score before
+    # the update's optimizer steps is the same
+    sampled = [key for key in reference if key.startswith("objective/")]
+    assert len(sampled) >= 5
+    for key in sampled:
+        assert resumed[key] == pytest.approx(reference[key], abs=1e-5, rel=1e-5), key
     # the KL controller's state came back: update 4's coefficient is the one the adaptive rule reached after 3
     assert resumed["objective/kl_coef"] != expected[0]["objective/kl_coef"]

@@ -60,7 +60,7 @@ def make_ppo_trainer(tiny_models, output_dir, **overrides):
         total_episodes=4 * N_UPDATES, response_length=8, learning_rate=1e-3, logging_steps=1,
         stop_token="eos", missing_eos_penalty=1.0, local_rollout_forward_batch_size=2, num_sample_generations=0,
         kl_controller="adaptive", kl_target=0.01, kl_horizon=8, ptx_coef=0.5, ptx_max_length=16,
-        save_strategy="steps", save_steps=CHECKPOINT_STEP,
+        save_strategy="steps", save_steps=CHECKPOINT_STEP, max_grad_norm=0.0,  # 0.1.0 clipped no gradient
     )
     kwargs.update(overrides)
     return trl_ext.PPOTrainer(
