@@ -91,19 +91,40 @@ def launched_gradient_clipping() -> tuple[float, str | None]:
 def deepspeed_gradient_clipping(max_norm: float | None):
     """Within it, a DeepSpeed engine that accelerate builds clips gradients at ``max_norm`` (0 or None: off), unless
     the launch fixes the value (:func:`launched_gradient_clipping`; PPOConfig refuses a different one). Outside
-    DeepSpeed, a no-op. Sets ``ACCELERATE_GRADIENT_CLIPPING`` for the plugin accelerate creates, then restores it."""
+    DeepSpeed, a no-op.
+
+    accelerate fills the plugin's ``gradient_clipping: auto`` with 1.0 when it prepares the engine, and DeepSpeed's
+    own default is 1.0 too, so the value is written into the config of the plugin being prepared, right before
+    accelerate processes it (``DeepSpeedPlugin.deepspeed_config_process``, wrapped for the duration). The plugin's
+    previous value comes back afterwards: accelerate's process-wide state keeps the plugin for later trainers, which
+    fill it with their own settings."""
     if launched_engine() != DEEPSPEED or launched_gradient_clipping()[1] is not None:
         yield
         return
-    before = os.environ.get("ACCELERATE_GRADIENT_CLIPPING")
-    os.environ["ACCELERATE_GRADIENT_CLIPPING"] = str(float(max_norm or 0.0))
+    from accelerate.utils import DeepSpeedPlugin
+
+    value = float(max_norm or 0.0)
+    original = DeepSpeedPlugin.deepspeed_config_process
+    touched: dict[int, tuple[dict, object]] = {}
+
+    @functools.wraps(original)
+    def process(self, *args, **kwargs):
+        config = self.deepspeed_config
+        if id(config) not in touched:
+            touched[id(config)] = (config, config.get("gradient_clipping"))
+        config["gradient_clipping"] = value
+        return original(self, *args, **kwargs)
+
+    DeepSpeedPlugin.deepspeed_config_process = process
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("ACCELERATE_GRADIENT_CLIPPING", None)
-        else:
-            os.environ["ACCELERATE_GRADIENT_CLIPPING"] = before
+        DeepSpeedPlugin.deepspeed_config_process = original
+        for config, old in touched.values():
+            if old is None:
+                config.pop("gradient_clipping", None)
+            else:
+                config["gradient_clipping"] = old
 
 
 def _has_gpu() -> bool:
