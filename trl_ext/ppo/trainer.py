@@ -18,9 +18,11 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
 5. ``compute_advantages(rollout)``: GAE (:func:`trl_ext.ppo.objective.advantages.gae_advantages`) and whitening; with a
    critic-free ``advantage_estimator`` (RLOO, GRPO, REINFORCE++) :mod:`trl_ext.ppo.objective.critic_free` instead (no value
    model; ``num_samples_per_prompt`` samples of each prompt, repeated by ``next_prompt_batch``).
-6. ``optimize(rollout) -> UpdateStats``: PPO epochs (numpy permutation per epoch) over mini/micro-batches;
-   each micro-batch calls ``compute_micro_batch_loss`` (policy, value and joint ptx losses from
-   :mod:`trl_ext.ppo.objective.losses`); separate ptx steps go through ``ptx_step``.
+6. ``optimize(rollout) -> UpdateStats``: PPO epochs (numpy permutation per epoch) over mini/micro-batches, one
+   optimizer step per mini-batch (:mod:`trl_ext.ppo.optimize_loop`); each micro-batch calls
+   ``compute_micro_batch_loss`` (policy, value and joint ptx losses from :mod:`trl_ext.ppo.objective.losses`); each
+   step goes through ``optimizer_step`` (NaN/inf check, ``max_grad_norm`` clip); separate ptx steps through
+   ``ptx_step``.
 7. ``update_metrics(...) -> dict`` and ``log_update(metrics)`` (:mod:`trl_ext.ppo.update_metrics`): TRL's metrics
    plus ours, then the KL controller (``self.kl_ctl``) updates from the update's ``objective/kl``.
 8. Callbacks, sample generations, then the checkpoint if one is due (``save_extra_checkpoint_files`` adds the value
