@@ -19,8 +19,9 @@ def trainer_for(tiny_models, tok, tmp_path, **overrides):
 
     seed_all(0)
     policy, value, reward = load_models(tiny_models)
-    return trl_ext.PPOTrainer(args=trl_ext.PPOConfig(**config_kwargs(tmp_path, **overrides)), processing_class=tok,
-                              model=policy, ref_model=None, reward_model=reward, value_model=value,
+    args = trl_ext.PPOConfig(**config_kwargs(tmp_path, **overrides))
+    return trl_ext.PPOTrainer(args=args, processing_class=tok, model=policy, ref_model=None, reward_model=reward,
+                              value_model=None if args.critic_free else value,
                               train_dataset=prompt_dataset(tok), eval_dataset=prompt_dataset(tok, n=4, seed=5))
 
 
@@ -106,9 +107,12 @@ def test_max_grad_norm_bounds_each_step_and_the_logged_norm_is_the_gradients(tin
     assert log1["policy/grad_norm"] == pytest.approx(log2["policy/grad_norm"], rel=1e-5)
 
 
-def test_max_grad_norm_per_step_over_epochs_and_mini_batches(tiny_models, tok, tmp_path):
-    """2 PPO epochs x 2 mini-batches: 4 steps, each at most max_grad_norm; the logged norm averages the 4 steps'."""
-    changes, log = clipped_run(tiny_models, tok, tmp_path, 1e-2, num_mini_batches=2)
+@pytest.mark.parametrize("estimator", ["gae", "rloo"])
+def test_max_grad_norm_per_step_over_epochs_and_mini_batches(tiny_models, tok, tmp_path, estimator):
+    """2 PPO epochs x 2 mini-batches: 4 steps, each at most max_grad_norm; the logged norm averages the 4 steps'.
+    With a value model the norm is over policy and value together; critic-free, over the policy alone."""
+    extra = {} if estimator == "gae" else dict(advantage_estimator=estimator, num_samples_per_prompt=2)
+    changes, log = clipped_run(tiny_models, tok, tmp_path, 1e-2, num_mini_batches=2, **extra)
     assert len(changes) == 4
     assert all(change <= 1e-2 * (1 + 1e-4) for change in changes)
     assert log["policy/grad_norm"] > 1e-2  # the clip bit on these steps
