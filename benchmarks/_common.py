@@ -187,17 +187,19 @@ def study_cells(seeds, variants: dict, only=None):
 def quiet_timed(fn, log_path):
     """Call `fn()` with its console output in `log_path` and every object alive before it frozen out of the garbage
     collector (TRL's PPO loop calls gc.collect() twice per update: scan only what training creates). Returns
-    (fn's result, seconds)."""
+    (fn's result, seconds). Objects a caller froze before stay frozen (``gc.unfreeze`` thaws every frozen object)."""
     import gc
     from contextlib import redirect_stderr, redirect_stdout
 
+    frozen_before = gc.get_freeze_count()
     gc.collect()
     gc.freeze()
     start = time.perf_counter()
     with open(log_path, "w") as log, redirect_stdout(log), redirect_stderr(log):
         result = fn()
     seconds = time.perf_counter() - start
-    gc.unfreeze()
+    if not frozen_before:
+        gc.unfreeze()
     return result, seconds
 
 
@@ -214,10 +216,14 @@ class HeldOutCurve:
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % self.every == 0 or state.global_step == self.last:
+            import torch
             from evaluate import accuracy
 
-            self.curve.append({"update": state.global_step,
-                               **accuracy(self.trainer.model.policy, self.tokenizer, self.rows)})
+            # evaluate.py seeds torch for its sampled answers: without the fork every training seed would continue
+            # from that one RNG state after the first evaluation
+            with torch.random.fork_rng():
+                self.curve.append({"update": state.global_step,
+                                   **accuracy(self.trainer.model.policy, self.tokenizer, self.rows)})
 
 
 def train_with_curve(trainer, tokenizer, heldout, start: dict, updates: int, log_path, evals: int = 4,
@@ -287,10 +293,11 @@ def logged(trainer, key: str) -> list[float]:
 
 def seconds_per_update(logged: dict) -> float:
     """Mean wall time of a PPO update from the trainer's logged `time/rollout` + `time/scoring` +
-    `time/optimization` (series as `gold_reward.log_series` returns them), the first update (warm-up) left out."""
+    `time/optimization` (series as `gold_reward.log_series` returns them), the first update (warm-up) left out; NaN
+    for a run of one update (a run that a budget of generated responses stops early can have one)."""
     phases = ("time/rollout", "time/scoring", "time/optimization")
     per_update = [sum(logged[k]["value"][i] for k in phases) for i in range(1, len(logged["time/rollout"]["value"]))]
-    return sum(per_update) / len(per_update)
+    return sum(per_update) / len(per_update) if per_update else float("nan")
 
 
 # ---------------------------------------------------------------- memory

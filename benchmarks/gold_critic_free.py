@@ -11,6 +11,7 @@ per update (the trainer's time/rollout + time/scoring + time/optimization) and t
 
     python benchmarks/gold_critic_free.py            # 48 updates x 6 variants x 3 seeds (about 9 min under load)
     python benchmarks/gold_critic_free.py --quick    # 24 updates, 1 seed
+    python benchmarks/gold_critic_free.py --smoke --ppo-updates 2 --seeds 1 --samples-per-prompt 1   # its test
 
 Writes benchmarks/results/gold_critic_free.json and benchmarks/figures/gold_critic_free.png.
 """
@@ -49,6 +50,7 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, default=None, help="training seeds per estimator (default 3, quick 1)")
     p.add_argument("--samples-per-prompt", type=int, default=4, help="evaluation samples per prompt (96 prompts)")
     p.add_argument("--only", nargs="*", default=None, help="run only these estimators (names as in the table)")
+    p.add_argument("--smoke", action="store_true", help="tiny data, pairs and SFT/reward steps (the test's sizes)")
     p.add_argument("--workdir", default=str(RESULTS / "gold_critic_free_runs"), help="where the runs are written")
     p.add_argument("--figures", default=str(FIGURES), help="where the PNG figure goes ('' for none)")
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/gold_critic_free.json)")
@@ -59,7 +61,7 @@ def main(argv=None) -> int:
     setup_env(threads=1)
     work = fresh_workdir(a.workdir)
     started = time.perf_counter()
-    data, reward_dir, evaluator = proxy_setup(work, a.samples_per_prompt)
+    data, reward_dir, evaluator = proxy_setup(work, a.samples_per_prompt, smoke=a.smoke)
     sft_point = {"step": 0, **evaluator.evaluate(work / "sft")}
 
     common = ppo_overrides(work, data, reward_dir, updates, checkpoints=4)
@@ -75,7 +77,7 @@ def main(argv=None) -> int:
 
     total = time.perf_counter() - started
     report(sft_point, runs)
-    settings = {"quick": a.quick, "ppo_updates": updates, "seeds": seeds, "k": K, "noise": NOISE,
+    settings = {"quick": a.quick, "smoke": a.smoke, "ppo_updates": updates, "seeds": seeds, "k": K, "noise": NOISE,
                 "samples_per_prompt": a.samples_per_prompt, "seconds": {"total": total}}
     write_result("gold_critic_free", settings, {"sft": sft_point, "runs": runs}, out=a.out)
     if a.figures:

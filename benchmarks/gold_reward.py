@@ -20,6 +20,8 @@ and draws benchmarks/figures/gold_*.png (needs matplotlib: `pip install "trl-ext
 
     python benchmarks/gold_reward.py            # the study (about 10 minutes on 2 busy CPU cores)
     python benchmarks/gold_reward.py --quick    # fewer updates, seeds and variants (about 3-4 minutes)
+    python benchmarks/gold_reward.py --smoke --ppo-updates 1 --reward-seeds 1 --seeds 1 --samples-per-prompt 1
+                                                # every step and variant on tiny sizes (its test; no meaningful figure)
 """
 
 from __future__ import annotations
@@ -77,23 +79,35 @@ def dpo_variants(quick: bool) -> dict[str, dict]:
 # Running recipes
 
 
-def proxy_setup(work: Path, samples_per_prompt: int):
+def pipeline_sizes(smoke: bool) -> tuple[dict, dict, dict]:
+    """(``make_data`` keywords, ``make_pairs`` keywords, SFT, reward and DPO recipe overrides): empty, the pipeline's
+    own sizes; with ``smoke`` (the scripts' ``--smoke``, what their test runs) 64 SFT examples and 16 held out, 32
+    training and 16 test pairs, and 2 optimizer steps of SFT, of each reward model and of each DPO run: every step of
+    the pipeline runs, in seconds, and none of its figures means anything."""
+    if not smoke:
+        return {}, {}, {}
+    return {"sft_examples": 64, "test_examples": 16}, {"n_train": 32, "n_test": 16}, {"max_steps": 2}
+
+
+def proxy_setup(work: Path, samples_per_prompt: int, smoke: bool = False):
     """The start every PPO comparison on the gold task shares: the task's data and base model (``make_data``), the
     SFT model, noisy gold-labelled pairs of its samples (``NOISE``) and one proxy reward model trained on them (the
-    recipe's seed 0), in ``work``; returns (data folder, reward model folder, a ``GoldEvaluator`` against them)."""
+    recipe's seed 0), in ``work`` (sizes: :func:`pipeline_sizes`); returns (data folder, reward model folder, a
+    ``GoldEvaluator`` against them)."""
     import gold_eval
     from make_data import make_data
     from make_pairs import make_pairs
     from transformers import AutoTokenizer
 
-    make_data(work)
+    data_sizes, pair_sizes, steps = pipeline_sizes(smoke)
+    make_data(work, **data_sizes)
     data = work / "data"
     train("sft", {"model_name_or_path": work / "base", "dataset_name": data / "sft", "output_dir": work / "sft",
-                  "eval_strategy": "no", "disable_tqdm": True})
-    make_pairs(work / "sft", data / "pairs", noise=NOISE)
+                  "eval_strategy": "no", "disable_tqdm": True, **steps})
+    make_pairs(work / "sft", data / "pairs", noise=NOISE, **pair_sizes)
     reward_dir = work / "reward"
     train("reward", {"model_name_or_path": work / "sft", "dataset_name": data / "pairs", "output_dir": reward_dir,
-                     "eval_strategy": "no", "disable_tqdm": True})
+                     "eval_strategy": "no", "disable_tqdm": True, **steps})
     heldout = [json.loads(line) for line in open(data / "sft" / "test.jsonl")]
     evaluator = gold_eval.GoldEvaluator(AutoTokenizer.from_pretrained(work / "sft"), sft=work / "sft",
                                         reward_model=reward_dir, heldout=heldout, samples_per_prompt=samples_per_prompt)
@@ -163,6 +177,7 @@ def main(argv=None) -> int:
     p.add_argument("--only", nargs="*", default=None, help="run only the PPO/DPO variants with these names")
     p.add_argument("--workdir", default=str(RESULTS / "gold_reward_runs"), help="where the runs are written")
     p.add_argument("--keep-runs", action="store_true", help="keep every run's checkpoints in --workdir")
+    p.add_argument("--smoke", action="store_true", help="tiny data, pairs and SFT/reward steps (the test's sizes)")
     p.add_argument("--figures", default=str(FIGURES), help="where the PNG figures go ('' for none)")
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/gold_reward.json)")
     a = p.parse_args(argv)
@@ -181,11 +196,13 @@ def main(argv=None) -> int:
     seconds: dict[str, float] = {}
 
     # 1. data and base model; 2. SFT; 3. pairs
-    make_data(work)
+    data_sizes, pair_sizes, steps = pipeline_sizes(a.smoke)
+    make_data(work, **data_sizes)
     data = work / "data"
     _, seconds["sft"] = train("sft", {"model_name_or_path": work / "base", "dataset_name": data / "sft",
-                                      "output_dir": work / "sft", "eval_strategy": "no", "disable_tqdm": True})
-    pair_stats = make_pairs(work / "sft", data / "pairs", noise=NOISE)
+                                      "output_dir": work / "sft", "eval_strategy": "no", "disable_tqdm": True,
+                                      **steps})
+    pair_stats = make_pairs(work / "sft", data / "pairs", noise=NOISE, **pair_sizes)
     tokenizer = AutoTokenizer.from_pretrained(work / "sft")
     heldout = [json.loads(line) for line in open(data / "sft" / "test.jsonl")]
     test_pairs = [json.loads(line) for line in open(data / "pairs" / "test.jsonl")]
@@ -198,7 +215,7 @@ def main(argv=None) -> int:
             out = work / f"reward-ls{eps}-seed{seed}"
             trainer, secs = train("reward", {"model_name_or_path": work / "sft", "dataset_name": data / "pairs",
                                              "output_dir": out, "label_smoothing": eps, "seed": seed,
-                                             "eval_strategy": "no", "disable_tqdm": True})
+                                             "eval_strategy": "no", "disable_tqdm": True, **steps})
             reward_rows.append({"label_smoothing": eps, "seed": seed, "seconds": secs,
                                 "gold_accuracy": gold_eval.pair_accuracy(trainer.model, tokenizer, test_pairs),
                                 "noisy_train_accuracy": gold_eval.pair_accuracy(trainer.model, tokenizer,
@@ -230,7 +247,7 @@ def main(argv=None) -> int:
         run_variant("ppo", name, overrides, ppo_common, ("objective/kl", "objective/kl_coef", "objective/scores"))
     dpo_steps = 3 * len(train_pairs) // 32  # recipes/gold/dpo.yaml: 3 epochs of batches of 32
     dpo_common = {"model_name_or_path": work / "sft", "dataset_name": data / "pairs", "save_strategy": "steps",
-                  "save_steps": max(1, dpo_steps // 6), "disable_tqdm": True}
+                  "save_steps": max(1, dpo_steps // 6), "disable_tqdm": True, **steps}
     for name, overrides in dpo_variants(a.quick).items():
         if a.only is not None and name not in a.only:
             continue
@@ -238,8 +255,8 @@ def main(argv=None) -> int:
 
     total = time.perf_counter() - started
     report(sft_point, reward_rows, runs, pair_stats)
-    settings = {"quick": a.quick, "ppo_updates": updates, "reward_seeds": reward_seeds, "noise": NOISE,
-                "seeds": seeds,
+    settings = {"quick": a.quick, "smoke": a.smoke, "ppo_updates": updates, "reward_seeds": reward_seeds,
+                "noise": NOISE, "seeds": seeds,
                 "samples_per_prompt": a.samples_per_prompt, "seconds": {**seconds, "total": total}}
     write_result("gold_reward", settings, {"sft": sft_point, "pairs": pair_stats, "reward_models": reward_rows,
                                            "runs": runs}, out=a.out)

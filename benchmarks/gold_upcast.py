@@ -10,7 +10,8 @@ trained policy is evaluated as it is (4-bit base + adapter, recipes/gold/gold_ev
 and KL to the SFT model over the 96 prompts x `--samples-per-prompt`.
 
     python benchmarks/gold_upcast.py      # 2 seeds x 2 settings, 96 updates each (~11 minutes on 2 CPU cores)
-    python benchmarks/gold_upcast.py --updates 8 --seeds 1   # smoke
+    python benchmarks/gold_upcast.py --updates 8 --seeds 1   # one seed, short runs
+    python benchmarks/gold_upcast.py --smoke --updates 2 --seeds 1 --samples-per-prompt 1   # tiny sizes (its test)
 """
 
 from __future__ import annotations
@@ -42,13 +43,14 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, default=2, help="training seeds per setting")
     p.add_argument("--samples-per-prompt", type=int, default=8, help="evaluation samples per prompt (96 prompts)")
     p.add_argument("--workdir", default=str(RESULTS / "gold_upcast_runs"), help="where the runs are written")
+    p.add_argument("--smoke", action="store_true", help="tiny data, pairs and SFT/reward steps (the test's sizes)")
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/gold_upcast.json)")
     a = p.parse_args(argv)
 
     setup_env(threads=1)
     work = fresh_workdir(a.workdir)
     started = time.perf_counter()
-    data, reward_dir, evaluator = proxy_setup(work, a.samples_per_prompt)
+    data, reward_dir, evaluator = proxy_setup(work, a.samples_per_prompt, smoke=a.smoke)
     sft_point = evaluator.evaluate(work / "sft")
     # where PPO starts: the SFT model loaded as the policy is (4-bit, each setting; LoRA B = 0 adds nothing)
     from trl import ModelConfig
@@ -80,8 +82,9 @@ def main(argv=None) -> int:
 
     report(sft_point, start_points, runs)
     total = time.perf_counter() - started
-    write_result("gold_upcast", {"updates": a.updates, "seeds": a.seeds, "samples_per_prompt": a.samples_per_prompt,
-                                 "policy": QLORA_POLICY, "seconds_total": total},
+    write_result("gold_upcast", {"updates": a.updates, "seeds": a.seeds, "smoke": a.smoke,
+                                 "samples_per_prompt": a.samples_per_prompt, "policy": QLORA_POLICY,
+                                 "seconds_total": total},
                  {"sft": sft_point, "start": {str(k): v for k, v in start_points.items()}, "runs": runs}, out=a.out)
     print(f"total {total:.0f} s; load average now {load_average()}")
     return 0

@@ -10,6 +10,7 @@ reward, proxy reward, KL to the SFT model); also logged: the policy's entropy, t
 
     python benchmarks/objectives.py            # 48 updates x 7 variants x 3 seeds, then the binary-reward pair
     python benchmarks/objectives.py --quick    # 24 updates, 1 seed
+    python benchmarks/objectives.py --smoke --ppo-updates 2 --seeds 1 --samples-per-prompt 1   # its test's sizes
 
 The gold task's proxy scores are continuous, so groups of equal scores are rare and dynamic sampling has little to do.
 A second part (`BINARY`) trains GRPO on a verifier-like binary reward, 1 when the proxy scores a response above the
@@ -79,6 +80,7 @@ def main(argv=None) -> int:
     p.add_argument("--task", choices=("gold", "verifiable"), default="gold",
                    help="gold: the gold task (default); verifiable: the addition task of benchmarks/verifiable.py")
     p.add_argument("--sft-dir", default=None, help="verifiable: reuse this SFT model (its data folder beside it)")
+    p.add_argument("--smoke", action="store_true", help="gold: tiny data, pairs, SFT/reward steps (the test's sizes)")
     a = p.parse_args(argv)
     if a.task == "verifiable":
         return verifiable_study(a)
@@ -88,7 +90,7 @@ def main(argv=None) -> int:
     setup_env(threads=1)
     work = fresh_workdir(a.workdir)
     started = time.perf_counter()
-    data, reward_dir, evaluator = proxy_setup(work, a.samples_per_prompt)
+    data, reward_dir, evaluator = proxy_setup(work, a.samples_per_prompt, smoke=a.smoke)
     sft_point = {"step": 0, **evaluator.evaluate(work / "sft")}
 
     common = {**ppo_overrides(work, data, reward_dir, updates, checkpoints=4), **GRPO}
@@ -107,7 +109,7 @@ def main(argv=None) -> int:
 
     total = time.perf_counter() - started
     report(sft_point, runs)
-    settings = {"quick": a.quick, "ppo_updates": updates, "seeds": seeds, "k": K, "noise": NOISE,
+    settings = {"quick": a.quick, "smoke": a.smoke, "ppo_updates": updates, "seeds": seeds, "k": K, "noise": NOISE,
                 "samples_per_prompt": a.samples_per_prompt, "seconds": {"total": total}}
     write_result("objectives", settings, {"sft": sft_point, "runs": runs}, out=a.out)
     print(f"total {total:.0f} s; load average now {load_average()}")

@@ -188,8 +188,8 @@ def main(argv=None):
         for name in CONFIGS:
             memory.append(run_child(Path(__file__), ["--child", name, *passthrough]))
         trl_growth = memory[0]["train_peak_growth_mb"]
-        for m in memory:
-            m["growth_ratio_vs_trl"] = m["train_peak_growth_mb"] / trl_growth
+        for m in memory:  # no ratio where the baseline's training raised no peak (tiny models: freed heap reused)
+            m["growth_ratio_vs_trl"] = m["train_peak_growth_mb"] / trl_growth if trl_growth > 0 else None
 
     print(f"\nPPO update, trl_ext vs the baseline: policy {models.policy_parameters / 1e6:.2f}M parameters, batch "
           f"{a.batch}, response {a.response_length}, {a.repeats} repeats x {a.updates - 1} timed updates; "

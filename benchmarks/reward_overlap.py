@@ -96,6 +96,7 @@ def main(argv=None):
     p.add_argument("--updates", type=int, default=3)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--workdir", default=None, help="where the tiny models and runs go (default: a new temp folder)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if args.quick:
@@ -105,7 +106,7 @@ def main(argv=None):
 
     from trl_ext.testing import build_tiny_models
 
-    work = Path(tempfile.mkdtemp(prefix="reward_overlap_"))
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="reward_overlap_"))
     tiny = build_tiny_models(work / "tiny")
     runs = {
         "generation alone": lambda: time_run(tiny, work / "a", instant, 0, args),

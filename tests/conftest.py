@@ -29,6 +29,7 @@ LONGEST_FIRST = [
     "tests/engines/test_engines.py",  # 3 DeepSpeed/FSDP launches (the first on a machine compiles an op, ~2 min)
     "tests/recipes/test_recipe_runs.py",  # demo recipes learning, three 2-process CLI launches
     "tests/recipes/test_gold_pipeline.py",  # SFT -> reward -> PPO on the gold task: one test
+    "tests/benchmarks/test_gold_benchmarks.py",  # the four gold studies' scripts, each its own tiny pipeline
     "tests/engines/test_engine_cli.py",  # 2 ZeRO-2 CLI launches
     "tests/recipes/test_every_key.py",
     "tests/test_gpu_ppo_benchmark.py",
@@ -115,6 +116,39 @@ def tool_models(tmp_path_factory, worker_id):
     from trl_ext.testing_tools import save_tool_models
 
     return Path(once_per_run(tmp_path_factory, worker_id, "tool_models", lambda root: str(save_tool_models(root))))
+
+
+@pytest.fixture(scope="session")
+def ppo_run(tiny_models, tmp_path_factory, worker_id):
+    """A real trl-ext PPO run's output folder, trained once per test run (`once_per_run`; a few seconds): the "lora"
+    scenario of tests/ppo_reference.py (LoRA policy, separate value model, 3 updates of 4 episodes) with the
+    pretraining mix on and a checkpoint after every update. Its policy's base is a copy of the tiny policy in a
+    temporary folder, deleted after training, as a script that trains from a temporary folder leaves its run.
+
+    A dict: ``run`` (the output_dir: ``checkpoint-1`` to ``checkpoint-3``), ``base`` (the deleted base's path) and
+    ``updates`` (each update's ``step`` and ``objective/scores``, as the trainer logged them)."""
+    import dataclasses
+    import shutil
+    from pathlib import Path
+
+    def train(root):
+        import trl_ext
+        from ppo_helpers import left_tokenizer, ptx_dataset
+        from ppo_reference import run_scenario, scenario_data
+
+        base = root / "base"
+        shutil.copytree(tiny_models.policy, base)
+        tok = left_tokenizer(tiny_models)
+        _, logs = run_scenario(trl_ext.PPOTrainer, trl_ext.PPOConfig, "lora",
+                               dataclasses.replace(tiny_models, policy=base), tok, scenario_data(tok), root / "ppo",
+                               overrides=dict(save_steps=1, ptx_coef=0.5, ptx_max_length=16, num_sample_generations=0),
+                               ptx_dataset=ptx_dataset())
+        shutil.rmtree(base)
+        updates = [{"step": e["step"], "objective/scores": e["objective/scores"]} for e in logs]
+        return {"run": str(root / "ppo"), "base": str(base), "updates": updates}
+
+    run = once_per_run(tmp_path_factory, worker_id, "ppo_run", train)
+    return {**run, "run": Path(run["run"]), "base": Path(run["base"])}
 
 
 @pytest.fixture(scope="session")

@@ -75,15 +75,16 @@ def scenario_data(tok):
     return prompt_dataset(tok), prompt_dataset(tok, n=4, seed=5)
 
 
-def run_scenario(trainer_cls, config_cls, name, tiny_models, tok, data, output_dir, **extra):
-    """Run scenario `name` with `trainer_cls`/`config_cls` (TRL's or trl_ext's): (trainer, per-update logs)."""
+def run_scenario(trainer_cls, config_cls, name, tiny_models, tok, data, output_dir, overrides=None, **extra):
+    """Run scenario `name` with `trainer_cls`/`config_cls` (TRL's or trl_ext's): (trainer, per-update logs).
+    `overrides`: config keys over the scenario's; `extra`: trainer arguments."""
     scenario = SCENARIOS[name]
     seed_all(0)
     policy, value, reward = load_models(tiny_models)
     if scenario.get("wrap_policy"):
         policy = scenario["wrap_policy"](policy)
     trainer = trainer_cls(
-        args=config_cls(**config_kwargs(output_dir, **scenario.get("overrides", {}))),
+        args=config_cls(**config_kwargs(output_dir, **{**scenario.get("overrides", {}), **(overrides or {})})),
         processing_class=tok,
         model=policy,
         ref_model=None,

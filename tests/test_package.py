@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 import trl_ext
-from trl_ext._moved_modules import MOVED
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,18 +66,6 @@ def test_unknown_attribute():
         trl_ext.NoSuchThing  # noqa: B018
 
 
-@pytest.mark.parametrize("old", sorted(MOVED))
-def test_old_module_paths_import_the_moved_module(old):
-    """trl-ext 0.1.0's flat paths (pickled in old checkpoints, imported by user code) give the moved module itself."""
-    import importlib
-
-    sys.modules.pop(old, None)
-    with pytest.warns(DeprecationWarning, match=f"{old} moved to {MOVED[old]}"):
-        module = importlib.import_module(old)
-    assert module is importlib.import_module(MOVED[old])
-    assert module.__spec__.name == MOVED[old] == module.__name__
-
-
 def test_cli_version_and_help():
     out = run_cli("--version")
     assert out.returncode == 0 and out.stdout.strip() == f"trl-ext {trl_ext.__version__}"
@@ -129,7 +116,6 @@ def test_documented_paths_and_modules_exist(doc):
     """Every repository path and every `trl_ext.x.y` name that the README and the benchmarks README quote resolves."""
     import importlib
     import re
-    import warnings
 
     checked = 0
     for word in _code_spans(doc):
@@ -142,14 +128,12 @@ def test_documented_paths_and_modules_exist(doc):
                 checked += 1
         elif re.fullmatch(r"trl_ext(\.\w+)+", word):
             parts = word.split(".")
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)  # 0.1.0 paths, quoted on purpose
-                for cut in range(len(parts), 0, -1):
-                    try:
-                        obj = importlib.import_module(".".join(parts[:cut]))
-                        break
-                    except ModuleNotFoundError:
-                        continue
+            for cut in range(len(parts), 0, -1):
+                try:
+                    obj = importlib.import_module(".".join(parts[:cut]))
+                    break
+                except ModuleNotFoundError:
+                    continue
             for attr in parts[cut:]:
                 obj = getattr(obj, attr)
             checked += 1
@@ -179,7 +163,7 @@ def test_local_links_resolve(doc):
 
 def test_models_do_not_depend_on_the_trainer_packages():
     """trl_ext.models loads models for every trainer: it imports none of them (PPO's helpers it shares live in
-    trl_ext.models.positions; trl_ext.ppo.rollout.sequences.first_true_indices still imports)."""
+    trl_ext.models.positions, which trl_ext.ppo.rollout.sequences re-exports with the other sequence helpers)."""
     import ast
 
     for path in sorted((ROOT / "trl_ext" / "models").glob("*.py")):
@@ -189,9 +173,9 @@ def test_models_do_not_depend_on_the_trainer_packages():
                 assert not module.startswith(("..ppo", "..preference", "..sft", "..recipes", "..recipe_loader", "trl_ext.ppo")), (
                     f"{path.name} imports {module}")
     from trl_ext.models.positions import first_true_indices
-    from trl_ext.ppo.rollout.sequences import first_true_indices as old_path
+    from trl_ext.ppo.rollout.sequences import first_true_indices as reexported
 
-    assert old_path is first_true_indices
+    assert reexported is first_true_indices
 
 
 def test_the_longest_first_modules_exist():

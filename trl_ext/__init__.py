@@ -19,8 +19,6 @@ The package, one subpackage per role (each ``__init__.py`` says what it holds):
 * ``config_rules.py``: each config field's nullability, choices and range, checked when any trl-ext config is built.
 * ``errors.py``: :class:`~trl_ext.errors.UserInputError`, the one exception for bad input (used everywhere).
 * ``testing.py``: tiny offline models for tests, the demo and the benchmarks.
-* ``_moved_modules.py``: old module paths that still import (0.1's flat modules, formerly ``trl_ext.recipes``,
-  ``ppo/``'s modules before its rooms).
 
 Heavy imports (torch, transformers, trl) are deferred until a trainer or config is first used, so that
 ``import trl_ext`` and ``trl-ext --help`` stay fast.
@@ -31,11 +29,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from . import _moved_modules
-
 __version__ = "0.1.0"
-
-_moved_modules.install()  # trl-ext 0.1.0's flat module paths (e.g. in pickled checkpoints) still import
 
 _LAZY = {
     "SFTConfig": "trl_ext.sft.trainer",

@@ -107,6 +107,10 @@ RANGES: dict[str, str] = {
     "max_tool_calling_iterations": "[1, inf)",  # trl_ext.ppo.episodes.config
     "tool_timeout_s": "(0, inf)",
     "max_consecutive_nonfinite_skips": "[1, inf)",
+    "top_p": "(0, 1]",  # the rollout's sampling keys (trl_ext.ppo.rollout.sampling; TRL GRPOConfig's ranges)
+    "top_k": "[0, inf)",
+    "min_p": "[0, 1]",
+    "repetition_penalty": "(0, inf)",
     # local_rollout_forward_batch_size (an int or "auto") is checked by its own argparse type,
     # trl_ext.ppo.rollout.chunk.rollout_chunk_value
 }

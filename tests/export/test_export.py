@@ -179,19 +179,20 @@ def test_ppo_checkpoint_with_lora_policy_and_lora_value_model(runs, plain_output
     assert plain_outputs["ppo_lora_checkpoint/value"]["bias"] is not None  # the centred head came along
 
 
-def test_checkpoint_without_a_recipe(tiny_models, batch, tmp_path, capsys):
-    """A PPO checkpoint trl-ext 0.1.0 wrote from Python (no recipe): its base was a temporary folder, so export first
-    refuses in one line; given the base (`--base`), it exports the policy (merged) and the value model."""
+def test_checkpoint_without_a_recipe(ppo_run, tiny_models, batch, tmp_path, capsys):
+    """A PPO checkpoint written from Python (no recipe; the session's `ppo_run`, tests/conftest.py): its LoRA
+    policy's base was a temporary folder, deleted since, so export first refuses in one line; given the base
+    (`--base`), it exports the policy (merged) and the value model."""
     from trl_ext.export import export_run
 
-    fixture = Path(__file__).resolve().parents[1] / "data" / "v0_1_checkpoints" / "ppo" / "checkpoint-3"
-    code, err = _cli(capsys, "export", fixture, tmp_path / "out")
-    assert code == 2 and len(err.splitlines()) == 1 and "/tiny/policy" in err and "does not exist" in err
+    checkpoint = ppo_run["run"] / "checkpoint-3"
+    assert not ppo_run["base"].exists()
+    code, err = _cli(capsys, "export", checkpoint, tmp_path / "out")
+    assert code == 2 and len(err.splitlines()) == 1 and str(ppo_run["base"]) in err and "does not exist" in err
     assert not (tmp_path / "out").exists()
 
-    code, err = _cli(capsys, "export", fixture, tmp_path / "out", "--base", tmp_path / "nowhere")
+    code, err = _cli(capsys, "export", checkpoint, tmp_path / "out", "--base", tmp_path / "nowhere")
     assert code == 2 and "--base" in err and "no such directory" in err and not (tmp_path / "out").exists()
-    checkpoint = fixture
     info = export_run(checkpoint, tmp_path / "out", base=str(tiny_models.policy))  # the same deterministic model
     assert info["trainer"] == "ppo" and sorted(info["roles"]) == ["policy", "value"] and info["recipe"] == {}
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
@@ -199,6 +200,8 @@ def test_checkpoint_without_a_recipe(tiny_models, batch, tmp_path, capsys):
     exported = _causal_logits(AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "policy").eval(), batch)
     reference = _peft_reference(str(tiny_models.policy), checkpoint, batch)
     torch.testing.assert_close(_masked(exported, batch), _masked(reference, batch), **FP32)
+    base = _causal_logits(AutoModelForCausalLM.from_pretrained(tiny_models.policy).eval(), batch)
+    assert (_masked(exported, batch) - _masked(base, batch)).abs().max() > 1e-3  # the trained adapter is merged in
     value = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out" / "value").eval()
     saved = AutoModelForSequenceClassification.from_pretrained(checkpoint / "value_model").eval()
     torch.testing.assert_close(_scores(value, batch), _scores(saved, batch), rtol=0, atol=0)

@@ -161,7 +161,8 @@ def test_sampling_uses_the_ppo_settings_and_the_seed(ppo_shared_run, tmp_path, c
 
     run_dir, trainer = ppo_shared_run
     settings = generation_settings(open_run(run_dir), trainer.model.policy)
-    assert settings == {"max_new_tokens": 10, "top_k": 0, "top_p": 1.0, "do_sample": True,
+    assert settings == {"max_new_tokens": 10, "top_k": 0, "top_p": 1.0, "min_p": None, "repetition_penalty": 1.0,
+                        "do_sample": True,
                         "temperature": pytest.approx(1.0 + 1e-7), "stop_token_id": None}
     files = []
     for name, seed in (("a", 3), ("b", 3), ("c", 4)):
@@ -211,3 +212,12 @@ def test_help_says_what_each_command_writes(capsys):
         with pytest.raises(SystemExit):
             build_parser().parse_args([command, "--help"])
         assert needle in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_ppo_recipes_sampling_keys_are_its_runs_sampling_settings():
+    from trl_ext.export.export_models import ppo_sampling_settings
+
+    settings = ppo_sampling_settings({"response_length": 12, "top_p": 0.9, "top_k": 5, "min_p": 0.1,
+                                      "repetition_penalty": 1.2})
+    assert {k: settings[k] for k in ("max_new_tokens", "top_p", "top_k", "min_p", "repetition_penalty")} == {
+        "max_new_tokens": 12, "top_p": 0.9, "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2}

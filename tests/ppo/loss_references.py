@@ -1,6 +1,6 @@
-"""The PPO policy loss and GRPO's k3 KL loss as trl-ext 0.1 computed them (formerly ``trl_ext.ppo.losses.policy_loss``
-and ``kl_loss_k3``): the bit-for-bit references that :mod:`trl_ext.ppo.objective.objectives` must reproduce at its defaults.
-The library no longer calls them, so they live with the tests."""
+"""The PPO clipped surrogate (``policy_loss``, the operations of TRL's PPO policy loss) and GRPO's k3 KL loss
+(``kl_loss_k3``) written out plainly: the bit-for-bit references that :mod:`trl_ext.ppo.objective.objectives` must
+reproduce at its defaults. The library computes both through ``objectives``, so these live with the tests."""
 
 from __future__ import annotations
 

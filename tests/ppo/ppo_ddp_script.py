@@ -17,6 +17,8 @@ mini-batches, and writes each mini-batch's token count and normalizer, the sampl
 taken. `tools` (no ptx) trains a LoRA policy that calls an `add` tool
 (on rank 1 its results have 3 more digits) with GAE (a value model) and adaptive KL, 2 updates, and also writes each
 update's logged `tools/*`, `episodes/*` metrics, the same metrics of this process's episodes alone, and the episodes.
+`evaluation` (eval_strategy steps, 5 eval prompts, batches of 2) writes the metrics of `trainer.evaluate()` before
+training, the eval rows each rank scored, and the evaluation logged after one update.
 """
 
 import hashlib
@@ -44,7 +46,7 @@ from ppo_helpers import (  # noqa: E402
     seed_all,
 )
 
-PPO_DDP_MODES = ["separate", "shared", "critic_free", "objectives", "tools"]  # the modes test_ppo_ddp.py checks
+PPO_DDP_MODES = ["separate", "shared", "critic_free", "objectives", "tools", "evaluation"]  # test_ppo_ddp.py's
 
 
 def main():
@@ -70,6 +72,7 @@ def run_modes(modes: list[str], tiny, out: Path, adapter: Path | None, tool_mode
         start = time.perf_counter()
         try:
             results[mode] = (run_tools(tool_models, out / mode) if mode == "tools"
+                             else run_evaluation(tiny, out / mode) if mode == "evaluation"
                              else run_mode(mode, tiny, out / mode, adapter))
         except Exception:
             rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ["RANK"])
@@ -126,6 +129,50 @@ def run_mode(mode: str, tiny, out: Path, adapter: Path | None) -> dict:
     return result
 
 
+def evaluation_data(tok):
+    """(train, eval) datasets of `evaluation` mode: 8 and 5 prompts with an `answer` column naming the row."""
+    from datasets import Dataset
+
+    from trl_ext.testing import tiny_corpus
+
+    texts = [" ".join(line.split()[:3]) for line in tiny_corpus(13, seed=4)]
+    columns = [{"input_ids": [tok(t)["input_ids"] for t in part], "prompt": part, "answer": [f"{tag}{i}" for i in
+                range(len(part))]} for part, tag in ((texts[:8], "t"), (texts[8:], "e"))]
+    return Dataset.from_dict(columns[0]), Dataset.from_dict(columns[1])
+
+
+def evaluation_trainer(tiny, out, seen: list):
+    """A PPO trainer (reward model and a reward function of the completion ids) with `eval_strategy: steps` on the
+    5 prompts of :func:`evaluation_data`; the function appends each `answer` it scores to `seen`."""
+    import trl_ext
+
+    def digest(completion_ids, answer, **kwargs):
+        seen.extend(answer)
+        return [float(sum(ids) % 7) for ids in completion_ids]
+
+    tok = left_tokenizer(tiny)
+    seed_all(0)
+    policy, value, reward = load_models(tiny)
+    train, evaluation = evaluation_data(tok)
+    args = trl_ext.PPOConfig(**config_kwargs(out, total_episodes=8, num_sample_generations=0,
+                                             per_device_train_batch_size=4, gradient_accumulation_steps=1,
+                                             per_device_eval_batch_size=2, eval_strategy="steps", eval_steps=1))
+    return trl_ext.PPOTrainer(args=args, processing_class=tok, model=policy, ref_model=None, reward_model=reward,
+                              train_dataset=train, value_model=value, reward_funcs=[digest], eval_dataset=evaluation)
+
+
+def run_evaluation(tiny, out: Path) -> dict:
+    """`evaluation`: `trainer.evaluate()` before training (the weights every process and a one-process run share:
+    comparable), then one update with its evaluation; each rank's metrics and the eval rows it scored."""
+    seen = []
+    trainer = evaluation_trainer(tiny, out, seen)
+    before = trainer.evaluate()
+    before_seen = list(seen)
+    trainer.train()  # 8 episodes, 4 per process and update: one update under two processes
+    return {"rank": trainer.accelerator.process_index, "before": before, "before_seen": before_seen,
+            "logged": [e for e in trainer.state.log_history if "eval_reward" in e]}
+
+
 def summary(trainer):
     params = [p for p in trainer.accelerator.unwrap_model(trainer.model).parameters() if p.requires_grad]
     return {
@@ -173,7 +220,7 @@ def run_objectives(tok, policy, reward, kwargs):
     from peft import LoraConfig
 
     from trl_ext import PPOConfig, PPOTrainer
-    from trl_ext.ppo import objectives
+    from trl_ext.ppo.objective import objectives
 
     normalizers = []
 

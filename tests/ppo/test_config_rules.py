@@ -63,6 +63,12 @@ CASES = [
     (dict(tool_num_workers=-1), "tool_num_workers"),
     (dict(num_completions_to_print=-1), "num_completions_to_print"),
     (dict(max_consecutive_nonfinite_skips=0), "max_consecutive_nonfinite_skips"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(top_k=-1), "top_k"),
+    (dict(min_p=1.5), "min_p"),
+    (dict(min_p=-0.1), "min_p"),
+    (dict(repetition_penalty=0.0), "repetition_penalty"),
     # choices (the Literal of each field)
     (dict(value_clip="both"), "value_clip"),
     (dict(kl_controller="pid"), "kl_controller"),
@@ -90,6 +96,16 @@ CASES = [
     (dict(dynamic_sampling=True), "dynamic_sampling"),
     (dict(reward_timeout_s=5.0), "reward_timeout_s"),
     (dict(rollout_cuda_graphs=True, rollout_engine="continuous_batching"), "rollout_cuda_graphs"),
+    (dict(repetition_penalty=1.2, rollout_engine="continuous_batching"), "repetition_penalty"),
+    (dict(generation_kwargs={"top_p": 0.9}), "generation_kwargs"),  # a key of its own
+    (dict(generation_kwargs={"max_new_tokens": 4}), "generation_kwargs"),  # the trainer's
+    (dict(generation_kwargs={"do_sample": False}), "generation_kwargs"),
+    (dict(generation_kwargs={"no_such_key": 1}), "generation_kwargs"),
+    (dict(generation_kwargs={"cache_implementation": "nope"}), "generation_kwargs"),
+    (dict(eval_strategy="epoch"), "eval_strategy"),
+    (dict(eval_strategy="steps", eval_steps=2.5), "eval_steps"),
+    (dict(eval_strategy="steps", eval_steps=0.0), "eval_steps"),
+    (dict(eval_strategy="steps", eval_on_start=True), "eval_on_start"),
 ]
 
 
@@ -111,7 +127,8 @@ def test_the_table_holds_every_rule_and_the_issues_examples():
     # every key checked by a rule of trl_ext.ppo.config_rules, and every trl-ext field with a range or choices
     assert {"num_mini_batches", "whiten_rewards", "stop_token", "num_train_epochs", "local_rollout_forward_batch_size",
             "num_samples_per_prompt", "kl_in", "dual_clip", "delta", "use_bias_correction_kl",
-            "mask_truncated_completions", "dynamic_sampling", "reward_timeout_s", "rollout_cuda_graphs"} <= named
+            "mask_truncated_completions", "dynamic_sampling", "reward_timeout_s", "rollout_cuda_graphs",
+            "generation_kwargs", "repetition_penalty"} <= named
     from trl_ext.config_rules import key_specs
     from trl_ext.ppo.base import ParentPPOConfig
 
@@ -138,6 +155,18 @@ def test_python_and_recipe_get_the_same_refusal(tmp_path, monkeypatch, capsys, t
     assert main(["check", str(recipe)]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"trl-ext: error: recipe: key '{key}': {message[len(key) + 2:]}"
+
+
+def test_a_recipe_with_valid_sampling_keys_passes_the_check(tmp_path, monkeypatch, capsys, tiny_models):
+    from trl_ext.cli import main
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("TRL_EXT_TINY_DIR", str(tiny_models.root))
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({**DEMO, "reward_model_path": "tiny://reward", "output_dir": str(tmp_path / "o"),
+                                      "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1,
+                                      "generation_kwargs": {"suppress_tokens": [3]}}, sort_keys=False))
+    assert main(["check", str(recipe)]) == 0, capsys.readouterr().err
 
 
 def test_what_needs_the_models_or_the_data_is_refused_when_the_trainer_is_built(tiny_models, tmp_path):
@@ -168,3 +197,8 @@ def test_what_needs_the_models_or_the_data_is_refused_when_the_trainer_is_built(
         build(reward_model=None, reward_funcs=[needs_answer])
     with pytest.raises(UserInputError, match=r"^lora_target_modules .*'nope'.* Linear modules"):
         build(reward_model=load_models(tiny_models)[2], peft_config=LoraConfig(r=4, target_modules=["nope"]))
+    with pytest.raises(UserInputError, match=r"^eval_strategy: 'steps' needs evaluation prompts and the run has none"):
+        policy, _, reward = load_models(tiny_models)
+        args = trl_ext.PPOConfig(**config_kwargs(tmp_path / "out", total_episodes=4, eval_strategy="steps"))
+        trl_ext.PPOTrainer(args=args, processing_class=tok, model=policy, ref_model=None, value_model=None,
+                           reward_model=reward, train_dataset=data)

@@ -91,10 +91,28 @@ def test_dapo_style_config(tmp_path):
      {"model_init_kwargs": {"dtype": "bfloat16", "trust_remote_code": True}}),
     ({"chat_template_kwargs": {"enable_thinking": False}}, {"chat_template_kwargs": {"enable_thinking": False}}),
     ({"max_tool_calling_iterations": 3}, {"max_tool_calling_iterations": 3}),
+    ({"top_p": 0.95, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1},
+     {"top_p": 0.95, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "generation_kwargs": None}),
+    # GRPO's generation_kwargs override the named keys (they move to them); cache_implementation joins them
+    ({"top_p": 0.9, "generation_kwargs": {"top_p": 0.5, "suppress_tokens": [3]}, "cache_implementation": "static"},
+     {"top_p": 0.5, "generation_kwargs": {"suppress_tokens": [3], "cache_implementation": "static"}}),
 ])
 def test_mapped_keys(tmp_path, keys, ours):
     ppo, _ = convert(grpo(tmp_path, **keys))
     assert {k: getattr(ppo, k) for k in ours} == ours
+
+
+def test_eval_keys_are_carried(tmp_path):
+    """GRPO's evaluation keys: `eval_strategy` as it is, `eval_steps` in updates (optimizer steps / num_iterations),
+    named in no warning; GRPO's `num_generations_eval` is (one completion per prompt here); `epoch` is refused."""
+    ppo, warned = convert(grpo(tmp_path, eval_strategy="steps", eval_steps=6, num_iterations=2,
+                               per_device_eval_batch_size=12))
+    assert (str(ppo.eval_strategy.value), ppo.eval_steps, ppo.per_device_eval_batch_size) == ("steps", 3, 12)
+    assert ppo.eval_do_sample is False and warned == []
+    _, warned = convert(grpo(tmp_path, eval_strategy="steps", num_generations_eval=2))
+    assert len(warned) == 1 and "num_generations_eval=2 (evaluation generates one completion per prompt" in warned[0]
+    with pytest.raises(UserInputError, match="^eval_strategy: 'epoch' has no meaning in PPO"):
+        convert(grpo(tmp_path, eval_strategy="epoch"))
 
 
 def test_overrides_win_and_the_estimator_may_change(tmp_path):
@@ -124,10 +142,10 @@ def test_max_grad_norm_is_carried_with_grpos_default(tmp_path):
 
 def test_keys_that_change_the_run_are_refused_together(tmp_path):
     with pytest.raises(UserInputError) as err:
-        convert(grpo(tmp_path, top_p=0.9, sync_ref_model=True, top_entropy_quantile=0.2))
+        convert(grpo(tmp_path, use_adaptive_entropy=True, sync_ref_model=True, top_entropy_quantile=0.2))
     message = str(err.value)
     assert "\n" not in message
-    for key in ("top_p=0.9", "sync_ref_model=True", "top_entropy_quantile=0.2"):
+    for key in ("use_adaptive_entropy=True", "sync_ref_model=True", "top_entropy_quantile=0.2"):
         assert key in message, key
 
 
@@ -148,3 +166,37 @@ def test_values_without_counterpart_are_refused(tmp_path, keys, culprit):
         return
     with pytest.raises(UserInputError, match=culprit):
         convert(grpo(tmp_path, **keys))
+
+
+def test_a_grpo_scripts_sampling_keys_run_one_update(tiny_models, tmp_path):
+    """A GRPOTrainer script's config with top_p, top_k, min_p (and max_grad_norm) given to PPOTrainer as it is: the
+    PPOConfig carries the keys, the generation config samples with them, and one update runs on-policy (ratio 1:
+    the rollout's log-probs are the loss's, the temperature-scaled full distribution, not the truncated one)."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+
+    import trl_ext
+    from ppo_helpers import left_tokenizer, update_logs
+
+    tok = left_tokenizer(tiny_models)
+    config = grpo(tmp_path, top_p=0.95, top_k=20, min_p=0.05, max_grad_norm=0.5, max_steps=1, temperature=0.7,
+                  per_device_train_batch_size=4, num_generations=2, max_completion_length=8, logging_steps=1,
+                  save_strategy="no", seed=3, learning_rate=1e-3)
+    data = Dataset.from_dict({"prompt": ["the cat is", "hello there", "a very good dog", "sun and sea"]})
+
+    def length(completion_ids, **kwargs):
+        return [len(ids) / 8 for ids in completion_ids]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = trl_ext.PPOTrainer(args=config, processing_class=tok, model=AutoModelForCausalLM.from_pretrained(
+            tiny_models.policy), reward_funcs=[length], train_dataset=data)
+    args = trainer.args
+    assert isinstance(args, trl_ext.PPOConfig)
+    assert (args.top_p, args.top_k, args.min_p, args.temperature) == (0.95, 20, 0.05, 0.7)
+    assert args.max_grad_norm == 0.5  # honoured: the clip of every optimizer step
+    trainer.train()
+    generation = trainer.generation_config
+    assert (generation.top_p, generation.top_k, generation.min_p, generation.do_sample) == (0.95, 20, 0.05, True)
+    (log,) = update_logs(trainer)
+    assert abs(log["policy/ratio_avg"] - 1) < 1e-4 and log["policy/approxkl_avg"] < 1e-8

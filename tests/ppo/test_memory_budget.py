@@ -56,7 +56,7 @@ def test_weight_bytes_by_hand():
     assert lora_parameters(TINY, 4) == 4 * (128 + 96 + 96 + 128 + 192 + 192 + 192) == 4096
     assert lora_parameters(TINY, 4, ("q_proj", "v_proj")) == 4 * (128 + 96)
     assert kv_cache_bytes(TINY, batch=3, seq_len=10, bytes_per_value=2) == 2 * 1 * 3 * 2 * 16 * 10 * 2
-    assert rollout_scores_bytes(64, 512, 151_936) == 64 * 512 * 151_936 * 4  # ~18.5 GiB, the issue's example
+    assert rollout_scores_bytes(64, 512, 151_936) == 64 * 512 * 151_936 * 4  # ~18.5 GiB, Qwen2.5's vocabulary
 
 
 def test_weight_and_lora_formulas_match_a_loaded_4bit_lora_model(tiny_models, tokenizer):
@@ -93,7 +93,7 @@ def test_formulas_against_what_the_benchmark_measured():
 MEASURED_ROLLOUT_512 = (2380.2, 16.1)  # TRL's rollout, trl_ext's rollout; MiB, benchmarks/README.md section 5
 
 
-def test_budget_of_the_issue_configuration():
+def test_budget_of_llama_3_8b_in_4_bit_with_lora():
     run = PPOShape(batch=64, micro_batch=2, rollout_chunk=8, prompt_length=512, response_length=64, lora_r=32)
     today = ppo_memory_budget(LLAMA_3_8B, replace(run, streaming_logprobs=False), shared=False)
     shared = ppo_memory_budget(LLAMA_3_8B, run, shared=True)

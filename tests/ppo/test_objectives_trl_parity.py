@@ -7,7 +7,7 @@ case then sets the attributes TRL's `__init__` copies from `GRPOConfig` (`loss_t
 `importance_sampling_level`, `beta`, `args.delta`, `args.use_bias_correction_kl`), as a trainer built with those
 values holds them. Our side takes
 the per-token log-probs from TRL's own `_get_per_token_logps_and_entropies` (the same forward) and
-:func:`trl_ext.ppo.objectives.objective_terms`. The map of names is in docs/ppo.md.
+:func:`trl_ext.ppo.objective.objectives.objective_terms`. The map of names is in docs/ppo.md.
 
 `test_from_grpo_config_gives_grpotrainers_loss` gives whole GRPOConfigs (TRL's defaults, DAPO-style, ...) to both:
 to GRPOTrainer as its `__init__` reads them, to ours through `PPOConfig.from_grpo_config`.
@@ -26,7 +26,7 @@ from packaging.version import Version  # noqa: E402
 if Version(trl.__version__).release < (1, 13):
     pytest.skip(f"TRL {trl.__version__}: GRPOTrainer's loss types of TRL >= 1.13 are compared", allow_module_level=True)
 
-from trl_ext.ppo.objectives import ObjectiveConfig, objective_terms  # noqa: E402
+from trl_ext.ppo.objective.objectives import ObjectiveConfig, objective_terms  # noqa: E402
 
 B, P, T = 4, 3, 6
 LENGTHS = [6, 3, 5, 1]

@@ -78,7 +78,8 @@ def test_own_helpers_equal_trls():
     from trl.experimental.ppo import ppo_trainer as trl_ppo
     from trl.experimental.utils import first_true_indices as trl_first_true_indices
 
-    from trl_ext.ppo import masked_stats, sequences
+    from trl_ext.ppo.objective import masked_stats
+    from trl_ext.ppo.rollout import sequences
 
     gen = torch.Generator().manual_seed(0)
     responses = torch.randint(0, 6, (5, 9), generator=gen)

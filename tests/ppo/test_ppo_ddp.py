@@ -1,7 +1,7 @@
 """Two CPU processes (gloo): a LoRA-policy PPO run with the extensions on finishes, where TRL's crashes; and with
 tools.
 
-The five runs (tests/ppo/ppo_ddp_script.py) share one launch, the one of tests/runtime/ddp_script.py that the DDP
+The six runs (tests/ppo/ppo_ddp_script.py) share one launch, the one of tests/runtime/ddp_script.py that the DDP
 and engine tests use (`ddp_reference`, tests/conftest.py), one after the other in the same two processes, each from
 freshly loaded models: the processes' start and imports, most of a launch on tiny models, are paid once."""
 
@@ -105,3 +105,29 @@ def test_tools_under_ddp_identical_ranks_and_metrics_over_both_processes(launche
             if key not in ("tools/failure_frequency", "tools/timeout_frequency"):  # (0 calls failed: 0 / calls)
                 assert value == pytest.approx((own0[key] + own1[key]) / 2), key
         assert logged["tools/failure_frequency"] == own0["tools/failure_frequency"] == 0
+
+
+def test_evaluation_under_ddp_gathers_every_eval_prompt_once(launched, tiny_models, tmp_path):
+    """5 eval prompts over 2 processes in batches of 2: rank 0 scores rows 0-2, rank 1 rows 3-4 and a repeat of row
+    3 that the metrics leave out; both ranks log the metrics of a one-process evaluation of the same weights."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from ppo_ddp_script import evaluation_trainer
+
+    def untimed(metrics):
+        return {k: v for k, v in metrics.items() if "runtime" not in k and "per_second" not in k}
+
+    ranks = ranks_of(launched, "evaluation")
+    assert [r["before_seen"] for r in ranks] == [["e0", "e1", "e2"], ["e3", "e4", "e3"]]
+    assert untimed(ranks[0]["before"]) == untimed(ranks[1]["before"])
+    seen = []
+    alone = evaluation_trainer(tiny_models, tmp_path, seen).evaluate()
+    assert seen == ["e0", "e1", "e2", "e3", "e4"]
+    for key in ("eval_reward", "eval_reward_std", "eval_rewards/digest/mean", "eval_rewards/reward_model/mean",
+                "eval_completions/mean_length"):
+        assert ranks[0]["before"][key] == pytest.approx(alone[key], rel=1e-5), key
+    logged = [r["logged"] for r in ranks]
+    assert [[e["step"] for e in entries] for entries in logged] == [[0, 1], [0, 1]]  # evaluate(), then update 1
+    assert untimed(logged[0][1]) == untimed(logged[1][1])

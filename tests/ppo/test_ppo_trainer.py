@@ -131,7 +131,7 @@ def test_kl_controller_follows_its_formula_in_the_logs(tiny_models, tok, data, t
 
 def test_custom_controller_object_and_one_overridden_step(tiny_models, tok, data, tmp_path):
     import trl_ext
-    from trl_ext.ppo.kl_controllers import KLController
+    from trl_ext.ppo.objective.kl_controllers import KLController
 
     class Decay(KLController):
         def update(self, kl, n_steps):
@@ -166,7 +166,7 @@ def test_value_clip_none_and_mean(tiny_models, tok, data, tmp_path):
 
 
 def lm_loss_on(trainer, dataset) -> float:
-    from trl_ext.ppo.losses import ptx_lm_loss
+    from trl_ext.ppo.objective.losses import ptx_lm_loss
     from trl_ext.ppo.ptx_data import _pad_right
 
     policy = trainer.accelerator.unwrap_model(trainer.model).policy

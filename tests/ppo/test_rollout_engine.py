@@ -243,23 +243,16 @@ def test_ppo_gae_on_a_shared_base(tiny_models, tok, tmp_path, reward_adapter):
 
 
 def test_ppo_critic_free_with_top_k_and_a_reward_function(tiny_models, tok, tmp_path):
-    """top-k sampling: the engine's log-probs (of the truncated distribution) are replaced by a teacher-forced
-    forward; the first update is then on-policy (with TRL's generate path and top-k it is not: ratio != 1). The
-    reward function gets each completion's ids up to its stop token, as with generate."""
-    import trl_ext
-
-    class TopK(trl_ext.PPOTrainer):
-        def init_data_streams(self):
-            super().init_data_streams()
-            self.generation_config.top_k = 20
-
+    """top-k sampling (the `top_k` key): the engine's log-probs (of the truncated distribution) are replaced by a
+    teacher-forced forward; the first update is then on-policy (TRL's PPO rollout, taking the processed scores,
+    is not: ratio != 1). The reward function gets each completion's ids up to its stop token, as with generate."""
     lengths = []
 
     def length(completion_ids, **kwargs):
         lengths.append([len(ids) for ids in completion_ids])
         return [len(ids) / 64 for ids in completion_ids]
 
-    trainer = ppo_trainer(tiny_models, tok, tmp_path, trainer_class=TopK, advantage_estimator="rloo",
+    trainer = ppo_trainer(tiny_models, tok, tmp_path, top_k=20, advantage_estimator="rloo",
                           num_samples_per_prompt=2, rollout_engine="auto", stop_token="eos", response_length=64,
                           reward_funcs=[length])
     assert trainer.rollout_engine_choice.engine == "continuous_batching"  # auto: stop token, 64 tokens

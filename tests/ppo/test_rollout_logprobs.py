@@ -32,15 +32,38 @@ def trl_rollout(model, queries, chunk, pad, config):
     return query_responses, selective_log_softmax(logits, query_responses[:, queries.shape[1]:])
 
 
+def full_distribution_logprobs(model, queries, chunk, pad, config):
+    """``log_softmax(logits / temperature)`` of the full vocabulary at each sampled token, from the raw logits
+    ``generate`` returns (``output_logits``: before every processor), chunked and padded as TRL's rollout."""
+    from trl.trainer.utils import selective_log_softmax
+
+    out = []
+    for i in range(0, queries.shape[0], chunk):
+        query = queries[i : i + chunk]
+        mask = query != pad
+        output = model.generate(input_ids=torch.masked_fill(query, ~mask, 0), attention_mask=mask,
+                                generation_config=config, return_dict_in_generate=True, output_logits=True)
+        logits = torch.stack(output.logits, 1) / config.temperature
+        out.append(selective_log_softmax(logits, output.sequences[:, query.shape[1]:]))
+    width = max(lp.shape[1] for lp in out)
+    fill = -torch.logsumexp(torch.zeros(model.config.vocab_size), -1)  # TRL's zero logits past a chunk's end
+    return torch.cat([torch.cat((lp, fill.expand(lp.shape[0], width - lp.shape[1])), 1) for lp in out], 0)
+
+
 @pytest.mark.parametrize(
-    "kwargs",
+    "kwargs, truncation",
     [
-        dict(temperature=0.7 + 1e-7, top_k=0.0, top_p=1.0),  # TRL's PPO rollout config
-        dict(temperature=1.3, top_k=20, top_p=0.9),  # all three warpers moved out of generate
-        dict(temperature=1.0 + 1e-7, top_k=0.0, top_p=1.0, repetition_penalty=1.3),  # a processor before them
+        (dict(temperature=0.7 + 1e-7, top_k=0.0, top_p=1.0), 0),  # TRL's PPO rollout config
+        (dict(temperature=1.3, top_k=20, top_p=0.9), 2),  # the truncation warpers moved out of generate
+        (dict(temperature=0.1, top_k=0, top_p=1.0, min_p=0.5), 1),  # peaked: min-p cuts
+        (dict(temperature=1.0 + 1e-7, top_k=0.0, top_p=1.0, repetition_penalty=1.3), 0),  # a processor before them
     ],
 )
-def test_logprobs_and_samples_equal_trls(setup, kwargs):
+def test_samples_equal_trls_and_logprobs_are_the_full_distributions(setup, kwargs, truncation):
+    """Same samples as TRL's rollout (same RNG draws from the same distribution), and the log-probs those of the
+    temperature-scaled full distribution at the sampled tokens, bit for bit: TRL's PPO numbers with the temperature
+    alone; with top-k/top-p/min-p or a repetition penalty not TRL's processed scores (those are renormalised over
+    the kept tokens, or penalised)."""
     from trl_ext.ppo.rollout.logprobs import generate_with_logprobs, sampling_plan
 
     model, tok, queries = setup
@@ -50,13 +73,23 @@ def test_logprobs_and_samples_equal_trls(setup, kwargs):
     config = GenerationConfig(max_new_tokens=24, do_sample=True, eos_token_id=stop, pad_token_id=tok.pad_token_id,
                               **kwargs)
     plan = sampling_plan(model, config)
-    assert plan is not None and len(plan.warpers) == (1 if kwargs["top_k"] == 0.0 else 3)
+    assert plan is not None and len(plan.warpers) == 1 and len(plan.truncation) == truncation and plan.logprobs_exact
+    assert plan.repetition_penalty == kwargs.get("repetition_penalty")
     torch.manual_seed(3)
-    expected_qr, expected_lp = trl_rollout(model, queries, 2, tok.pad_token_id, config)
+    expected_qr, trl_lp = trl_rollout(model, queries, 2, tok.pad_token_id, config)
     torch.manual_seed(3)
     got_qr, got_lp = generate_with_logprobs(model, queries, 2, tok.pad_token_id, plan)
-    assert torch.equal(got_qr, expected_qr)  # same samples: same processed scores, same RNG draws
-    assert torch.equal(got_lp, expected_lp)
+    assert torch.equal(got_qr, expected_qr)  # same samples: same sampling distribution, same RNG draws
+    torch.manual_seed(3)
+    full = full_distribution_logprobs(model, queries, 2, tok.pad_token_id, config)
+    assert torch.equal(got_lp, full)
+    if truncation or "repetition_penalty" in kwargs:  # TRL's processed scores are another distribution
+        assert (got_lp - trl_lp).abs().max() > 1e-3
+    else:
+        assert torch.equal(got_lp, trl_lp)
+    if truncation:  # the truncated distribution renormalises over fewer tokens: its log-probs are never lower
+        sampled = torch.isfinite(trl_lp)  # (-inf: the pad token a finished row gets, cut by the truncation)
+        assert (got_lp[sampled] <= trl_lp[sampled] + 1e-6).all()
     lengths = [int((row != tok.pad_token_id).sum()) for row in got_qr[:, queries.shape[1]:]]
     chunk_lengths = {max(lengths[i:i + 2]) for i in range(0, 5, 2)}
     assert len(chunk_lengths) > 1 and got_lp.shape == (5, got_qr.shape[1] - queries.shape[1])

@@ -288,6 +288,32 @@ def test_with_tools_never_called_every_number_is_the_single_turn_runs(models, tm
 
 
 
+def test_the_sampling_keys_reach_every_turn(models, tmp_path):
+    """top_k 1 with tools: every turn samples through the trainer's rollout path with the key (the argmax), so two
+    seeds give the same episodes, tool calls and results included; each turn's stored log-probs are the
+    temperature-scaled full distribution's (a top-1 truncated one would be 0 at every token)."""
+    from trl_ext.ppo.rollout.engine import teacher_forced_logprobs
+
+    ppo = trainer(models, tmp_path, args={"top_k": 1})
+    ppo.init_train_state()
+    ppo.init_data_streams()
+    data = ppo.next_prompt_batch()
+    rollouts = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            rollouts.append(ppo.sample_and_score(dict(data))[0])
+    first, second = rollouts
+    assert first.observation_mask.any(), "the model called no tool: the test needs one"
+    assert torch.equal(first.query_responses, second.query_responses)
+    assert torch.equal(first.observation_mask, second.observation_mask)
+    with torch.no_grad():
+        full = teacher_forced_logprobs(ppo.accelerator.unwrap_model(ppo.model).policy, first.query_responses,
+                                       first.context_length, models[1].pad_token_id, ppo.args.temperature, 2)
+    actions = ~first.padding_mask
+    assert (first.logprobs - full)[actions].abs().max() < 1e-4 and first.logprobs[actions].min() < -1e-3
+
+
 def test_adaptive_kl_gets_the_action_tokens_kl_and_ptx_runs_with_tools(models, tmp_path):
     """GAE, adaptive KL and PPO-ptx (joint) with tools, 2 updates. The KL the controller receives is, by a sum of our
     own, the mean over episodes of the sampled minus the reference log-probs over the action tokens only (each

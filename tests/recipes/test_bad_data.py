@@ -157,3 +157,17 @@ def test_chat_messages(tmp_path, cli):
     path = jsonl(tmp_path, [{"messages": turns}, {"messages": [*turns[:2], {"role": "assistant", "content": " "}]}])
     rc, line = cli("check", "sft", path)
     assert rc == 2 and line.endswith("row 1 (line 2) column 'messages': whitespace-only text")
+
+
+def test_evaluation_without_evaluation_data_is_refused_before_any_model_loads(tmp_path, cli):
+    """`eval_strategy: steps` with a local file (its only split is train) and no eval_dataset_name: `check` and
+    `train` refuse it in the same line (exit 2); eval_dataset_name names the data and the run trains."""
+    path = jsonl(tmp_path, [{"prompt": "Say"}, {"prompt": "Tell"}], name="prompts.jsonl")
+    keys = dict(eval_strategy="steps", eval_steps=1)
+    expected = (f"trl-ext: error: eval_strategy: evaluation needs its data, and dataset '{path}' has no split 'test' "
+                "(splits: train); name it with dataset_test_split or eval_dataset_name, or set eval_strategy 'no'")
+    assert cli("check", "ppo", path, **keys) == (2, expected)
+    assert cli("train", "ppo", path, **keys) == (2, expected)
+    rc, line = cli("check", "ppo", path, eval_dataset_name=str(tmp_path / "none.jsonl"), **keys)
+    assert rc == 2 and "recipe: key 'eval_dataset_name': local path" in line and "does not exist" in line
+    assert cli("check", "ppo", path, eval_dataset_name=str(path), **keys)[0] == 0

@@ -1,4 +1,4 @@
-"""What a `trl-ext train` run shows on the console and says at its end (issue: the newcomer's path).
+"""What a `trl-ext train` run shows on the console and says at its end (what a newcomer sees first).
 
 One short PPO run of the demo recipe through the CLI in a subprocess (2 updates, one PPO epoch: a single ratio per
 update, `log_completions` on with its default console count) is read by several tests: the summary's paths, no

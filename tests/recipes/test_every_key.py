@@ -3,7 +3,7 @@ nothing written.
 
 The wrong values are derived from each key's declared type, nullability, choices and range
 (:func:`trl_ext.recipe_loader.validation.key_specs`), not from a hand list, so keys added later are walked too. In-process
-``trl-ext check`` (and ``train`` for the cases of issue 21): each case fails before any model loads.
+``trl-ext check`` (and ``train`` for a set of common mistakes): each case fails before any model loads.
 """
 
 import json
@@ -102,6 +102,10 @@ def standins(keys, tmp_path, tiny_models, reward_adapter):
             keys["dataset_test_split"] = "train"
         else:
             keys["dataset_name"] = str(DEMO_DATA / ("prompts.jsonl" if trainer == "ppo" else "preferences.jsonl"))
+            keys["dataset_test_split"] = "train"  # a file's one split: the evaluation data of eval_strategy
+    held_out = keys.get("eval_dataset_name")
+    if isinstance(held_out, str) and looks_local(held_out) and not (ROOT / held_out).exists():
+        del keys["eval_dataset_name"]  # the stand-in data's test split evaluates
     return keys
 
 
@@ -179,8 +183,9 @@ def test_every_numeric_and_non_nullable_key_of_each_trainer(trainer, walk):
     assert walk(keys, walked) > 100
 
 
-def test_issue_21_cases_fail_before_anything_is_written(tmp_path, monkeypatch, capsys, tiny_models):
-    """The reported cases, through `trl-ext train` too: one line each, nothing written."""
+def test_common_mistakes_fail_before_anything_is_written(tmp_path, monkeypatch, capsys, tiny_models):
+    """Common mistakes (a negative length or learning rate, a null, LoRA rank 0, zero episodes or epochs), through
+    `trl-ext train` too: one line each, nothing written."""
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("TRL_EXT_TINY_DIR", str(tiny_models.root))
     ppo = dict(yaml.safe_load((ROOT / "recipes/demo/ppo.yaml").read_text()), reward_model_path="tiny://reward",

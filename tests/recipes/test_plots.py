@@ -1,8 +1,8 @@
 """`trl-ext plot`: the series it reads from real runs' trainer_state.json, the PNG files, its one-line errors.
 
-Real outputs: a short reward-recipe run written here (with evaluations), and the PPO run of
-tests/data/v0_1_checkpoints (a real trl-ext PPO run's checkpoint-3: an output folder without a final
-trainer_state.json, as a run that is still going looks).
+Real outputs: a short reward-recipe run written here (with evaluations), and the session's PPO run (`ppo_run`,
+tests/conftest.py: a real trl-ext PPO run with a checkpoint after each of its 3 updates), whose checkpoints make an
+output folder without a final trainer_state.json, as a run that is still going looks.
 """
 
 import json
@@ -16,7 +16,6 @@ from trl_ext.cli import main
 from trl_ext.recipe_loader.plots import load_run, panels_for, series
 
 ROOT = Path(__file__).resolve().parents[2]
-PPO_RUN = ROOT / "tests" / "data" / "v0_1_checkpoints" / "ppo"
 
 
 @pytest.fixture(scope="module")
@@ -49,26 +48,28 @@ def test_series_are_the_logged_values(reward_run):
     assert panels_for([run], "reward") == ["loss", "accuracy", "margin", "mean_reward"]
 
 
-def test_a_running_run_is_read_from_its_latest_checkpoint(tmp_path):
+def test_a_running_run_is_read_from_its_latest_checkpoint(ppo_run, tmp_path):
     run_dir = tmp_path / "ppo"
-    shutil.copytree(PPO_RUN / "checkpoint-3", run_dir / "checkpoint-3")
-    (run_dir / "tmp-checkpoint-4" / "checkpoint-4").mkdir(parents=True)  # a save in progress: ignored
+    for step in (1, 2):  # the run's first two checkpoints: it is still going
+        shutil.copytree(ppo_run["run"] / f"checkpoint-{step}", run_dir / f"checkpoint-{step}")
+    (run_dir / "tmp-checkpoint-3" / "checkpoint-3").mkdir(parents=True)  # a save in progress: ignored
     run = load_run(run_dir)
-    assert run.kind == "ppo" and not run.finished and run.label == "ppo (checkpoint-3)"  # kind from its metrics
-    assert run.state_file == run_dir / "checkpoint-3" / "trainer_state.json"
+    assert run.kind == "ppo" and not run.finished and run.label == "ppo (checkpoint-2)"  # kind from its metrics
+    assert run.state_file == run_dir / "checkpoint-2" / "trainer_state.json"
     steps, scores = series(run.log_history, "objective/scores")
-    expected = json.loads((PPO_RUN / "updates.json").read_text())
-    assert steps == [1, 2, 3] and scores == [u["objective/scores"] for u in expected[:3]]  # the run had 4
+    expected = ppo_run["updates"]
+    assert [u["step"] for u in expected] == [1, 2, 3]
+    assert steps == [1, 2] and scores == [u["objective/scores"] for u in expected[:2]]  # the run had 3
     assert panels_for([run], "ppo") == ["objective/scores", "objective/kl", "objective/kl_coef",
                                         "objective/rlhf_reward", "loss/policy_avg", "loss/value_avg", "loss/ptx_avg",
                                         "objective/entropy"]
 
 
-def test_plot_writes_one_png_per_kind(reward_run, tmp_path, capsys):
+def test_plot_writes_one_png_per_kind(reward_run, ppo_run, tmp_path, capsys):
     pytest.importorskip("matplotlib")  # the `plot` extra (CI installs it with `dev`)
     second = tmp_path / "again" / "reward"
     shutil.copytree(reward_run, second)
-    assert main(["plot", str(reward_run), str(second), str(PPO_RUN), "--out", str(tmp_path / "png"),
+    assert main(["plot", str(reward_run), str(second), str(ppo_run["run"]), "--out", str(tmp_path / "png"),
                  "--smoothing", "0.5"]) == 0
     written = capsys.readouterr().out.split()
     assert written == [str(tmp_path / "png" / "reward.png"), str(tmp_path / "png" / "ppo.png")]

@@ -163,17 +163,32 @@ def test_two_grpo_updates_with_the_reward_function_only(sft_run, tmp_path):
     assert trainer.state.global_step == 2
 
 
-def test_the_shipped_grpo_recipe_trains_from_the_reward_function(sft_run, tmp_path):
-    """recipes/verifiable/grpo.yaml as shipped (reward_funcs: the checker, no reward model), 2 updates of 16."""
+def test_the_shipped_grpo_recipe_trains_from_the_reward_function(sft_run, task_modules, tmp_path):
+    """recipes/verifiable/grpo.yaml as shipped (reward_funcs: the checker, no reward model), 2 updates of 16,
+    evaluated every update (the recipe's eval keys, eval_steps 1 here) on the training and held-out problems (the
+    short SFT answers only the training ones: an accuracy neither 0 nor 1): the logged eval_reward after the last
+    update is the evaluator's greedy accuracy of the trained policy."""
+    from transformers import AutoTokenizer
+
     from trl_ext.recipe_loader import resolve_recipe
     from trl_ext.recipe_loader.pipeline import run
 
     work, _ = sft_run
+    problems = read(work / "data" / "train.jsonl") + read(work / "data" / "heldout.jsonl")
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in problems))
     recipe = resolve_recipe(TASK / "grpo.yaml", [
         "--model_name_or_path", str(work / "sft"), "--dataset_name", str(work / "data" / "train.jsonl"),
+        "--eval_dataset_name", str(tmp_path / "eval.jsonl"), "--eval_steps", "1",
         "--output_dir", str(tmp_path / "grpo"), "--total_episodes", "32", "--per_device_train_batch_size", "16",
         "--local_rollout_forward_batch_size", "16", "--log_completions", "true", "--disable_tqdm", "true"])
+    assert recipe.training_args.per_device_eval_batch_size == 500 and recipe.training_args.eval_steps == 1
     trainer = run(recipe)
+    evals = [h for h in trainer.state.log_history if "eval_reward" in h]
+    assert [h["step"] for h in evals] == [1, 2]
+    tok = AutoTokenizer.from_pretrained(work / "sft")
+    greedy = task_modules[2].accuracy(trainer.model.policy, tok, problems, samples=0)["greedy"]
+    assert 0 < greedy < 1 and evals[-1]["eval_reward"] == pytest.approx(greedy)
+    assert evals[-1]["eval_rewards/exact_match_reward/mean"] == pytest.approx(greedy)
     logs = [h for h in trainer.state.log_history if "rewards/exact_match_reward/mean" in h]
     logged = read(tmp_path / "grpo" / "completions.jsonl")
     answer_of = {r["prompt"]: r["answer"] for r in read(work / "data" / "train.jsonl")}

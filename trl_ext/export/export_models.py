@@ -31,8 +31,9 @@ __all__ = ["export_run", "ppo_sampling_settings"]
 
 def ppo_sampling_settings(recipe: dict) -> dict:
     """The generation settings of a PPO recipe's rollouts, as :class:`trl_ext.PPOTrainer` samples them:
-    ``max_new_tokens=response_length``, ``temperature``, no top-k/top-p, sampling; the stop token is the
-    recipe's ``stop_token``/``stop_token_id`` (none by default: responses run to ``response_length``)."""
+    ``max_new_tokens=response_length``, ``temperature``, the sampling keys (``top_k``, ``top_p``, ``min_p``,
+    ``repetition_penalty``; off by default), sampling; the stop token is the recipe's ``stop_token``/``stop_token_id``
+    (none by default: responses run to ``response_length``). The recipe's ``generation_kwargs`` are not carried."""
     import dataclasses
 
     from ..ppo.config import PPOConfig
@@ -43,8 +44,9 @@ def ppo_sampling_settings(recipe: dict) -> dict:
         return recipe.get(key, defaults[key])
 
     return {"max_new_tokens": int(get("response_length")), "temperature": float(get("temperature")),
-            "top_k": 0, "top_p": 1.0, "do_sample": True, "stop_token": get("stop_token"),
-            "stop_token_id": get("stop_token_id")}
+            "top_k": int(get("top_k")), "top_p": float(get("top_p")), "min_p": get("min_p"),
+            "repetition_penalty": float(get("repetition_penalty")), "do_sample": True,
+            "stop_token": get("stop_token"), "stop_token_id": get("stop_token_id")}
 
 
 def _check_out_dir(out: Path, overwrite: bool) -> None:
@@ -106,7 +108,7 @@ def _export_role(run: Run, role: str, source, target: Path, dtype: str) -> dict:
     if role == "policy" and run.trainer == "ppo":
         settings = ppo_sampling_settings(run.recipe)
         config = model.generation_config
-        for key in ("max_new_tokens", "temperature", "top_k", "top_p", "do_sample"):
+        for key in ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "do_sample"):
             setattr(config, key, settings[key])
         stop = tokenizer.eos_token_id if settings["stop_token"] == "eos" else settings["stop_token_id"]
         config.eos_token_id = stop

@@ -6,9 +6,9 @@ Prompts are tokenized as PPO tokenizes them (:func:`trl_ext.recipe_loader.data.t
 the chat template with the generation prompt) and left-padded.
 
 Sampling settings: a PPO run's (or its export's) are the recipe's rollout settings
-(:func:`~trl_ext.export.export_models.ppo_sampling_settings`: ``temperature``, ``response_length`` new tokens, no
-top-k/top-p, the stop token if the recipe sets one, else none: as PPO, responses then run to ``response_length``
-and are cut at nothing); other runs use the model's ``generation_config`` (stopping at EOS). ``--greedy``,
+(:func:`~trl_ext.export.export_models.ppo_sampling_settings`: ``temperature``, ``response_length`` new tokens, the
+recipe's ``top_k``/``top_p``/``min_p``/``repetition_penalty`` (off by default), the stop token if the recipe sets one,
+else none: as PPO, responses then run to ``response_length`` and are cut at nothing); other runs use the model's ``generation_config`` (stopping at EOS). ``--greedy``,
 ``--temperature`` and ``--max-new-tokens`` override them.
 
 With ``--reward`` each sample gets the reward model's score of ``{prompt, response}``, tokenized as
@@ -36,7 +36,8 @@ def generation_settings(run, model, *, greedy: bool = False, max_new_tokens: int
 
     if run.recipe.get("trainer") == "ppo":
         ppo = ppo_sampling_settings(run.recipe)
-        settings = {k: ppo[k] for k in ("max_new_tokens", "top_k", "top_p", "do_sample")}
+        settings = {k: ppo[k] for k in ("max_new_tokens", "top_k", "top_p", "min_p", "repetition_penalty",
+                                        "do_sample")}
         settings["temperature"] = ppo["temperature"] + 1e-7  # as PPOTrainer
         stop = ppo["stop_token_id"]
         if ppo["stop_token"] == "eos":
@@ -56,7 +57,7 @@ def generation_settings(run, model, *, greedy: bool = False, max_new_tokens: int
             raise UserInputError(f"--temperature {temperature}: must be > 0 (use --greedy for greedy decoding)")
         settings["temperature"], settings["do_sample"] = temperature, True
     if greedy:
-        settings.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+        settings.update(do_sample=False, temperature=None, top_k=None, top_p=None, min_p=None, repetition_penalty=None)
     return settings
 
 

@@ -76,7 +76,7 @@ def quantization_config_for(model_args, checkpoint_config=None):
 def kbit_device_map() -> dict | None:
     """Device map for a quantized model: this process's accelerator, or ``None`` on CPU.
 
-    TRL <= 0.x had ``get_kbit_device_map`` for this; TRL 1.12 no longer ships it.
+    What TRL 0.x's ``get_kbit_device_map`` gives; TRL 1.12 and later do not ship it.
     """
     import torch
 

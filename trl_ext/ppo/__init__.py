@@ -32,6 +32,5 @@ base at this top, the sampling in ``rollout/``, the math in ``objective/`` (each
 Imports go down only: ``objective/`` imports nothing of ``rollout/`` or the top, ``rollout/`` nothing of the top
 (tests/test_layout.py). Scalar (reward/value) outputs come from :mod:`trl_ext.models.scalar_heads`, reward and value
 adapters on the policy's own base from :mod:`trl_ext.models.shared_base`; atomic checkpoints, interruption and NaN
-guards from :mod:`trl_ext.runtime`; the old paths (formerly ``trl_ext.ppo.losses``, ...) still import
-(:mod:`trl_ext._moved_modules`).
+guards from :mod:`trl_ext.runtime`.
 """

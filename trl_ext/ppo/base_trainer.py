@@ -50,6 +50,7 @@ from trl.trainer.utils import disable_dropout_in_model, log_table_to_comet_exper
 from ..models.activation_checkpointing import checkpointing_disable, checkpointing_enable, is_checkpointing
 from ..models.scalar_heads import scalar_model_outputs
 from .base_config import PPOBaseConfig
+from .rollout.sampling import sample_generation_kwargs
 from .rollout.sequences import batch_generation, truncate_response
 
 __all__ = ["OnlineTrainerState", "PolicyAndValueWrapper", "PPOBaseTrainer"]
@@ -422,13 +423,7 @@ class PPOBaseTrainer(_BaseTrainer):
             return
         args = self.args
         processing_class = self.processing_class
-        generation_kwargs = {
-            "max_new_tokens": args.response_length,
-            "temperature": (0.01 + 1e-7),
-            "top_k": 0.0,
-            "top_p": 1.0,
-            "do_sample": True,
-        }
+        generation_kwargs = sample_generation_kwargs(args)  # TRL's temperature 0.01, with the sampling keys
         generation_config = GenerationConfig(**generation_kwargs)
         table = defaultdict(list)
         with unwrap_model_for_generation(

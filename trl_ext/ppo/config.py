@@ -9,8 +9,9 @@ from ..runtime.engines import EngineOnCPUArgsMixin
 from ..runtime.nonfinite import NonFinitePolicyArgs
 from .objective.advantages import AdvantageEstimator
 from .base import ParentPPOConfig
-from .config_rules import check_combinations, check_launch
+from .config_rules import check_combinations, check_evaluation, check_launch
 from .episodes.config import ToolArgs
+from .evaluation import EvaluationArgs
 from .micro_batches import micro_batch_value
 from .model_ids import ModelInitArgs
 from .objective.kl_controllers import KLControllerName
@@ -19,6 +20,7 @@ from .objective.objectives import KLEstimator, LossAggregation, PolicyLossName, 
 from .prompt_dataset import PromptArgs
 from .rollout.chunk import rollout_chunk_value
 from .rollout.engine import RolloutEngineName
+from .rollout.sampling import SamplingArgs
 
 PTXMode = Literal["joint", "separate"]
 KLIn = Literal["reward", "loss"]
@@ -27,8 +29,8 @@ PTX_MODES, KL_IN = get_args(PTXMode), get_args(KLIn)
 
 @help_from_docstring
 @dataclass
-class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArgs, PromptArgs, NonFinitePolicyArgs,
-                ParentPPOConfig):
+class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArgs, PromptArgs, SamplingArgs,
+                NonFinitePolicyArgs, EvaluationArgs, ParentPPOConfig):
     r"""Configuration for [`trl_ext.PPOTrainer`]: every field of TRL 1.12's `experimental.ppo.PPOConfig` (TRL's class
     on TRL 1.10-1.12, trl-ext's copy from 1.13 on, see :mod:`trl_ext.ppo.base`), plus the extensions below (all of
     them default to TRL's behaviour). Each field's command-line help is the first sentence of its entry here
@@ -182,6 +184,24 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
             Logged as `sampling/rounds`, `sampling/groups_dropped`, `sampling/groups_refilled`.
         max_sampling_rounds (`int`, *optional*, defaults to `3`):
             With `dynamic_sampling`: at most this many generation rounds per update (the first included).
+
+        > Sampling of the rollout (TRL `GRPOConfig`'s keys; full description:
+        > :class:`trl_ext.ppo.rollout.sampling.SamplingArgs`). They shape what is sampled; the rollout's and the
+        > loss's log-probs are both `log_softmax(logits / temperature)` of the full vocabulary (TRL's GRPOTrainer too).
+
+        top_p (`float`, *optional*, defaults to `1.0`):
+            Nucleus sampling: the smallest set of tokens whose probability sums to at least `top_p`; in (0, 1],
+            `1.0` = off.
+        top_k (`int`, *optional*, defaults to `0`):
+            Sample from the `top_k` most probable tokens; `0` = off (`1` is greedy).
+        min_p (`float`, *optional*):
+            Drop tokens below `min_p` times the top token's probability; in [0, 1]. `None` (default) = off.
+        repetition_penalty (`float`, *optional*, defaults to `1.0`):
+            Penalise tokens already in the prompt or response (`> 1`: fewer repeats); > 0, `1.0` = off.
+        generation_kwargs (`dict`, *optional*):
+            More `transformers.GenerationConfig` keys for the rollout's sampling; not the keys above nor those the
+            trainer sets (`max_new_tokens`, `do_sample`, `num_beams`, `eos_token_id`, ...).
+
         > Parameters of the trainer's `reward_funcs` (full description: :class:`trl_ext.rewards.config.RewardFunctionArgs`)
 
         reward_weights (`list[float]`, *optional*):
@@ -213,6 +233,14 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
             loss or gradient.
         max_consecutive_nonfinite_skips (`int`, *optional*, defaults to `10`):
             With `"skip"`: consecutive skipped steps allowed before training stops.
+
+        > Evaluation during training: HF's `eval_strategy` (`"no"` or `"steps"`; `"epoch"` is refused), `eval_steps`
+        > (in updates; default `logging_steps`), `eval_delay`, `per_device_eval_batch_size` on the trainer's
+        > `eval_dataset`, scored with the run's rewards (full description: :mod:`trl_ext.ppo.evaluation`)
+
+        eval_do_sample (`bool`, *optional*, defaults to `False`):
+            `False`: each evaluation prompt gets one greedy completion. `True`: one completion sampled at
+            `temperature`, as the rollouts sample, from a copy of the RNG state (the training's stream is unchanged).
     """
 
     local_rollout_forward_batch_size: rollout_chunk_value = 64
@@ -268,6 +296,7 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
     def __post_init__(self):
         check_fields(self)  # each field's range and choices (trl_ext.config_rules)
         check_launch(self)  # engine limits: before accelerate's state is set up for that engine
+        check_evaluation(self)  # eval keys: before HF's checks of them (ValueErrors)
         super().__post_init__()
         self.local_rollout_forward_batch_size = rollout_chunk_value(self.local_rollout_forward_batch_size)
         self.train_micro_batch_size = micro_batch_value(self.train_micro_batch_size)

@@ -18,10 +18,12 @@ import warnings
 
 from ..errors import UserInputError
 from ..runtime.engines import DEEPSPEED, FSDP, launched_engine, launched_gradient_clipping, launched_zero3
+from .evaluation import evaluation_on
 from .objective.advantages import GROUP_ESTIMATORS
 from .rollout.chunk import AUTO
+from .rollout.sampling import generation_kwargs_problem
 
-__all__ = ["check_launch", "check_combinations", "check_trainer_inputs"]
+__all__ = ["check_eval_inputs", "check_evaluation", "check_launch", "check_combinations", "check_trainer_inputs"]
 
 
 def check_launch(args) -> None:
@@ -72,6 +74,7 @@ def check_combinations(args) -> None:
         raise UserInputError("rollout_cuda_graphs: replays generate's decoding steps; the continuous-batching engine "
                              "has its own loop: use rollout_engine 'generate' (or 'auto') with it, or turn it off")
     check_batches(args)
+    check_sampling(args)
     check_advantage_estimator(args)
     check_objective(args)
 
@@ -105,6 +108,18 @@ def check_batches(args) -> None:
         )
     if args.train_micro_batch_size == AUTO and args.max_memory_gib is None and args.use_cpu:
         raise UserInputError("train_micro_batch_size: 'auto' on CPU (use_cpu: true) needs max_memory_gib")
+
+
+def check_sampling(args) -> None:
+    """The rollout's sampling keys (:mod:`trl_ext.ppo.rollout.sampling`; each key's range is in its field): what
+    `generation_kwargs` may hold (GenerationConfig keys other than the named sampling keys and those the trainer
+    sets, valid together)."""
+    problem = generation_kwargs_problem(args.generation_kwargs)
+    if problem is not None:
+        raise UserInputError(f"generation_kwargs: {problem}")
+    if args.repetition_penalty != 1.0 and args.rollout_engine == "continuous_batching":
+        raise UserInputError("repetition_penalty: transformers' continuous-batching engine has no repetition "
+                             "penalty (it drops the processor); use rollout_engine 'generate' (or 'auto') with it")
 
 
 def check_advantage_estimator(args) -> None:
@@ -154,9 +169,40 @@ def check_objective(args) -> None:
         )
 
 
-def check_trainer_inputs(args, ptx_dataset, kl_controller):
-    """What :class:`trl_ext.PPOTrainer`'s own arguments add to the settings: ptx data for a ptx coefficient, and a
-    controller object that is one. Returns the ptx dataset to use (None when ``ptx_coef`` is 0, with a warning)."""
+def check_evaluation(args) -> None:
+    """The evaluation keys (:mod:`trl_ext.ppo.evaluation`), before HF's own checks (which raise ValueErrors)."""
+    strategy = str(getattr(args.eval_strategy, "value", args.eval_strategy)).lower()
+    if strategy == "epoch":
+        raise UserInputError("eval_strategy: 'epoch' has no meaning in PPO (updates cycle over the prompts without "
+                             "HF's epochs); use 'steps' with eval_steps, counted in updates")
+    steps = args.eval_steps
+    if strategy == "steps" and steps is not None and steps > 1 and steps != int(steps):
+        raise UserInputError(f"eval_steps: {steps} is not a whole number of updates (valid: an integer >= 1, or a "
+                             "fraction < 1 of the run's updates)")
+    if getattr(args, "eval_on_start", False):  # a TrainingArguments field since transformers 4.41
+        raise UserInputError("eval_on_start: not supported by PPO; the first evaluation comes after update "
+                             "eval_steps (set eval_on_start to false)")
+
+
+def check_eval_inputs(args, has_eval_data: bool, multi_turn: bool) -> None:
+    """Evaluation (`eval_strategy` not `no`) against the run: it needs evaluation prompts and single-turn episodes.
+    Called by the trainer (`eval_dataset`, `tools`) and by the recipe loader before any model loads."""
+    if not evaluation_on(args):
+        return
+    if not has_eval_data:
+        raise UserInputError("eval_strategy: 'steps' needs evaluation prompts and the run has none; pass "
+                             "eval_dataset (a recipe: dataset_test_split or eval_dataset_name) or set eval_strategy "
+                             "'no'")
+    if multi_turn:
+        raise UserInputError("eval_strategy: evaluation of multi-turn episodes (tools, environment_factory) is not "
+                             "supported; set eval_strategy 'no'")
+
+
+def check_trainer_inputs(args, ptx_dataset, kl_controller, eval_dataset=None, multi_turn: bool = False):
+    """What :class:`trl_ext.PPOTrainer`'s own arguments add to the settings: ptx data for a ptx coefficient, a
+    controller object that is one, evaluation prompts for ``eval_strategy`` (:func:`check_eval_inputs`; ``multi_turn``:
+    the run has tools). Returns the ptx dataset to use (None when ``ptx_coef`` is 0, with a warning)."""
+    check_eval_inputs(args, eval_dataset is not None and len(eval_dataset) > 0, multi_turn)
     if args.ptx_coef > 0 and ptx_dataset is None:
         raise UserInputError(
             f"ptx_coef: is {args.ptx_coef} but no ptx_dataset was given; pass ptx_dataset= or set ptx_coef=0"

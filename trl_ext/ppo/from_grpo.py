@@ -8,7 +8,7 @@ TRL adds fails it until it is placed here):
   ``policy_loss``, ...; TrainingArguments fields that count optimizer steps are converted to updates);
 * :data:`NOT_HONOURED`: keys with no counterpart. Set to a value other than their default they are named together
   in one warning, or refused in one line where running without them would change what the run optimises or samples
-  (``top_p``, ``sync_ref_model``, ``top_entropy_quantile``, loss types we do not have, ...);
+  (``sync_ref_model``, ``top_entropy_quantile``, loss types we do not have, ...);
 * every other `transformers.TrainingArguments` field: passed through unchanged (optimizer, schedule, seed,
   precision, output and logging settings).
 
@@ -30,6 +30,7 @@ import math
 import warnings
 
 from ..errors import UserInputError
+from .rollout.sampling import NAMED_KEYS
 
 __all__ = ["MAPPED", "NOT_HONOURED", "REFUSED", "ppo_kwargs_from_grpo", "ppo_config_from"]
 
@@ -53,6 +54,12 @@ MAPPED: dict[str, str] = {
     "num_iterations": "num_ppo_epochs",
     "max_completion_length": "response_length (stop_token: eos)",
     "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k (None: 0)",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "generation_kwargs": "generation_kwargs (its temperature/top_p/top_k/min_p/repetition_penalty win, as in GRPO)",
+    "cache_implementation": "generation_kwargs['cache_implementation'] (the generate engine's KV cache)",
     "reward_weights": "reward_weights",
     "mask_truncated_completions": "mask_truncated_completions",
     "use_bias_correction_kl": "use_bias_correction_kl",
@@ -81,11 +88,6 @@ MAPPED: dict[str, str] = {
 """GRPO key -> what it becomes here."""
 
 REFUSED: dict[str, str] = {
-    "top_p": "trl-ext samples the full temperature-scaled distribution (no top-p)",
-    "top_k": "trl-ext samples the full temperature-scaled distribution (no top-k)",
-    "min_p": "trl-ext samples the full temperature-scaled distribution (no min-p)",
-    "repetition_penalty": "trl-ext samples without a repetition penalty",
-    "generation_kwargs": "trl-ext's sampling takes temperature and response_length only",
     "sync_ref_model": "the reference model stays fixed here (TR-DPO's reference sync is not implemented)",
     "top_entropy_quantile": "every completion token counts in the loss here (no entropy mask)",
     "use_adaptive_entropy": "entropy_coef is fixed here (no adaptive entropy control)",
@@ -95,13 +97,11 @@ REFUSED: dict[str, str] = {
 """GRPO keys with no counterpart that change what the run samples or optimises: a non-default value is refused."""
 
 WARNED: dict[str, str] = {
-    "eval_strategy": "no evaluation loop (eval_dataset feeds sample generations only)",
     "router_aux_loss_coef": "no MoE load-balancing loss",
     "cast_lm_head_to_fp32": "the LM head keeps its dtype",
-    "num_generations_eval": "no evaluation loop",
+    "num_generations_eval": "evaluation generates one completion per prompt (greedy, or eval_do_sample)",
     "shuffle_dataset": "the prompts are always shuffled",
     "pad_to_multiple_of": "prompts and completions are not padded to a multiple",
-    "cache_implementation": "generation uses the model's default cache",
     "transformers_continuous_batching_config": "rollout_engine continuous_batching sizes its own cache",
     "log_multimodal": "text only",
     "log_unique_prompts": "the completions log has every row",
@@ -131,8 +131,7 @@ def not_honoured(name: str) -> bool:
     return name in NOT_HONOURED or name.startswith(NOT_HONOURED_PREFIXES)
 
 
-_NEUTRAL = {"top_k": (0, None), "pad_to_multiple_of": ("auto", None), "scale_rewards": ("group", True),
-            "eval_strategy": ("no",)}
+_NEUTRAL = {"pad_to_multiple_of": ("auto", None), "scale_rewards": ("group", True)}
 """Values that mean "off" besides the field's default (post-init forms, TRL versions' defaults)."""
 
 
@@ -148,8 +147,6 @@ def _default(cls, name):
 
 def _is_set(grpo, name) -> bool:
     value = getattr(grpo, name, None)
-    if name == "eval_strategy":  # a TrainingArguments default that GRPO honours and we do not
-        return str(getattr(value, "value", value)) not in {str(v) for v in _NEUTRAL[name]}
     return not (value == _default(type(grpo), name) or value in _NEUTRAL.get(name, ()))
 
 
@@ -254,6 +251,24 @@ def _other_kwargs(grpo) -> dict:
               "max_tool_calling_iterations": getattr(grpo, "max_tool_calling_iterations", None)}
     if getattr(grpo, "use_transformers_continuous_batching", False) or getattr(grpo, "use_transformers_paged", False):
         kwargs["rollout_engine"] = "continuous_batching"
+    kwargs.update(_sampling_kwargs(grpo))
+    return kwargs
+
+
+def _sampling_kwargs(grpo) -> dict:
+    """The sampling keys. GRPO lets `generation_kwargs` override the named keys: those move to their keys here
+    (`PPOConfig` takes one value per knob); `cache_implementation` goes into `generation_kwargs`."""
+    extra = dict(getattr(grpo, "generation_kwargs", None) or {})
+    top_k = getattr(grpo, "top_k", 0)
+    kwargs = {"top_p": getattr(grpo, "top_p", 1.0), "top_k": 0 if top_k is None else top_k,
+              "min_p": getattr(grpo, "min_p", None), "repetition_penalty": getattr(grpo, "repetition_penalty", 1.0)}
+    for name in NAMED_KEYS:
+        if name in extra:
+            kwargs[name] = extra.pop(name)
+    cache = getattr(grpo, "cache_implementation", None)
+    if cache is not None:
+        extra.setdefault("cache_implementation", cache)
+    kwargs["generation_kwargs"] = extra or None
     return kwargs
 
 

@@ -25,17 +25,19 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
    ``ptx_step``.
 7. ``update_metrics(...) -> dict`` and ``log_update(metrics)`` (:mod:`trl_ext.ppo.update_metrics`): TRL's metrics
    plus ours, then the KL controller (``self.kl_ctl``) updates from the update's ``objective/kl``.
-8. Callbacks, sample generations, then the checkpoint if one is due (``save_extra_checkpoint_files`` adds the value
-   model and the trl-ext state; ``load_checkpoint`` restores them on ``train(resume_from_checkpoint=...)``).
+8. Callbacks, ``evaluate()`` when due (``eval_strategy``), sample generations, then the checkpoint if one is due
+   (``save_extra_checkpoint_files`` adds the value model and the trl-ext state; ``load_checkpoint`` restores them).
 
-Each extension is one object, built once from the config by ``build_features`` (None when off) and called at the
-steps above: ``reward_scoring`` (:class:`~trl_ext.ppo.rollout.reward_funcs.RewardFunctionScoring`), ``critic_free``
+Each extension is one object, built once from the config by ``build_features`` (None when off) and called at the steps
+above: ``reward_scoring`` (:class:`~trl_ext.ppo.rollout.reward_funcs.RewardFunctionScoring`), ``critic_free``
 (:class:`~trl_ext.ppo.objective.critic_free.CriticFree`), ``dynamic_sampling``
-(:class:`~trl_ext.ppo.rollout.dynamic_sampling.DynamicSampling`), ``ptx`` (:class:`~trl_ext.ppo.ptx_data.PretrainingMix`),
-``completions_log`` (:class:`~trl_ext.ppo.completions_log.CompletionsLog`), ``multi_turn``
-(:class:`~trl_ext.ppo.episodes.multi_turn.MultiTurnRollout`, with ``tools``/``environment_factory``). Per-step values (the update's KL
-coefficient, a mini-batch's token normaliser) travel as arguments, not on the ``Rollout``. The sampling and scoring
-steps are in :mod:`trl_ext.ppo.rollout.steps`, the parent's fixes in :mod:`trl_ext.ppo.parent_fixes`.
+(:class:`~trl_ext.ppo.rollout.dynamic_sampling.DynamicSampling`), ``ptx``
+(:class:`~trl_ext.ppo.ptx_data.PretrainingMix`), ``completions_log``
+(:class:`~trl_ext.ppo.completions_log.CompletionsLog`), ``evaluation`` (:class:`~trl_ext.ppo.evaluation.Evaluation`),
+``multi_turn`` (:class:`~trl_ext.ppo.episodes.multi_turn.MultiTurnRollout`, with ``tools``/``environment_factory``).
+Per-step values (the update's KL coefficient, a mini-batch's token normaliser) travel as arguments, not on the
+``Rollout``. The sampling and scoring steps are in :mod:`trl_ext.ppo.rollout.steps`, the parent's fixes in
+:mod:`trl_ext.ppo.parent_fixes`.
 
 Reward and value models may be adapters on the policy's own base (:mod:`trl_ext.models.shared_base`): the steps are
 the same; the reference then switches adapters without peft's ``disable_adapter`` (which would freeze the value
@@ -68,6 +70,7 @@ from .checkpointing import VALUE_MODEL_DIR, PPOCheckpointMixin, ppo_state_file
 from .completions_log import CompletionsLog
 from .episodes.multi_turn import MultiTurnRollout
 from .episodes.toolbox import Toolbox
+from .evaluation import EvaluateMixin, Evaluation
 from .config import PPOConfig
 from .config_rules import check_trainer_inputs
 from .objective.critic_free import CriticFree, check_value_model, group_prompts
@@ -89,6 +92,7 @@ from .rollout.reward_funcs import (
 )
 from .rollout import MicroBatchOutput, Rollout, UpdateStats
 from .rollout.chunk import AUTO, resolve_auto_rollout_chunk
+from .rollout.sampling import rollout_generation_kwargs
 from .rollout.steps import RolloutStepsMixin
 from .shared_base_roles import check_shared_base_roles
 from .update_metrics import UpdateMetricsMixin
@@ -98,7 +102,8 @@ from .rollout.sequences import INVALID_LOGPROB, forward
 
 __all__ = ["PPOConfig", "PPOTrainer", "VALUE_MODEL_DIR", "ppo_state_file"]
 
-class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, ParentFixesMixin, PPOCheckpointMixin, AtomicCheckpointMixin, ParentPPOTrainer):
+class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFixesMixin, PPOCheckpointMixin,
+                 AtomicCheckpointMixin, ParentPPOTrainer):
     """TRL's PPO trainer (see :mod:`trl_ext.ppo.base`) with value-clip modes, KL controllers, PPO-ptx and steps.
 
     Takes every argument of TRL's trainer (same order), and GRPOTrainer's: a `GRPOConfig`, model ids or paths (then
@@ -176,7 +181,8 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, ParentFixesMixin, PPOChe
                                      train_dataset, eval_dataset, multi_turn=bool(tools or environment_factory))
         if not isinstance(args, PPOConfig):
             raise UserInputError(f"args: expected a trl_ext.PPOConfig, got {type(args).__name__}")
-        ptx_dataset = check_trainer_inputs(args, ptx_dataset, kl_controller)  # the trainer's own arguments
+        ptx_dataset = check_trainer_inputs(args, ptx_dataset, kl_controller,  # the trainer's own arguments
+                                           eval_dataset, multi_turn=bool(tools or environment_factory))
         value_model = check_value_model(args, value_model)  # critic-free: a stand-in without parameters
         toolbox = None
         if tools or environment_factory:  # multi-turn episodes (trl_ext/ppo/episodes): TRL's contract
@@ -235,6 +241,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, ParentFixesMixin, PPOChe
         self.dynamic_sampling = (DynamicSampling(args, self.accelerator, processing_class.pad_token_id)
                                  if args.dynamic_sampling else None)
         self.multi_turn = MultiTurnRollout(toolbox, args, processing_class) if toolbox is not None else None
+        self.evaluation = Evaluation.build(self)  # eval_strategy "steps": eval_dataset generated on and scored
         if self.multi_turn is not None:
             self.multi_turn.check_launch(self)
             if self.rollout_engine is not None:
@@ -316,13 +323,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, ParentFixesMixin, PPOChe
     def init_data_streams(self) -> None:
         """Create `self.prompt_iterator` (endless and resumable, over `self.dataloader`) and the generation config."""
         self.prompt_iterator = PromptStream(self.dataloader)
-        self.generation_kwargs = {
-            "max_new_tokens": self.args.response_length,
-            "temperature": (self.args.temperature + 1e-7),
-            "top_k": 0.0,
-            "top_p": 1.0,
-            "do_sample": True,
-        }
+        self.generation_kwargs = rollout_generation_kwargs(self.args)  # TRL's, with the sampling keys
         self.generation_config = GenerationConfig(**self.generation_kwargs)
 
     def run_update(self, update: int) -> None:
@@ -357,7 +358,8 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, ParentFixesMixin, PPOChe
         if self._optimizer_stepped:  # False only when the guard skipped every optimizer step of the update
             self.lr_scheduler.step()
         self.control = self.callback_handler.on_step_end(args, self.state, self.control)
-
+        if self.control.should_evaluate and self.evaluation is not None:  # every eval_steps updates (HF's flow)
+            self.evaluate()
         if args.num_sample_generations > 0 and (update - 1) % self.sample_generations_freq == 0:
             self.generate_completions(sampling=True)
         del rollout

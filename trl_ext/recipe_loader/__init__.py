@@ -1,6 +1,6 @@
 """The recipe loader and pipeline behind the ``trl-ext`` command: from one YAML file (the top-level ``recipes/``
-folder holds the shipped ones) to a trained model. Named ``recipe_loader`` (formerly ``trl_ext.recipes``, still
-importable) so that the package and the folder of YAML files are not both ``recipes``.
+folder holds the shipped ones) to a trained model. Named ``recipe_loader`` so that the package and the folder of YAML
+files are not both ``recipes``.
 
 * ``loader.py``: read a recipe, merge ``--key value`` overrides, check what is about recipes (unknown keys, null,
   paths, the ``reward_*``/``value_*`` model keys) and resolve it into TRL's dataclasses, whose configs check their

@@ -19,7 +19,7 @@ UNSUPPORTED_KEYS = {"sft_model_path": "set model_name_or_path to the policy (SFT
 # Keys whose value, when it looks like a local path, must exist.
 PATH_KEYS = (
     "model_name_or_path", "dataset_name", "reward_model_path", "value_model_path", "ptx_dataset_name",
-    "chat_template_path", "deepspeed",
+    "eval_dataset_name", "chat_template_path", "deepspeed",
 )
 
 
@@ -87,6 +87,13 @@ class PipelineArguments:
             PPO-ptx: split to use.
         ptx_text_column (`str`, *optional*, defaults to `"text"`):
             PPO-ptx: column holding the plain text (a tokenized `input_ids` column is used as is).
+        eval_dataset_name (`str`, *optional*):
+            Evaluation data (`eval_strategy`; PPO's sample generations) from another dataset than `dataset_name`:
+            hub name, local file or `save_to_disk` directory, same columns as the train split. Default: the
+            `dataset_test_split` of `dataset_name` (TRL's ScriptArguments). A run with `eval_strategy` on and no
+            evaluation data is refused before any model loads (`trl-ext check` too, for local data).
+        eval_dataset_split (`str`, *optional*, defaults to `"train"`):
+            With `eval_dataset_name`: the split to use (a local file's only split is `train`).
         allow_empty_responses (`bool`, *optional*, defaults to `False`):
             Accept empty or whitespace-only responses (`chosen`, `rejected`, `responses`, `completion`) in the data,
             e.g. sampled responses that ended at once, as "saying nothing" examples. Without it such a row is
@@ -141,6 +148,10 @@ class PipelineArguments:
     ptx_dataset_config: Optional[str] = field(default=None, metadata={"help": "PPO-ptx: dataset config name."})
     ptx_dataset_split: str = field(default="train", metadata={"help": "PPO-ptx: dataset split."})
     ptx_text_column: str = field(default="text", metadata={"help": "PPO-ptx: text column."})
+    eval_dataset_name: Optional[str] = field(
+        default=None, metadata={"help": "Evaluation data, when not dataset_name's dataset_test_split."}
+    )
+    eval_dataset_split: str = field(default="train", metadata={"help": "With eval_dataset_name: its split."})
     allow_empty_responses: bool = field(
         default=False, metadata={"help": "Accept empty or whitespace-only responses in the data."}
     )

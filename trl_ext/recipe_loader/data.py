@@ -72,6 +72,32 @@ def open_split(name: str, split: str, *, config: str | None = None, key: str = "
     return splits[split]()
 
 
+def eval_source(recipe) -> tuple[str, str, str | None, str, str]:
+    """Where a recipe's evaluation data is: ``(name, split, config, name key, split key)``: ``eval_dataset_name``
+    (its ``eval_dataset_split``) when set, else ``dataset_name``'s ``dataset_test_split`` (TRL's ScriptArguments)."""
+    p, s = recipe.pipeline, recipe.script_args
+    if getattr(p, "eval_dataset_name", None):
+        return p.eval_dataset_name, p.eval_dataset_split, None, "eval_dataset_name", "eval_dataset_split"
+    return s.dataset_name, s.dataset_test_split, s.dataset_config, "dataset_name", "dataset_test_split"
+
+
+def open_eval_split(recipe, *, required: bool, streaming: bool = False):
+    """The recipe's evaluation split (:func:`eval_source`), or None when it has none and the run can do without
+    (``required`` False: TRL's sample generations). With ``required`` (``eval_strategy`` not ``no``) a missing split
+    is refused in one line naming the keys that give one."""
+    name, split, config, key, split_key = eval_source(recipe)
+    try:
+        return open_split(name, split, config=config, key=key, split_key=split_key, streaming=streaming)
+    except UserInputError as err:
+        if "has no split" not in str(err):
+            raise
+        if not required:
+            return None
+        problem = str(err).split(": ", 1)[1]
+        raise UserInputError(f"eval_strategy: evaluation needs its data, and {problem}; name it with "
+                             "dataset_test_split or eval_dataset_name, or set eval_strategy 'no'") from None
+
+
 def check_columns(dataset, trainer: str, *, name: str, split: str, text_column: str = "text") -> None:
     """Raise a one-line UserInputError if ``dataset`` lacks the columns ``trainer`` needs.
 

@@ -175,7 +175,8 @@ def _prompt_tokens(tokenizer, prompt) -> Optional[int]:
 
 
 def check_local_data(recipe) -> None:
-    """`trl-ext check`: columns and rows of a local train split (and PPO-ptx text), the reward functions' signatures
+    """`trl-ext check`: columns and rows of a local train split (and PPO-ptx text), that local evaluation data exists
+    when ``eval_strategy`` is on (:func:`check_eval_data`), the reward functions' signatures
     against its columns, its chat prompts and the chat template with tools (:mod:`.tool_keys`), and the prompts'
     lengths when the tokenizer (and, for PPO, the model's ``config.json``) is local too. Hub datasets are checked by
     `train`."""
@@ -205,12 +206,32 @@ def check_local_data(recipe) -> None:
             limit = prompt_length_limit(recipe.trainer, args, config)
             check_prompt_lengths(ds, recipe.trainer, tokenizer, limit, name=s.dataset_name,
                                  split=s.dataset_train_split)
+    check_eval_data(recipe)
     p = recipe.pipeline
     if getattr(p, "ptx_dataset_name", None) and looks_local(p.ptx_dataset_name) and recipe.trainer == "ppo":
         ds = open_split(p.ptx_dataset_name, p.ptx_dataset_split, config=p.ptx_dataset_config,
                         key="ptx_dataset_name", split_key="ptx_dataset_split")
         check_columns(ds, "ptx", name=p.ptx_dataset_name, split=p.ptx_dataset_split, text_column=p.ptx_text_column)
         check_rows(ds, "ptx", name=p.ptx_dataset_name, split=p.ptx_dataset_split, text_column=p.ptx_text_column)
+
+
+def check_eval_data(recipe) -> None:
+    """With ``eval_strategy`` on: PPO evaluates single-turn episodes only, and local evaluation data must exist
+    (its rows are read by `train`)."""
+    from ..models.paths import looks_local
+    from .data import eval_source, open_eval_split
+
+    args = recipe.training_args
+    if str(getattr(args, "eval_strategy", "no")).split(".")[-1].lower() == "no":
+        return
+    if recipe.trainer == "ppo":
+        from ..ppo.config_rules import check_eval_inputs
+        from .tool_keys import uses_tools
+
+        check_eval_inputs(args, True, uses_tools(recipe))
+    name = eval_source(recipe)[0]
+    if name and looks_local(name):
+        open_eval_split(recipe, required=True)
 
 
 def _local_tokenizer_and_config(path: Optional[str]):

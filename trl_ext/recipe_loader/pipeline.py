@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..errors import UserInputError
 from ..models.loaders import load_policy, load_scalar_model, load_tokenizer
-from .data import check_columns, open_split, ptx_texts, tokenize_prompts
+from .data import check_columns, eval_source, open_eval_split, open_split, ptx_texts, tokenize_prompts
 from .data_rows import check_prompt_lengths, check_rows, prompt_length_limit
 from .loader import RECIPE_FILENAME, TINY_DIR_ENV, TINY_SCHEME, Recipe, tiny_models_dir  # noqa: F401 (re-exported)
 from .validation import check_episodes
@@ -73,18 +73,14 @@ def open_datasets(recipe: Recipe):
         check_episodes(args, len(train))
     required = str(getattr(args, "eval_strategy", "no")).split(".")[-1].lower() != "no"
     sample_generations = recipe.trainer == "ppo" and args.num_sample_generations > 0
-    evaluate, optional = required or sample_generations, not required
-    if not evaluate:
+    if not (required or sample_generations):
         return train, None
-    try:
-        eval_ds = open_split(s.dataset_name, s.dataset_test_split, config=s.dataset_config,
-                             split_key="dataset_test_split", streaming=s.dataset_streaming)
-    except UserInputError as err:
-        if optional and "has no split" in str(err):
-            return train, None
-        raise
-    check_columns(eval_ds, recipe.trainer, name=s.dataset_name, split=s.dataset_test_split, text_column=text_column)
-    check_rows(eval_ds, recipe.trainer, name=s.dataset_name, split=s.dataset_test_split, text_column=text_column,
+    eval_ds = open_eval_split(recipe, required=required, streaming=s.dataset_streaming)
+    if eval_ds is None:
+        return train, None
+    name, split = eval_source(recipe)[:2]
+    check_columns(eval_ds, recipe.trainer, name=name, split=split, text_column=text_column)
+    check_rows(eval_ds, recipe.trainer, name=name, split=split, text_column=text_column,
                allow_empty_responses=recipe.pipeline.allow_empty_responses)
     return train, eval_ds
 
@@ -94,9 +90,9 @@ def check_lengths(recipe: Recipe, tokenizer, *datasets, model_config=None) -> No
     ``datasets``: the train and eval splits (None skipped)."""
     s = recipe.script_args
     limit = prompt_length_limit(recipe.trainer, recipe.training_args, model_config)
-    for ds, split in zip(datasets, (s.dataset_train_split, s.dataset_test_split)):
+    for ds, (name, split) in zip(datasets, ((s.dataset_name, s.dataset_train_split), eval_source(recipe)[:2])):
         if ds is not None:
-            check_prompt_lengths(ds, recipe.trainer, tokenizer, limit, name=s.dataset_name, split=split)
+            check_prompt_lengths(ds, recipe.trainer, tokenizer, limit, name=name, split=split)
 
 
 def refuse_empty_after_filtering(trainer, recipe: Recipe, *, out_existed: bool) -> None:
@@ -275,6 +271,7 @@ def train_ppo(recipe: Recipe):
     """
     from trl_ext import PPOTrainer
 
+    from ..ppo.config_rules import check_eval_inputs
     from .reward_keys import check_reward_columns
     from .tool_keys import check_tool_data, check_tool_tokenizer, uses_tools
 
@@ -282,6 +279,7 @@ def train_ppo(recipe: Recipe):
     if args.model_init_kwargs:
         raise UserInputError("recipe: key 'model_init_kwargs' is for model ids given to PPOTrainer in Python; a recipe "
                              "loads its models from its model keys (dtype, attn_implementation, load_in_4bit, ...)")
+    check_eval_inputs(args, True, uses_tools(recipe))  # evaluation of multi-turn episodes: refused before the data
     train_ds, eval_ds = open_datasets(recipe)
     check_reward_columns(recipe, train_ds.column_names)
     check_tool_data(recipe, train_ds, name=recipe.script_args.dataset_name,

@@ -90,7 +90,8 @@ def hub_names(recipe) -> list[tuple[str, str]]:
     cannot tell whether they exist or what they hold."""
     out = []
     s, p = recipe.script_args, recipe.pipeline
-    for what, name in (("dataset", s.dataset_name), ("ptx dataset", getattr(p, "ptx_dataset_name", None))):
+    for what, name in (("dataset", s.dataset_name), ("ptx dataset", getattr(p, "ptx_dataset_name", None)),
+                       ("eval dataset", getattr(p, "eval_dataset_name", None))):
         if isinstance(name, str) and name and not looks_local(name):
             out.append((what, name))
     models = [("model", recipe.model_args)]

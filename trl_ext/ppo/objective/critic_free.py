@@ -10,7 +10,8 @@
   and estimator metrics; the value-model ones, `loss/value_avg` and `val/*`, go).
 
 The batch arithmetic is the parent's: `local_batch_size = per_device_train_batch_size * gradient_accumulation_steps`
-episodes per process and update (`batch_size` = that times the processes), now from `local_batch_size / k` prompts.
+episodes per process and update (`batch_size` = that times the processes), sampled from `local_batch_size / k`
+prompts, `k` samples each.
 """
 
 from __future__ import annotations

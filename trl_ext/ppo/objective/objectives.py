@@ -1,4 +1,4 @@
-"""The policy objectives used since GRPO, as pure functions: KL estimators, clipped / CISPO surrogates with
+"""GRPO-style policy objectives as pure functions: KL estimators, clipped / CISPO surrogates with
 asymmetric, dual and two-sided clipping, token or sequence ratios, loss aggregation, an entropy bonus.
 
 :class:`ObjectiveConfig` holds the `PPOConfig` keys these read (built once, `trainer.objective`); the trainer's loss
@@ -6,9 +6,9 @@ step calls :func:`rollout_objective` (:func:`objective_terms` on a micro-batch o
 :func:`mini_batch_token_normalizer` per mini-batch, ``compute_rewards`` calls :func:`kl_penalty` and
 ``update_metrics`` :func:`objective_metrics`. Dynamic sampling: :mod:`trl_ext.ppo.rollout.dynamic_sampling`. Per-token tensors
 are ``(batch, T)`` and ``mask`` is True on the tokens that count. With every key at its default the arithmetic is
-that of trl-ext 0.1's PPO clipped surrogate and GRPO's k3 KL loss (same operations, same order: bit for bit; the
-references are kept in tests/ppo/loss_references.py). TRL's `GRPOTrainer._compute_loss` gives the same losses and
-gradients for the shared cases (tests/ppo/test_objectives_trl_parity.py; name map in docs/ppo.md).
+that of PPO's clipped surrogate and GRPO's k3 KL loss as tests/ppo/loss_references.py writes them out (same
+operations, same order: bit for bit). TRL's `GRPOTrainer._compute_loss` gives the same losses and gradients for the
+shared cases (tests/ppo/test_objectives_trl_parity.py; name map in docs/ppo.md).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
 
 def kl_loss_per_token(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
     """:func:`kl_penalty` for the loss; k3 in the operation order of GRPO's loss (TRL's ``GRPOTrainer``, and
-    trl-ext 0.1's ``kl_loss_k3``): ``exp(log r) - log r - 1``."""
+    ``kl_loss_k3`` of tests/ppo/loss_references.py): ``exp(log r) - log r - 1``."""
     if estimator == "k3":
         log_ratio = ref_logprobs - logprobs
         return torch.exp(log_ratio) - log_ratio - 1

@@ -6,6 +6,8 @@
   ``compute_ref_logprobs``, ``compute_values``, ``compute_scores``), mixed into ``PPOTrainer``.
 * ``logprobs.py``: the sampled tokens' log-probs taken while ``generate`` samples them; the reference pass's logits.
 * ``engine.py``: ``rollout_engine``: transformers' continuous batching as the sampler.
+* ``sampling.py``: the sampling keys (``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``,
+  ``generation_kwargs``) and the generation configs built from them.
 * ``decode_graphs.py``: ``rollout_cuda_graphs``: ``generate``'s decoding steps replayed as CUDA graphs over a
   static cache.
 * ``chunk.py``: ``local_rollout_forward_batch_size: auto``, the largest chunk whose memory budget fits.

@@ -45,7 +45,8 @@ What this module adds to transformers' engine, and why:
   :func:`engine_logprobs_usable` decides.
 
 Refused (one line, :class:`~trl_ext.errors.UserInputError`; the settings at ``PPOConfig`` construction, by
-:func:`trl_ext.ppo.config_rules.check_launch`): DeepSpeed ZeRO-3 (parameters are sharded and gathered
+:mod:`trl_ext.ppo.config_rules`): a ``repetition_penalty`` (the engine drops that processor; ``auto`` takes
+``generate`` then), DeepSpeed ZeRO-3 (parameters are sharded and gathered
 by hooks on the calling thread; the engine runs the model in its own thread), transformers without continuous
 batching, generation configs whose processors the engine would drop (beam search and the like), models the engine
 cannot page (no ``sdpa``/``eager``/flash attention).
@@ -171,6 +172,8 @@ def build_rollout_engine(trainer) -> ContinuousBatchingRollout | None:
                                    trainer.accelerator.device.type)
     if choice.engine == CONTINUOUS_BATCHING and choice.requested == AUTO and not has_continuous_batching():
         choice = EngineChoice(AUTO, GENERATE, "this transformers has no continuous batching")
+    if choice.engine == CONTINUOUS_BATCHING and choice.requested == AUTO and args.repetition_penalty != 1.0:
+        choice = EngineChoice(AUTO, GENERATE, "repetition_penalty: the engine has no repetition penalty")
     if choice.engine == CONTINUOUS_BATCHING and zero3_enabled(trainer.accelerator):
         if choice.requested == AUTO:
             choice = EngineChoice(AUTO, GENERATE, "DeepSpeed ZeRO-3")

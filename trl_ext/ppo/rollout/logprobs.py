@@ -8,14 +8,24 @@ holding at most one step's ``(batch, vocab)`` scores: :class:`SampledTokenLogpro
 keeps a reference to step t's final scores and, when it is called at step t+1 (whose ``input_ids`` end with the
 token sampled at step t), gathers that token's log-prob; the last step's comes from the final sequences.
 
-The log-prob must be taken from the distribution the token was sampled from: the scores after *every* processor,
-the sampling warpers (temperature, top-k, top-p) included. transformers (5.23) merges a user's ``logits_processor``
-list *before* the warpers it builds from the generation config, so a processor appended by the user would see the
-logits before the temperature. Hence :func:`sampling_plan` moves the warpers out of the generation config (a copy with
-``temperature=1.0, top_k=0, top_p=1.0``, which makes ``generate`` build none) into our own list, in transformers'
-order and with transformers' own warper classes, followed by the capture processor. Every processor thus runs in the
-same order on the same tensors as in TRL's rollout, and the log-probs equal TRL's ``selective_log_softmax(stack(
-scores), response)`` (same float32 ops: gather minus logsumexp over the vocabulary; tested for equality).
+Which distribution. The log-prob is that of the temperature-scaled full distribution, ``log_softmax(logits /
+temperature)``, what the loss evaluates (TRL's ``GRPOTrainer`` takes its old log-probs from the same distribution);
+the truncation warpers (top-k, top-p, min-p) and the repetition penalty shape what is sampled only
+(:mod:`trl_ext.ppo.rollout.sampling`). transformers (5.24) merges a user's ``logits_processor`` list after the
+processors it builds from the generation config (the repetition penalty among them) and *before* the warpers it
+builds (temperature, top-k, top-p, min-p), so a processor appended by the user would see the logits before the
+temperature. Hence :func:`sampling_plan` moves the temperature, the repetition penalty and the truncation warpers
+out of the generation config (a copy with ``temperature=1.0, top_k=0, top_p=1.0, min_p=None,
+repetition_penalty=1.0``, which makes ``generate`` build none of them) into our own list, with transformers' own
+classes: the temperature, then the capture processor (which sees exactly ``logits / temperature``), then the
+repetition penalty and the truncation warpers in transformers' order. Sampling draws from the same distribution as
+transformers' (the penalty commutes with a positive temperature: it multiplies or divides each logit, keeping its
+sign). With the temperature alone, every processor runs in the same order on the same tensors as in TRL's PPO
+rollout, and the log-probs equal TRL's ``selective_log_softmax(stack(scores), response)`` (same float32 ops: gather
+minus logsumexp over the vocabulary; tested for equality). Where ``generate`` would still build processors of its
+own before the capture (``generation_kwargs`` such as ``suppress_tokens`` or ``min_new_tokens``), the capture would
+see their output: the plan says so (``logprobs_exact`` false) and the trainer recomputes the log-probs with one
+forward of the policy (:func:`trl_ext.ppo.rollout.engine.teacher_forced_logprobs`).
 
 Why not recompute the log-probs with a forward pass after generation (in chunks)? It costs one more forward pass over
 every query+response, and a full-sequence forward does not reproduce the incremental (KV-cache) logits bit for bit,
@@ -24,20 +34,24 @@ so TRL's numbers would no longer be reproduced exactly.
 :func:`sequence_logits` is TRL's ``forward`` helper for the reference pass without the hidden states of every layer
 (same logits, less memory held while scoring).
 
-Generation configs whose sampling this module does not rebuild (beam search, ``min_p``, ``typical_p``,
-``epsilon_cutoff``, ``eta_cutoff``, ``top_h``, watermarking, ``renormalize_logits``) get ``None`` from
-:func:`sampling_plan`; the trainer then keeps TRL's path (exact, with the big tensor).
+Generation configs whose sampling this module does not rebuild (beam search, ``typical_p``, ``epsilon_cutoff``,
+``eta_cutoff``, ``top_h``, watermarking, ``renormalize_logits``) get ``None`` from :func:`sampling_plan`; the
+trainer then keeps TRL's path (with the big tensor; log-probs recomputed when the sampling is not the temperature's
+alone).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-from dataclasses import dataclass
+import inspect
+from dataclasses import dataclass, field
 
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -99,9 +113,29 @@ class SamplingPlan:
     """How to sample with ``generate`` and still capture the sampling distribution's log-probs."""
 
     generation_config: GenerationConfig
-    """The config to pass to ``generate``: the original with the warpers neutralised and no scores kept."""
+    """The config to pass to ``generate``: the original with the moved processors neutralised and no scores kept."""
     warpers: list[LogitsProcessor]
-    """The warpers ``generate`` would have appended, in its order (empty for greedy decoding)."""
+    """Before the capture: the temperature ``generate`` would have applied (empty for greedy decoding)."""
+    truncation: list[LogitsProcessor] = field(default_factory=list)
+    """After the capture: top-k, top-p, min-p (transformers' order). They shape the sampling, not the log-probs."""
+    repetition_penalty: float | None = None
+    """After the capture, before the truncation: the penalty (built per chunk: it skips each row's left padding)."""
+    logprobs_exact: bool = True
+    """False when ``generate`` still builds logits processors of its own (``generation_kwargs``), which run before
+    the capture: then the captured log-probs are not the temperature-scaled full distribution's."""
+
+    def processors(self, attention_mask: torch.Tensor, capture: LogitsProcessor) -> LogitsProcessorList:
+        """The ``logits_processor`` list of one chunk whose prompts have ``attention_mask``."""
+        penalty = [] if self.repetition_penalty is None else [_repetition_penalty(self.repetition_penalty,
+                                                                                  attention_mask)]
+        return LogitsProcessorList([*self.warpers, capture, *penalty, *self.truncation])
+
+
+def _repetition_penalty(penalty: float, attention_mask: torch.Tensor) -> LogitsProcessor:
+    """transformers' penalty processor as ``generate`` builds it (each row's left padding not counted as a repeat)."""
+    if "prompt_ignore_length" in inspect.signature(RepetitionPenaltyLogitsProcessor.__init__).parameters:
+        return RepetitionPenaltyLogitsProcessor(penalty, prompt_ignore_length=(attention_mask != 0).int().argmax(1))
+    return RepetitionPenaltyLogitsProcessor(penalty)
 
 
 def _effective_config(model, generation_config: GenerationConfig) -> GenerationConfig | None:
@@ -117,12 +151,30 @@ def _effective_config(model, generation_config: GenerationConfig) -> GenerationC
         return None
 
 
-def sampling_plan(model, generation_config: GenerationConfig) -> SamplingPlan | None:
-    """The warpers of ``generation_config`` moved into a processor list of our own, or None when the config uses
-    sampling features this module does not rebuild (then keep TRL's scores path).
+def _builds_processors(model, generation_config: GenerationConfig) -> bool:
+    """Whether ``generate`` builds logits processors of its own from ``generation_config`` that run before a user's
+    list (the warpers run after it; False when this transformers does not say)."""
+    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cfg = _effective_config(target, generation_config)
+    build = getattr(target, "_get_logits_processor", None)
+    if cfg is None or build is None:
+        return False
+    cfg = copy.deepcopy(cfg)
+    cfg.do_sample = False  # the processors without the warpers
+    try:
+        return len(build(cfg)) > 0
+    except Exception:  # noqa: BLE001 - an unexpected signature: assume none, as before
+        return False
 
-    Conditions and order are transformers 5.23's ``_get_logits_processor``: temperature if not 1.0, top-k if not 0,
-    top-p if < 1.0 (``min_tokens_to_keep=1`` without beam search).
+
+def sampling_plan(model, generation_config: GenerationConfig) -> SamplingPlan | None:
+    """The temperature, repetition penalty and truncation warpers of ``generation_config`` moved into processor
+    lists of our own (module docstring), or None when the config uses sampling features this module does not
+    rebuild (then keep TRL's scores path).
+
+    Conditions and order are transformers 5.24's ``_get_logits_processor``: repetition penalty if not 1.0, then
+    temperature if not 1.0, top-k if not 0, top-p if < 1.0, min-p if set (``min_tokens_to_keep=1`` without beam
+    search).
     """
     cfg = _effective_config(model, generation_config)
     if cfg is None:
@@ -132,26 +184,29 @@ def sampling_plan(model, generation_config: GenerationConfig) -> SamplingPlan | 
         or cfg.renormalize_logits
         or cfg.watermarking_config is not None
         or getattr(cfg, "top_h", None) is not None
-        or (cfg.do_sample and cfg.min_p is not None)
         or (cfg.do_sample and cfg.typical_p is not None and cfg.typical_p < 1.0)
         or (cfg.do_sample and cfg.epsilon_cutoff is not None and 0.0 < cfg.epsilon_cutoff < 1.0)
         or (cfg.do_sample and cfg.eta_cutoff is not None and 0.0 < cfg.eta_cutoff < 1.0)
     )
     if unsupported:
         return None
-    warpers: list[LogitsProcessor] = []
-    if cfg.do_sample:
-        if cfg.temperature is not None and cfg.temperature != 1.0:
-            warpers.append(TemperatureLogitsWarper(cfg.temperature))
-        if cfg.top_k is not None and cfg.top_k != 0:
-            warpers.append(TopKLogitsWarper(top_k=cfg.top_k, min_tokens_to_keep=1))
-        if cfg.top_p is not None and cfg.top_p < 1.0:
-            warpers.append(TopPLogitsWarper(top_p=cfg.top_p, min_tokens_to_keep=1))
     neutral = copy.deepcopy(generation_config)
-    if cfg.do_sample:  # greedy: no warpers to move (and transformers warns about sampling knobs set for greedy)
-        neutral.temperature, neutral.top_k, neutral.top_p = 1.0, 0, 1.0
     neutral.output_scores, neutral.output_logits, neutral.return_dict_in_generate = False, False, False
-    return SamplingPlan(neutral, warpers)
+    if not cfg.do_sample:  # greedy: no warpers to move (and transformers warns about sampling knobs set for greedy)
+        return SamplingPlan(neutral, [])
+    warpers, truncation = [], []
+    if cfg.temperature is not None and cfg.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(cfg.temperature))
+    if cfg.top_k is not None and cfg.top_k != 0:
+        truncation.append(TopKLogitsWarper(top_k=cfg.top_k, min_tokens_to_keep=1))
+    if cfg.top_p is not None and cfg.top_p < 1.0:
+        truncation.append(TopPLogitsWarper(top_p=cfg.top_p, min_tokens_to_keep=1))
+    if cfg.min_p is not None:
+        truncation.append(MinPLogitsWarper(min_p=cfg.min_p, min_tokens_to_keep=1))
+    penalty = cfg.repetition_penalty if cfg.repetition_penalty not in (None, 1.0) else None
+    neutral.temperature, neutral.top_k, neutral.top_p, neutral.min_p = 1.0, 0, 1.0, None
+    neutral.repetition_penalty = 1.0
+    return SamplingPlan(neutral, warpers, truncation, penalty, not _builds_processors(model, neutral))
 
 
 @torch.no_grad()
@@ -169,7 +224,7 @@ def generate_with_logprobs(
     Generates for ``queries`` (left-padded with ``pad_token_id``) in chunks of ``chunk_size`` as TRL does (pad
     positions masked to 0 in the inputs), and returns ``(query_responses, logprobs)``: ``queries`` followed by the
     responses, right-padded with ``pad_token_id`` to the longest chunk, and the ``(batch, response_length)``
-    log-probs of the response tokens under the sampling distribution. Where a chunk stopped early, TRL's padded
+    log-probs of the response tokens under the temperature-scaled distribution (module docstring). Where a chunk stopped early, TRL's padded
     logits are zeros; the log-prob there is the same ``-log(vocab)`` (those positions are masked out later anyway).
     ``on_chunk(start, responses)``, if given, is called with each chunk's responses as soon as it is generated (the
     reward functions' workers start on them while the next chunk generates). ``decode_graphs``
@@ -191,7 +246,7 @@ def generate_with_logprobs(
                 input_ids=torch.masked_fill(query, ~attention_mask, 0),
                 attention_mask=attention_mask,
                 generation_config=generation_config,
-                logits_processor=LogitsProcessorList([*plan.warpers, capture]),
+                logits_processor=plan.processors(attention_mask, capture),
             )
         response = sequences[:, context_length:]
         chunks.append((torch.cat((query, response), 1), capture.logprobs(response), capture.vocab_size))

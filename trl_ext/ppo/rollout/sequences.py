@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig
 
-from ...models.positions import first_true_indices  # noqa: F401 - also importable from here, as before
+from ...models.positions import first_true_indices  # noqa: F401 - re-exported with the other sequence helpers
 
 INVALID_LOGPROB = 1.0
 """Placeholder log-prob written at padding positions (after a response's last token)."""

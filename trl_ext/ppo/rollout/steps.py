@@ -13,7 +13,9 @@ from trl.trainer.utils import selective_log_softmax
 
 from ...models.scalar_heads import scalar_model_outputs
 from .containers import Rollout
+from .engine import teacher_forced_logprobs
 from .logprobs import generate_with_full_scores, generate_with_logprobs, sampling_plan, sequence_logits
+from .sampling import reshapes_sampling
 from .sequences import INVALID_LOGPROB, first_true_indices, truncate_response
 
 __all__ = ["RolloutStepsMixin"]
@@ -23,7 +25,9 @@ class RolloutStepsMixin:
     """The rollout and scoring steps of :class:`trl_ext.PPOTrainer` (each overridable in a subclass)."""
 
     def generate_rollouts(self, queries: torch.Tensor) -> Rollout:
-        """Sample one response per query with the policy; keep their log-probs under the sampling distribution.
+        """Sample one response per query with the policy (its sampling keys: :mod:`trl_ext.ppo.rollout.sampling`);
+        keep their log-probs under the temperature-scaled full distribution (the loss's; not the top-k/top-p/min-p
+        truncated one).
 
         The log-probs are taken as the tokens are sampled (:mod:`trl_ext.ppo.rollout.logprobs`): peak memory holds
         one step's `(batch, vocab)` scores, not TRL's `(batch, response_length, vocab)` tensor; the numbers are
@@ -62,6 +66,9 @@ class RolloutStepsMixin:
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample at most ``max_new_tokens`` tokens after each left-padded query: ``(query_responses, logprobs)``
         (the continuous-batching engine, else ``generate`` with the log-probs taken as sampled, else TRL's path).
+        The log-probs are ``log_softmax(logits / temperature)``'s; where the sampled scores went through other
+        processors first (``generation_kwargs``'), or TRL's path sampled with the sampling keys, one teacher-forced
+        forward recomputes them.
         ``on_chunk(start, responses)``: called as each chunk (engine: each row) is done."""
         generation_config = self.generation_config
         if self.rollout_engine is not None:  # continuous batching (trl_ext.ppo.rollout.engine)
@@ -72,10 +79,19 @@ class RolloutStepsMixin:
         plan = sampling_plan(policy, generation_config)
         pad_token_id, chunk = self.processing_class.pad_token_id, self.args.local_rollout_forward_batch_size
         if plan is not None:
-            return generate_with_logprobs(policy, queries, chunk, pad_token_id, plan, on_chunk=on_chunk,
-                                          decode_graphs=self.decode_graphs)
-        warnings.warn("generate_rollouts: sampling config not rebuilt; keeping TRL's path", stacklevel=2)
-        return generate_with_full_scores(policy, queries, chunk, pad_token_id, generation_config)
+            query_responses, logprobs = generate_with_logprobs(policy, queries, chunk, pad_token_id, plan,
+                                                               on_chunk=on_chunk, decode_graphs=self.decode_graphs)
+            if plan.logprobs_exact:
+                return query_responses, logprobs
+        else:
+            warnings.warn("generate_rollouts: sampling config not rebuilt; keeping TRL's path", stacklevel=2)
+            query_responses, logprobs = generate_with_full_scores(policy, queries, chunk, pad_token_id,
+                                                                  generation_config)
+            if not reshapes_sampling(self.args):  # the scores were the temperature-scaled logits: TRL's numbers
+                return query_responses, logprobs
+        # the captured scores went through processors that shape the sampling only: the loss's distribution instead
+        return query_responses, teacher_forced_logprobs(policy, query_responses, queries.shape[1], pad_token_id,
+                                                        self.args.temperature, chunk)
 
     def score_rollouts(self, rollout: Rollout) -> None:
         """Reference log-probs, values and scores, per chunk of `local_rollout_forward_batch_size`; then masks."""
