@@ -21,7 +21,7 @@ gives here (GRPOConfig -> ours):
 * clipping: `epsilon` 0.2 -> `cliprange` 0.2;
 * sampling: temperature 1, no top-k, top-p 1 in both (TRL `top_k` 0, `top_p` 1.0);
 * lengths: `max_completion_length` 5 -> `response_length` 5, stop at eos;
-* optimizer: AdamW, lr 3e-4 constant, no warmup (passed through); `max_grad_norm` 0 (ours clips no gradient);
+* optimizer: AdamW, lr 3e-4 constant, no warmup (passed through); `max_grad_norm` 0 (no clipping on either side);
 * reward: `reward_funcs=[exact_match_reward]` in both, no reward model; the same `prompt`/`answer` dataset, which
   each trainer tokenizes itself.
 

@@ -66,6 +66,7 @@ def config_kwargs(tmp_path, **overrides):
         local_rollout_forward_batch_size=2,
         seed=11,
         disable_tqdm=True,
+        max_grad_norm=0.0,  # TRL's PPO clips no gradient: the tests compare with it (and with each other) unclipped
     )
     kwargs.update(overrides)
     return kwargs
@@ -80,3 +81,34 @@ def seed_all(seed: int) -> None:
 def update_logs(trainer) -> list[dict]:
     """The per-update metric dicts of a finished run (log entries that carry `objective/kl`)."""
     return [entry for entry in trainer.state.log_history if "objective/kl" in entry]
+
+
+class OptimizerSteps:
+    """Counts the steps a torch optimizer takes (a step post-hook); with ``track`` (a list of parameters), also the
+    L2 norm of each step's change of those parameters (``changes``)."""
+
+    def __init__(self, optimizer, track=None):
+        self.count, self.changes, self._before = 0, [], None
+        self.track = list(track) if track is not None else None
+        if self.track is not None:
+            optimizer.register_step_pre_hook(self._snapshot)
+        optimizer.register_step_post_hook(self._stepped)
+
+    def _snapshot(self, *_):
+        self._before = [p.detach().clone() for p in self.track]
+
+    def _stepped(self, *_):
+        self.count += 1
+        if self.track is not None:
+            diff = torch.cat([(p.detach() - b).flatten() for p, b in zip(self.track, self._before)])
+            self.changes.append(diff.norm().item())
+
+
+def count_optimizer_steps(trainer, track_parameters: bool = False) -> OptimizerSteps:
+    """An :class:`OptimizerSteps` on `trainer`'s torch optimizer (under accelerate's wrapper); with
+    `track_parameters`, tracking the change of every trainable parameter."""
+    optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    track = None
+    if track_parameters:
+        track = [p for p in trainer.accelerator.unwrap_model(trainer.model).parameters() if p.requires_grad]
+    return OptimizerSteps(optimizer, track)

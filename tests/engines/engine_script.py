@@ -175,7 +175,9 @@ def run_ppo_recipe(out):
     logs = [e for e in trainer.state.log_history if "objective/kl" in e]
     return {**engine_facts(trainer, trainer.model, trainer.accelerator.unwrap_model(trainer.model)),
             "kl": [e["objective/kl"] for e in logs], "scores": [e["objective/scores"] for e in logs],
-            "episodes": [e["episode"] for e in logs], "ref_model": type(trainer.ref_model).__name__}
+            "episodes": [e["episode"] for e in logs], "ref_model": type(trainer.ref_model).__name__,
+            "grad_norm": [e.get("policy/grad_norm") for e in logs],
+            "gradient_clipping": trainer.model.gradient_clipping() if trainer.is_deepspeed_enabled else None}
 
 
 def saved_numel(path: Path) -> int | None:

@@ -93,3 +93,38 @@ def test_separate_ptx_is_refused_under_deepspeed(no_engine, tmp_path):
     no_engine.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     with pytest.raises(UserInputError, match="ptx_mode: 'separate' is not supported under DeepSpeed.*'joint'"):
         PPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", ptx_coef=0.1, ptx_mode="separate")
+
+
+def test_max_grad_norm_sets_deepspeeds_clipping_unless_the_launch_fixes_it(no_engine, tmp_path):
+    """DeepSpeed's engine clips the gradients: without a value in the launch config, the engine accelerate builds
+    inside `deepspeed_gradient_clipping` gets max_grad_norm (0: off); a launch config's other value is refused."""
+    import json
+
+    from accelerate.utils import DeepSpeedPlugin
+
+    from trl_ext import PPOConfig
+
+    no_engine.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    for var in ("ACCELERATE_GRADIENT_CLIPPING", "ACCELERATE_DEEPSPEED_CONFIG_FILE"):
+        no_engine.delenv(var, raising=False)
+    assert engines.launched_gradient_clipping() == (1.0, None)  # accelerate's "auto": trl-ext sets it
+    plugin = DeepSpeedPlugin(zero_stage=2)
+    assert plugin.deepspeed_config["gradient_clipping"] == "auto"  # accelerate would fill 1.0 (DeepSpeed's default)
+    for max_norm in (0.25, 0.0):
+        with engines.deepspeed_gradient_clipping(max_norm):  # accelerate prepares the engine in there
+            plugin.deepspeed_config_process(must_match=False, gradient_clipping=1.0, train_batch_size=4,
+                                            train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=1)
+            assert plugin.deepspeed_config["gradient_clipping"] == max_norm  # 0.0 written: DeepSpeed's default is 1
+        assert plugin.deepspeed_config["gradient_clipping"] == "auto"  # restored for a later trainer
+        plugin = DeepSpeedPlugin(zero_stage=2)  # the batch keys were filled: a fresh plugin for the next value
+    no_engine.setenv("ACCELERATE_GRADIENT_CLIPPING", "0.5")  # accelerate launch's `gradient_clipping: 0.5`
+    with pytest.raises(UserInputError, match=r"^max_grad_norm: 1.0 but the accelerate config's gradient_clipping "
+                                             r"is 0.5"):
+        PPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    no_engine.delenv("ACCELERATE_GRADIENT_CLIPPING")
+    config_file = tmp_path / "ds.json"
+    config_file.write_text(json.dumps({"gradient_clipping": "auto", "zero_optimization": {"stage": 2}}))
+    no_engine.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(config_file))
+    assert engines.launched_gradient_clipping() == (1.0, f"gradient_clipping in {config_file}")  # accelerate's 1.0
+    with pytest.raises(UserInputError, match=r"^max_grad_norm: 0.0 but gradient_clipping in .*ds.json is 1.0"):
+        PPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_grad_norm=0.0)

@@ -131,9 +131,11 @@ def test_the_numbers_are_those_of_ddp(engine, ddp_reference):
             assert len(a["losses"]) == 3
             assert a["losses"] == pytest.approx(ddp[run]["losses"], **close), run
         elif run == "ppo_recipe":
-            continue  # a full policy: DeepSpeed clips its gradients at norm 1, DDP does not (README, "Engines")
+            continue  # the DDP launch has no recipe run to compare with
         elif run == "ppo_reward_funcs":  # reward functions, no reward model (a stand-in goes through DeepSpeed)
             assert a["reward_mean"] == pytest.approx(ddp[run]["reward_mean"], **close)
+            # gradient accumulation 2 x 2 mini-batches: the engine steps once per mini-batch, as DDP does
+            assert a["optimizer_steps"] == ddp[run]["optimizer_steps"] == 2 * 2 * 2, run
         elif run == "ppo_tools":  # the DDP launch's `tools` run: the same episodes, metrics and KL
             reference = ddp["ppo_ddp"]["tools"]
             assert a["episodes"] == reference["episodes"] and a["logged"] == reference["logged"]
@@ -171,3 +173,6 @@ def test_ppo_recipe_with_a_full_policy_under_zero3(launched):
     assert a["ref_model"] != "NoneType" and a["episodes"] == [16, 32]  # 2 ranks x 8 prompts per update
     assert abs(a["kl"][0]) < 1e-6 and a["kl"][1] > 1e-3
     assert a["kl"] == b["kl"] and a["scores"] == b["scores"]
+    # the recipe leaves max_grad_norm at HF's 1.0: the engine clips at it and its global pre-clip norm is logged
+    assert a["gradient_clipping"] == 1.0 and len(a["grad_norm"]) == 2 and all(n > 0 for n in a["grad_norm"])
+    assert a["grad_norm"] == b["grad_norm"]

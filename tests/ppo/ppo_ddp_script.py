@@ -12,8 +12,9 @@ test_ppo_ddp.py through `run_modes` inside the launch of tests/runtime/ddp_scrip
 the reward and value models as adapters on the policy's base (from REWARD_ADAPTER), saves checkpoint-2 and also
 resumes from it; `critic_free` (joint ptx) trains with REINFORCE++-baseline (2 samples per prompt, no value model)
 and also writes the first update's advantages and response masks. `objectives` (no ptx) trains GRPO on a binary
-score with the global token mean, clip-higher, an entropy bonus and dynamic sampling, and writes each mini-batch's
-token count and normalizer and the sampling metrics. `tools` (no ptx) trains a LoRA policy that calls an `add` tool
+score with the global token mean, clip-higher, an entropy bonus and dynamic sampling, gradient accumulation 2 and 2
+mini-batches, and writes each mini-batch's token count and normalizer, the sampling metrics and the optimizer steps
+taken. `tools` (no ptx) trains a LoRA policy that calls an `add` tool
 (on rank 1 its results have 3 more digits) with GAE (a value model) and adaptive KL, 2 updates, and also writes each
 update's logged `tools/*`, `episodes/*` metrics, the same metrics of this process's episodes alone, and the episodes.
 `evaluation` (eval_strategy steps, 5 eval prompts, batches of 2) writes the metrics of `trainer.evaluate()` before
@@ -35,7 +36,15 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-from ppo_helpers import config_kwargs, left_tokenizer, load_models, prompt_dataset, ptx_dataset, seed_all  # noqa: E402
+from ppo_helpers import (  # noqa: E402
+    config_kwargs,
+    count_optimizer_steps,
+    left_tokenizer,
+    load_models,
+    prompt_dataset,
+    ptx_dataset,
+    seed_all,
+)
 
 PPO_DDP_MODES = ["separate", "shared", "critic_free", "objectives", "tools", "evaluation"]  # test_ppo_ddp.py's
 
@@ -230,22 +239,25 @@ def run_objectives(tok, policy, reward, kwargs):
         normalizers.append((local.item(), normalizer.item()))
         return normalizer
 
-    import trl_ext.ppo.trainer as trainer_module
+    import trl_ext.ppo.optimize_loop as loop_module
 
-    original = trainer_module.mini_batch_token_normalizer
-    trainer_module.mini_batch_token_normalizer = recording  # undone below: a later mode in this launch trains too
-    args = PPOConfig(**{**kwargs, "total_episodes": 16, "ptx_coef": 0.0, "ptx_mode": "joint", "gradient_accumulation_steps": 2,
-                        "advantage_estimator": "grpo",
+    original = loop_module.mini_batch_token_normalizer
+    loop_module.mini_batch_token_normalizer = recording  # undone below: a later mode in this launch trains too
+    # gradient accumulation 2 with 2 mini-batches: one optimizer step per mini-batch (TRL's PPO merges the two)
+    args = PPOConfig(**{**kwargs, "total_episodes": 16, "ptx_coef": 0.0, "ptx_mode": "joint",
+                        "gradient_accumulation_steps": 2, "num_mini_batches": 2, "advantage_estimator": "grpo",
                         "num_samples_per_prompt": 2, "loss_aggregation": "global_token_mean", "cliprange_high": 0.28,
                         "entropy_coef": 0.01, "dynamic_sampling": True, "max_sampling_rounds": 3})
     trainer = Binary(args=args, processing_class=tok, model=policy, ref_model=None, reward_model=reward,
                      train_dataset=prompt_dataset(tok), value_model=None,
                      peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    steps = count_optimizer_steps(trainer)
     try:
         trainer.train()
     finally:
-        trainer_module.mini_batch_token_normalizer = original
+        loop_module.mini_batch_token_normalizer = original
     result = summary(trainer)
+    result["optimizer_steps"] = steps.count
     result["normalizers"] = normalizers
     result["sampling"] = [{k: v for k, v in e.items() if k.startswith("sampling/")} for e in trainer.state.log_history
                           if "sampling/rounds" in e]

@@ -124,13 +124,20 @@ def test_overrides_win_and_the_estimator_may_change(tmp_path):
 
 
 def test_keys_without_counterpart_are_named_in_one_warning(tmp_path):
-    _, warned = convert(grpo(tmp_path, use_vllm=True, vllm_mode="server", max_grad_norm=1.0, shuffle_dataset=False,
-                             log_completions=True, log_unique_prompts=True))
+    ppo, warned = convert(grpo(tmp_path, use_vllm=True, vllm_mode="server", max_grad_norm=0.5, shuffle_dataset=False,
+                               log_completions=True, log_unique_prompts=True))
     assert len(warned) == 1
-    for key in ("use_vllm=True", "vllm_mode='server'", "max_grad_norm=1.0", "shuffle_dataset=False",
-                "log_unique_prompts=True"):
+    for key in ("use_vllm=True", "vllm_mode='server'", "shuffle_dataset=False", "log_unique_prompts=True"):
         assert key in warned[0], key
     assert "log_completions" not in warned[0].replace("log_completions_", "")  # mapped: not named
+    assert "max_grad_norm" not in warned[0] and ppo.max_grad_norm == 0.5  # honoured: carried over as it is
+
+
+def test_max_grad_norm_is_carried_with_grpos_default(tmp_path):
+    """GRPOConfig's default (TrainingArguments' 1.0) and 0 (off) arrive unchanged and unwarned."""
+    for value in (1.0, 0.0):
+        ppo, warned = convert(grpo(tmp_path, max_grad_norm=value))
+        assert ppo.max_grad_norm == value and not any("max_grad_norm" in w for w in warned)
 
 
 def test_keys_that_change_the_run_are_refused_together(tmp_path):
@@ -187,6 +194,7 @@ def test_a_grpo_scripts_sampling_keys_run_one_update(tiny_models, tmp_path):
     args = trainer.args
     assert isinstance(args, trl_ext.PPOConfig)
     assert (args.top_p, args.top_k, args.min_p, args.temperature) == (0.95, 20, 0.05, 0.7)
+    assert args.max_grad_norm == 0.5  # honoured: the clip of every optimizer step
     trainer.train()
     generation = trainer.generation_config
     assert (generation.top_p, generation.top_k, generation.min_p, generation.do_sample) == (0.95, 20, 0.05, True)

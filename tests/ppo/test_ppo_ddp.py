@@ -69,16 +69,19 @@ def test_critic_free_ppo_under_ddp_whitens_over_both_processes(launched):
 
 
 def test_objectives_under_ddp_global_token_mean_and_dynamic_sampling(launched):
-    """GRPO with the global token mean, clip-higher, entropy bonus and dynamic sampling on 2 processes: identical
-    ranks; each mini-batch's normalizer is the token count of both processes (unequal: responses cut after 3 and 5
-    tokens) over G * P = 4, not either process's own count over G; both processes run the same sampling rounds."""
+    """GRPO with the global token mean, clip-higher, entropy bonus and dynamic sampling on 2 processes, gradient
+    accumulation 2 and 2 mini-batches: identical ranks; one optimizer step per mini-batch (2 updates x 2 PPO epochs x
+    2 mini-batches); each mini-batch's normalizer is the token count of both processes (unequal: responses cut after
+    3 and 5 tokens) over its micro-batches (1) times P = 2, not either process's own count; both processes run the
+    same sampling rounds."""
     ranks = ranks_of(launched, "objectives")
     assert [r["world_size"] for r in ranks] == [2, 2]
     assert ranks[0]["checksum"] == ranks[1]["checksum"] and ranks[0]["sampling"] == ranks[1]["sampling"]
-    assert len(ranks[0]["normalizers"]) == len(ranks[1]["normalizers"]) == 2 * 2  # updates x PPO epochs
+    assert ranks[0]["optimizer_steps"] == ranks[1]["optimizer_steps"] == 2 * 2 * 2  # updates x epochs x mini-batches
+    assert len(ranks[0]["normalizers"]) == len(ranks[1]["normalizers"]) == 2 * 2 * 2
     for (local0, normalizer0), (local1, normalizer1) in zip(ranks[0]["normalizers"], ranks[1]["normalizers"]):
-        assert (local0, local1) == (4 * 3, 4 * 5)  # 4 episodes per process and mini-batch
-        assert normalizer0 == normalizer1 == (local0 + local1) / 4
+        assert (local0, local1) == (2 * 3, 2 * 5)  # 2 episodes per process and mini-batch
+        assert normalizer0 == normalizer1 == (local0 + local1) / 2
     assert len(ranks[0]["sampling"]) == 2
     for entry in ranks[0]["sampling"]:
         assert entry["sampling/completions"] == 8 * entry["sampling/rounds"]  # 2 processes x 4 per round

@@ -28,9 +28,7 @@ def make_trainer(tiny_models, tok, out, trainer_cls=None, callbacks=None, dtype=
     policy, value, reward = load_models(tiny_models)
     if dtype is not None:
         policy, value, reward = (m.to(dtype) for m in (policy, value, reward))
-    # sync_with_dataloader=False: every update steps once per mini-batch (TRL's setting steps on every micro-batch
-    # of an update that ends the prompt epoch)
-    kwargs = dict(total_episodes=12, num_sample_generations=0, lr_scheduler_type="linear", sync_with_dataloader=False)
+    kwargs = dict(total_episodes=12, num_sample_generations=0, lr_scheduler_type="linear")
     kwargs.update(overrides)
     return (trainer_cls or trl_ext.PPOTrainer)(
         args=trl_ext.PPOConfig(**config_kwargs(out, **kwargs)), processing_class=tok, model=policy,

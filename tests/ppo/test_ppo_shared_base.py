@@ -182,8 +182,7 @@ def test_shared_base_with_tools_gives_the_numbers_of_separate_models(tool_models
     tok = AutoTokenizer.from_pretrained(tool_models / "tok")
     adapter = save_scalar_adapter(tool_models / "caller", tmp_path / "adapter")
     prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Add {a} and {b}."}]} for a, b in ADD_PAIRS])
-    settings = dict(total_episodes=8, response_length=64, temperature=0.3, num_sample_generations=0,
-                    sync_with_dataloader=False)  # each update ends the 4 prompts: accumulate all the same
+    settings = dict(total_episodes=8, response_length=64, temperature=0.3, num_sample_generations=0)
     runs = [run(tool_models / "caller", adapter, tok, (prompts, None), tmp_path / layout, shared=layout == "shared",
                 checkpointing=False, settings=settings, tools=[add]) for layout in ("separate", "shared")]
     separate, shared = runs

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import TrainerCallback
 
 from ppo_helpers import (
     config_kwargs,
@@ -346,25 +347,39 @@ def test_config_parses_from_the_command_line(tmp_path):
         )
 
 
-def test_defaults_match_trl_at_epoch_end_with_accumulation(tiny_models, tok, data, tmp_path):
+def test_trl_at_epoch_end_with_accumulation_steps_per_micro_batch_we_per_mini_batch(tiny_models, tok, data, tmp_path):
     """TRL's PPO does not accumulate in the update that takes an epoch's last prompt batch (accelerate's
-    `sync_with_dataloader`); at the defaults we do the same, and `sync_with_dataloader=False` accumulates there."""
+    `sync_with_dataloader`): it steps on each of its 2 micro-batches. We step once per mini-batch in every update, so
+    the runs agree until that update and differ in it."""
     trl_run = parent_run("epoch_end", tiny_models, tok, data, tmp_path / "trl")  # 4 updates: the 4th ends the epoch
     parent = trl_run.logs
     kwargs = SCENARIOS["epoch_end"]["overrides"]
-    _, child = run_ext(tiny_models, tok, data, tmp_path / "ext", **kwargs)
-    _, fixed = run_ext(tiny_models, tok, data, tmp_path / "fixed", sync_with_dataloader=False, **kwargs)
-    assert len(parent) == len(child) == len(fixed) == 4
-    assert_same_logs(parent, child, trl_run.tolerance, recorded=not trl_run.live)
+    steps = []
+    trainer, child = run_ext(tiny_models, tok, data, tmp_path / "ext", **kwargs,
+                             trainer_kwargs={"callbacks": [StepCounting(steps)]})
+    assert len(parent) == len(child) == 4
+    assert_same_logs(parent[:3], child[:3], trl_run.tolerance, recorded=not trl_run.live)
     if trl_run.live:
         assert_same_logs(reference()["scenarios"]["epoch_end"]["logs"], parent, REFERENCE_TOLERANCE, "recording",
                          recorded=True)
-    for p, f in zip(parent[:3], fixed[:3]):  # accumulation is the same until the epoch's last batch...
-        assert f["loss/value_avg"] == pytest.approx(p["loss/value_avg"], abs=1e-6, rel=1e-6)
-    # ...where TRL takes one optimizer step per micro-batch (2 instead of 1 per mini-batch): the policy moves
-    # between micro-batches, so the ratio of the second micro-batch is no longer 1 in the first PPO epoch
-    assert fixed[3]["loss/value_avg"] != pytest.approx(parent[3]["loss/value_avg"], abs=1e-4)
-    assert fixed[3]["policy/approxkl_avg"] < parent[3]["policy/approxkl_avg"]
+    assert steps[0].count == 4 * 2 * 1  # updates x PPO epochs x mini-batches (TRL: 3 x 2 + 2 x 2 = 10)
+    # TRL's last update takes one optimizer step per micro-batch: the policy moves between micro-batches, so the
+    # ratio of the second micro-batch is no longer 1 in the first PPO epoch
+    assert child[3]["loss/value_avg"] != pytest.approx(parent[3]["loss/value_avg"], abs=1e-4)
+    assert child[3]["policy/approxkl_avg"] < parent[3]["policy/approxkl_avg"]
+
+
+class StepCounting(TrainerCallback):
+    """Counts the optimizer's steps from the start of training (`count_optimizer_steps` on the trainer's optimizer,
+    which HF's callback handler passes to `on_train_begin`)."""
+
+    def __init__(self, into: list):
+        self.into = into
+
+    def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
+        from ppo_helpers import OptimizerSteps
+
+        self.into.append(OptimizerSteps(getattr(optimizer, "optimizer", optimizer)))
 
 
 def test_rollout_cuda_graphs_trains_as_the_dynamic_cache_does_and_logs_its_steps(tiny_models, tok, data, tmp_path):

@@ -26,7 +26,15 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-from ppo_helpers import config_kwargs, left_tokenizer, load_models, prompt_dataset, ptx_dataset, seed_all  # noqa: E402
+from ppo_helpers import (  # noqa: E402
+    config_kwargs,
+    count_optimizer_steps,
+    left_tokenizer,
+    load_models,
+    prompt_dataset,
+    ptx_dataset,
+    seed_all,
+)
 
 
 def checksum(model) -> str:
@@ -128,8 +136,9 @@ def answer_length_reward(prompts, completions, completion_ids, answer, trainer_s
 
 
 def run_ppo_reward_funcs(tiny, tok, out, use_cpu=True, facts=None):
-    """GRPO with k = 2 and a reward function only: each rank's columns must travel with its own prompts.
-    (Also run by tests/engines/engine_script.py under DeepSpeed: `facts(trainer)` adds the engine's facts.)"""
+    """GRPO with k = 2 and a reward function only: each rank's columns must travel with its own prompts. Gradient
+    accumulation 2 with 2 mini-batches: also counts the optimizer steps (the engine's under DeepSpeed). (Also run by
+    tests/engines/engine_script.py under DeepSpeed: `facts(trainer)` adds the engine's facts.)"""
     from datasets import Dataset
 
     from trl_ext import PPOConfig, PPOTrainer
@@ -140,16 +149,18 @@ def run_ppo_reward_funcs(tiny, tok, out, use_cpu=True, facts=None):
     ids = [list(row) for row in data["input_ids"]]
     texts = tok.batch_decode(ids, skip_special_tokens=True)
     data = Dataset.from_dict({"input_ids": ids, "prompt": texts, "answer": [str(i) for i in range(16)]})
-    kwargs = config_kwargs(out / "ppo_rf", gradient_accumulation_steps=1, per_device_train_batch_size=4,
-                           total_episodes=16, num_sample_generations=0, advantage_estimator="grpo",
+    kwargs = config_kwargs(out / "ppo_rf", gradient_accumulation_steps=2, per_device_train_batch_size=2,
+                           num_mini_batches=2, total_episodes=16, num_sample_generations=0, advantage_estimator="grpo",
                            num_samples_per_prompt=2, use_cpu=use_cpu)
     trainer = PPOTrainer(args=PPOConfig(**kwargs), processing_class=tok, model=policy, ref_model=None,
                          reward_model=None, train_dataset=data, value_model=None, peft_config=lora(None),
                          reward_funcs=answer_length_reward)
+    steps = None if trainer.is_deepspeed_enabled else count_optimizer_steps(trainer)
     trainer.train()
     logs = [e for e in trainer.state.log_history if "objective/kl" in e]
     result = facts(trainer) if facts else {"checksum": checksum(trainer.accelerator.unwrap_model(trainer.model)),
                                             "world_size": trainer.accelerator.num_processes}
+    result["optimizer_steps"] = trainer.model.global_steps if steps is None else steps.count
     return {**result, "calls": RECORDED,
             "prompt_of": dict(zip(data["answer"], texts)), "reward_mean": [e["rewards/answer_length_reward/mean"]
                                                                             for e in logs]}

@@ -59,6 +59,8 @@ def test_reward_functions_see_each_rank_s_own_rows_with_their_columns(ranks):
             seen.append(set(call["answer"]))
     assert not seen[0] & seen[2] and not seen[1] & seen[3]  # rank 0 and rank 1, same update: different rows
     assert ranks[0]["ppo_reward_funcs"]["reward_mean"] == ranks[1]["ppo_reward_funcs"]["reward_mean"]
+    # gradient accumulation 2 x 2 mini-batches: 2 updates x 2 PPO epochs x 2 mini-batches, one step per mini-batch
+    assert [rank["ppo_reward_funcs"]["optimizer_steps"] for rank in ranks] == [8, 8]
 
 
 def test_continuous_batching_under_two_processes(ranks):

@@ -9,13 +9,14 @@ base at this top, the sampling in ``rollout/``, the math in ``objective/`` (each
   1.10-1.12) or trl-ext's own base, ``base_trainer.py`` and ``base_config.py`` (TRL 1.13+, which has no PPO).
 * ``parent_fixes.py``: the parent's methods fixed for DDP/DeepSpeed wrappers, shared bases, critic-free runs.
 * ``checkpointing.py``: what a PPO checkpoint adds to HF's (value model, KL controller, stream positions), resume,
-  and the state saved before a bad update; ``accumulation_state.py``: accelerate's DataLoader state that decides
-  when TRL's PPO accumulates gradients, saved with each checkpoint.
+  and the state saved before a bad update.
+* ``optimize_loop.py``: the PPO epochs of ``optimize``: one optimizer step per mini-batch, forward/backward by
+  micro-batch, gradients clipped to ``max_grad_norm`` (``GradientClip``).
 * ``ptx_data.py``: the pretraining mix (``PretrainingMix``: tokenized text, its resumable stream, the LM loss).
 * ``completions_log.py``: ``log_completions`` (``CompletionsLog``).
 * ``shared_base_roles.py``: the trainer's check of reward/value adapters on the policy's base.
-* ``micro_batches.py``: ``train_micro_batch_size``: the PPO epochs' forward/backward passes in micro-batches of their
-  own size inside unchanged mini-batches, each loss term weighted by its share of the mini-batch.
+* ``micro_batches.py``: ``train_micro_batch_size``: the size of the micro-batches (``auto``: the largest that fits)
+  and each loss term's weight, its share of the mini-batch.
 * ``grpo_inputs.py``: what lets a GRPOTrainer script run on ``PPOTrainer`` (one call from ``__init__``):
   ``from_grpo.py`` (``PPOConfig.from_grpo_config``: TRL's ``GRPOConfig`` key by key), ``model_ids.py`` (models given
   as ids or paths, loaded as GRPOTrainer loads them) and ``prompt_dataset.py`` (``prompt`` datasets, text or chat,

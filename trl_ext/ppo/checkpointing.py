@@ -3,7 +3,7 @@ update (for the NaN/inf policy, which saves it when an update turns out bad).
 
 A complete checkpoint holds, besides HF's files (policy or its adapter, optimizer, scheduler, RNG states,
 ``trainer_state.json``): the value model in ``value_model/`` and, per process, ``trl_ext_ppo_state_{rank}.pt`` (KL
-controller, prompt and ptx stream positions, accelerate's DataLoader stack).
+controller, prompt and ptx stream positions).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from transformers.integrations.deepspeed import deepspeed_load_checkpoint
 from ..errors import UserInputError
 from ..runtime.checkpoints import load_weights_in_place
 from ..runtime.engines import gathered_parameters
-from .accumulation_state import dataloader_stack, restore_dataloader_stack
 from .objective.kl_controllers import KLController
 
 __all__ = ["PPOCheckpointMixin", "VALUE_MODEL_DIR", "ppo_state_file"]
@@ -50,7 +49,6 @@ class PPOCheckpointMixin:
             "kl_controller": self.kl_ctl.state_dict() if hasattr(self.kl_ctl, "state_dict") else None,
             "prompt_stream": self.prompt_iterator.state_dict() if self.prompt_iterator is not None else None,
             "ptx_stream": self.ptx_stream.state_dict() if self.ptx_stream is not None else None,
-            "dataloader_stack": dataloader_stack(self.accelerator.gradient_state, self._accelerate_dataloaders()),
         }
         torch.save(state, ppo_state_file(checkpoint_dir, self.accelerator.process_index))
 
@@ -105,8 +103,6 @@ class PPOCheckpointMixin:
             self.ptx_stream.load_state_dict(extra["ptx_stream"])
         if extra["prompt_stream"] is not None:
             self.prompt_iterator.load_state_dict(extra["prompt_stream"])
-            # rebuilt once the resumed prompt stream has re-opened its DataLoader (in `run_update`)
-            self._resumed_dataloader_stack = (extra["dataloader_stack"], extra["prompt_stream"]["epoch"])
         self._load_rng_state(checkpoint)
 
     def capture_update_start(self) -> dict:
@@ -123,23 +119,7 @@ class PPOCheckpointMixin:
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             "prompt_stream": self.prompt_iterator.state_dict(),
             "ptx_stream": self.ptx_stream.state_dict() if self.ptx_stream is not None else None,
-            "dataloader_stack": dataloader_stack(self.accelerator.gradient_state, self._accelerate_dataloaders()),
         }
-
-    def _accelerate_dataloaders(self) -> dict:
-        return {"prompt": self.dataloader, "eval": self.eval_dataloader}
-
-    def _restore_dataloader_stack(self) -> None:
-        """After the first prompt batch of a resumed run: accelerate's open DataLoaders as the uninterrupted run
-        has them at this point (the checkpoint's, with the prompt DataLoader re-opened on top if a new epoch just
-        began), so gradient accumulation follows the same `sync_with_dataloader` history."""
-        stack, epoch = self._resumed_dataloader_stack
-        self._resumed_dataloader_stack = None
-        if self.prompt_iterator.epoch > epoch:
-            stack = [entry for entry in stack if entry[0] != "prompt"] + [("prompt", False)]
-        restore_dataloader_stack(
-            self.accelerator.gradient_state, self._accelerate_dataloaders(), stack, keep_flags=("prompt",)
-        )
 
     def save_update_start_checkpoint(self) -> str:
         """Rewind episode, RNGs and data positions to the start of the current update and save `checkpoint-N`
@@ -154,8 +134,5 @@ class PPOCheckpointMixin:
         self.prompt_iterator.load_state_dict(start["prompt_stream"])
         if start["ptx_stream"] is not None:
             self.ptx_stream.load_state_dict(start["ptx_stream"])
-        restore_dataloader_stack(
-            self.accelerator.gradient_state, self._accelerate_dataloaders(), start["dataloader_stack"]
-        )
         self._save_checkpoint(self.model, trial=None)
         return self.last_checkpoint

@@ -68,13 +68,12 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
             KL penalty is added (DeepSpeed-Chat `clip_reward_value`, trlx `cliprange_reward`). The fraction clipped
             is logged as `objective/scores_clipfrac`. `None` (default) = no clipping. NaN/inf scores are an error
             either way.
-        sync_with_dataloader (`bool`, *optional*, defaults to `True`):
-            accelerate's setting of that name, which TRL's PPO keeps: with `gradient_accumulation_steps > 1`, an update
-            during which the most recently opened accelerate DataLoader is at its last batch (the prompt DataLoader at
-            the end of each epoch, or the sample-generation DataLoader when it has one batch) steps the optimizer on
-            every micro-batch instead of accumulating. `False` accumulates over `gradient_accumulation_steps`
-            micro-batches always, as HF Trainer does; it changes numbers against TRL only in those updates.
-            Resuming is exact either way (the DataLoader state is saved in checkpoints).
+        max_grad_norm (`float`, *optional*, defaults to `1.0`):
+            HF's key: before every optimizer step the gradients of policy and value model together are scaled to a
+            global L2 norm of at most this (one norm: they share one optimizer, and DeepSpeed's engine clips one),
+            after the NaN/inf check. `0` turns clipping off (TRL's PPO clips nothing). The pre-clip norm is logged as
+            `policy/grad_norm`. Under DeepSpeed the engine clips: its `gradient_clipping` is set from this key, and a
+            different value fixed in the accelerate or DeepSpeed config is refused.
         local_rollout_forward_batch_size (`int` or `"auto"`, *optional*, defaults to `64`):
             Per-device sequences per generation call and per scoring (reference, value, reward) forward pass, as in
             TRL. `"auto"`: the largest chunk, up to the per-device batch, whose memory budget
@@ -260,7 +259,6 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
     ptx_max_length: int = 512
 
     reward_clip: Optional[float] = None
-    sync_with_dataloader: bool = True
 
     advantage_estimator: AdvantageEstimator = "gae"
     num_samples_per_prompt: int = 1

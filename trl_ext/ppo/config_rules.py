@@ -17,7 +17,7 @@ from __future__ import annotations
 import warnings
 
 from ..errors import UserInputError
-from ..runtime.engines import DEEPSPEED, FSDP, launched_engine, launched_zero3
+from ..runtime.engines import DEEPSPEED, FSDP, launched_engine, launched_gradient_clipping, launched_zero3
 from .evaluation import evaluation_on
 from .objective.advantages import GROUP_ESTIMATORS
 from .rollout.chunk import AUTO
@@ -41,6 +41,12 @@ def check_launch(args) -> None:
             "value model together, so the separate ptx step would also move the value model (Adam momentum on "
             "zero gradients); use ptx_mode 'joint'"
         )
+    if engine == DEEPSPEED:
+        clipping, where = launched_gradient_clipping()
+        if where is not None and clipping != float(args.max_grad_norm or 0.0):
+            raise UserInputError(f"max_grad_norm: {args.max_grad_norm} but {where} is {clipping} (DeepSpeed's engine "
+                                 "clips the gradients); set them equal, or leave gradient_clipping out of the "
+                                 "accelerate config (trl-ext then sets it from max_grad_norm)")
     if args.train_micro_batch_size is not None and engine == DEEPSPEED:
         raise UserInputError("train_micro_batch_size: not supported under DeepSpeed (its engine counts the "
                              "accumulation steps); use per_device_train_batch_size and gradient_accumulation_steps")

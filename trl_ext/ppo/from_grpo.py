@@ -97,7 +97,6 @@ REFUSED: dict[str, str] = {
 """GRPO keys with no counterpart that change what the run samples or optimises: a non-default value is refused."""
 
 WARNED: dict[str, str] = {
-    "max_grad_norm": "no gradient clipping in trl-ext's PPO (nor in TRL's)",
     "router_aux_loss_coef": "no MoE load-balancing loss",
     "cast_lm_head_to_fp32": "the LM head keeps its dtype",
     "num_generations_eval": "evaluation generates one completion per prompt (greedy, or eval_do_sample)",
@@ -132,8 +131,7 @@ def not_honoured(name: str) -> bool:
     return name in NOT_HONOURED or name.startswith(NOT_HONOURED_PREFIXES)
 
 
-_NEUTRAL = {"pad_to_multiple_of": ("auto", None), "scale_rewards": ("group", True),
-            "eval_strategy": ("no",), "max_grad_norm": (0, 0.0, None)}
+_NEUTRAL = {"pad_to_multiple_of": ("auto", None), "scale_rewards": ("group", True)}
 """Values that mean "off" besides the field's default (post-init forms, TRL versions' defaults)."""
 
 
@@ -149,8 +147,6 @@ def _default(cls, name):
 
 def _is_set(grpo, name) -> bool:
     value = getattr(grpo, name, None)
-    if name in ("max_grad_norm", "eval_strategy"):  # TrainingArguments defaults that GRPO honours and we do not
-        return str(getattr(value, "value", value)) not in {str(v) for v in _NEUTRAL[name]}
     return not (value == _default(type(grpo), name) or value in _NEUTRAL.get(name, ()))
 
 

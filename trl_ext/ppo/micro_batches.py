@@ -1,11 +1,11 @@
 """``train_micro_batch_size``: how many sequences each forward/backward of the PPO epochs takes.
 
-Unset (None), the PPO epochs run as TRL's do: mini-batches of ``per_device_train_batch_size *
-gradient_accumulation_steps`` sequences, each in ``gradient_accumulation_steps`` micro-batches of
-``per_device_train_batch_size``. Set, the mini-batches, the optimizer steps (one per mini-batch) and the rollout stay
-exactly as those keys define them; only the forward/backward passes inside a mini-batch change: micro-batches of
-``train_micro_batch_size`` sequences (the last one smaller when it does not divide the mini-batch), whose gradients
-accumulate into the mini-batch's one optimizer step (:func:`optimize_in_micro_batches`). ``"auto"`` takes the largest
+Unset (None), the PPO epochs run their forward/backward passes in micro-batches of ``per_device_train_batch_size``
+sequences, each micro-batch's loss as TRL computes it. Set, the mini-batches, the optimizer steps (one per
+mini-batch) and the rollout stay exactly as the batch keys define them; only the forward/backward passes inside a
+mini-batch change: micro-batches of ``train_micro_batch_size`` sequences (the last one smaller when it does not
+divide the mini-batch), whose gradients accumulate into the mini-batch's one optimizer step (the one loop of
+:mod:`trl_ext.ppo.optimize_loop`). ``"auto"`` takes the largest
 micro-batch whose :mod:`trl_ext.ppo.rollout.memory_budget` training peak fits the memory target beside the persistent memory
 (:func:`largest_fitting_micro_batch`), evened out over the passes it needs (:func:`balanced_micro_batch`).
 
@@ -16,9 +16,9 @@ So that the update does not depend on the micro-batch, every loss term is weight
   sequence mean times ``m_j / M``, which sums to the mean over the mini-batch's sequences;
 * ``global_token_mean``: the token sum of micro-batch ``j`` over the mini-batch's token count (summed over the
   processes), the normaliser of :func:`trl_ext.ppo.objective.objectives.global_token_normalizer` with one micro-batch step;
-* ``token_mean``: with ``train_micro_batch_size`` set its normaliser is the mini-batch's token count (the same as
-  ``global_token_mean``), not each micro-batch's (TRL's per-micro-batch mean, whose update moves with the
-  micro-batch); documented in ``docs/ppo-memory.md``;
+* ``token_mean``: with ``train_micro_batch_size`` set its normaliser is the mini-batch's token count (the trainer's
+  objective is then ``global_token_mean``, :func:`objective_for_micro_batches`), not each micro-batch's (TRL's
+  per-micro-batch mean, whose update moves with the micro-batch); documented in ``docs/ppo-memory.md``;
 * the value loss (a token mean per micro-batch): times micro-batch ``j``'s share of the mini-batch's value tokens;
 * the joint ptx loss (one ptx batch per micro-batch): times ``1 / number of micro-batches``.
 
@@ -28,21 +28,18 @@ Not under DeepSpeed (its engine counts the accumulation steps itself): refused t
 from __future__ import annotations
 
 import argparse
-import contextlib
 from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 
 from ..errors import UserInputError
 from .rollout.allocator_margin import allocator_margin, expandable_segments_on
 from .rollout.memory_budget import DEVICE_OVERHEAD_BYTES, GIB, ppo_memory_budget
 from .objective.objectives import global_token_normalizer, loss_mask
-from .rollout import UpdateStats
 from .rollout.chunk import AUTO, positive_int_or_auto
 
 __all__ = ["AUTO", "MicroBatchWeights", "balanced_micro_batch", "largest_fitting_micro_batch", "micro_batch_value",
-           "micro_batch_weights", "optimize_in_micro_batches", "resolve_train_micro_batch"]
+           "micro_batch_weights", "objective_for_micro_batches", "resolve_train_micro_batch"]
 
 KEY = "train_micro_batch_size"
 
@@ -149,56 +146,10 @@ def micro_batch_weights(rollout, inds, spans, cfg, accelerator=None) -> MicroBat
     return MicroBatchWeights([(hi - lo) / total for lo, hi in spans], value, 1 / len(spans), None)
 
 
-def weighted_loss(out, weights: MicroBatchWeights, j: int, args) -> torch.Tensor:
-    """Micro-batch ``j``'s loss with each term at its weight (``out.loss`` = policy terms + ``vf_coef`` * value loss
-    (+ ``ptx_coef`` * ptx loss))."""
-    w = weights.policy[j]
-    loss = out.loss * w + args.vf_coef * out.value.loss * (weights.value[j] - w)
-    if out.ptx_loss is not None:
-        loss = loss + args.ptx_coef * out.ptx_loss * (weights.ptx - w)
-    return loss
-
-
-def optimize_in_micro_batches(trainer, rollout) -> UpdateStats:
-    """The PPO epochs of :meth:`trl_ext.PPOTrainer.optimize` with ``train_micro_batch_size`` set: same permutation,
-    mini-batches and optimizer steps, forward/backward in micro-batches of that size (the last one may be smaller),
-    gradients accumulated over a mini-batch (``no_sync`` under DDP until its last micro-batch)."""
-    args, accelerator, model = trainer.args, trainer.accelerator, trainer.model
-    micro, size = resolve_train_micro_batch(trainer), args.local_mini_batch_size
-    spans = [(lo, min(lo + micro, size)) for lo in range(0, size, micro)]
-    stats = UpdateStats((args.num_ppo_epochs, args.num_mini_batches, len(spans)), accelerator.device)
-    ptx_joint = trainer.ptx_stream is not None and args.ptx_mode == "joint"
-    ptx_separate = trainer.ptx_stream is not None and args.ptx_mode == "separate"
-    objective = trainer.objective
-    if objective.loss_aggregation == "token_mean":  # the mini-batch's token count as normaliser (module docstring)
-        trainer.objective = replace(objective, loss_aggregation="global_token_mean")
-    scale = accelerator.gradient_accumulation_steps  # accelerator.backward divides by it
-    kl_coef = float(trainer.kl_ctl.value)  # the update's (the controller moves after it)
-    try:
-        for epoch in range(args.num_ppo_epochs):
-            b_inds = np.random.permutation(args.local_batch_size)
-            for mini, start in enumerate(range(0, args.local_batch_size, size)):
-                inds = b_inds[start:start + size]
-                weights = micro_batch_weights(rollout, inds, spans, trainer.objective, accelerator)
-                for j, (lo, hi) in enumerate(spans):
-                    last = j == len(spans) - 1
-                    accelerator.gradient_state._set_sync_gradients(last)
-                    with contextlib.nullcontext() if last else accelerator.no_sync(model):
-                        ptx_batch = trainer.next_ptx_batch() if ptx_joint else None
-                        out = trainer.compute_micro_batch_loss(model, rollout, inds[lo:hi], ptx_batch, kl_coef=kl_coef,
-                                                               token_normalizer=weights.token_normalizer)
-                        loss = weighted_loss(out, weights, j, args)
-                        trainer.step_guard.observe(loss, "loss/total", where=f" (PPO epoch {epoch + 1}, mini-batch "
-                                                   f"{mini + 1}, micro-batch {j + 1})")
-                        accelerator.backward(loss * scale)
-                        if trainer.optimizer_step():
-                            trainer._optimizer_stepped = True
-                        trainer.optimizer.zero_grad()
-                        if ptx_separate and last:
-                            stats.ptx_losses.append(trainer.ptx_step())
-                        stats.record((epoch, mini, j), out)
-                    del out
-    finally:
-        trainer.objective = objective
-        accelerator.gradient_state._set_sync_gradients(True)
-    return stats
+def objective_for_micro_batches(objective, args):
+    """The trainer's objective (:class:`~trl_ext.ppo.objective.objectives.ObjectiveConfig`) under ``args``: with
+    ``train_micro_batch_size`` set, ``token_mean`` normalises by the mini-batch's token count (``global_token_mean``,
+    module docstring); otherwise unchanged."""
+    if args.train_micro_batch_size is not None and objective.loss_aggregation == "token_mean":
+        return replace(objective, loss_aggregation="global_token_mean")
+    return objective

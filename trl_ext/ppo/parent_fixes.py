@@ -1,6 +1,6 @@
 """What :class:`trl_ext.PPOTrainer` changes in its parent (TRL's PPO trainer or trl-ext's copy, :mod:`trl_ext.ppo.base`)
 so that it runs where the parent crashed or did not fit: DDP and DeepSpeed wrappers, a shared base, a critic-free
-run, accumulation decoupled from the DataLoaders. No step of the update is here (see :mod:`trl_ext.ppo.trainer`)."""
+run. No step of the update is here (see :mod:`trl_ext.ppo.trainer`)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,6 @@ __all__ = ["ParentFixesMixin"]
 
 class ParentFixesMixin:
     """Mixed into :class:`trl_ext.PPOTrainer` before the parent trainer: its fixes of the parent's methods."""
-
-    def _decouple_accumulation_from_dataloaders(self) -> None:
-        """`sync_with_dataloader=False`: gradient accumulation depends on the micro-batch count alone, as in HF
-        Trainer (see :mod:`trl_ext.ppo.accumulation_state` for what TRL's setting does)."""
-        gradient_state = self.accelerator.gradient_state
-        gradient_state.plugin_kwargs = {**gradient_state.plugin_kwargs, "sync_with_dataloader": False}
 
     @contextmanager
     def null_ref_context(self):

@@ -18,9 +18,11 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
 5. ``compute_advantages(rollout)``: GAE (:func:`trl_ext.ppo.objective.advantages.gae_advantages`) and whitening; with a
    critic-free ``advantage_estimator`` (RLOO, GRPO, REINFORCE++) :mod:`trl_ext.ppo.objective.critic_free` instead (no value
    model; ``num_samples_per_prompt`` samples of each prompt, repeated by ``next_prompt_batch``).
-6. ``optimize(rollout) -> UpdateStats``: PPO epochs (numpy permutation per epoch) over mini/micro-batches;
-   each micro-batch calls ``compute_micro_batch_loss`` (policy, value and joint ptx losses from
-   :mod:`trl_ext.ppo.objective.losses`); separate ptx steps go through ``ptx_step``.
+6. ``optimize(rollout) -> UpdateStats``: PPO epochs (numpy permutation per epoch) over mini/micro-batches, one
+   optimizer step per mini-batch (:mod:`trl_ext.ppo.optimize_loop`); each micro-batch calls
+   ``compute_micro_batch_loss`` (policy, value and joint ptx losses from :mod:`trl_ext.ppo.objective.losses`); each
+   step goes through ``optimizer_step`` (NaN/inf check, ``max_grad_norm`` clip); separate ptx steps through
+   ``ptx_step``.
 7. ``update_metrics(...) -> dict`` and ``log_update(metrics)`` (:mod:`trl_ext.ppo.update_metrics`): TRL's metrics
    plus ours, then the KL controller (``self.kl_ctl``) updates from the update's ``objective/kl``.
 8. Callbacks, ``evaluate()`` when due (``eval_strategy``), sample generations, then the checkpoint if one is due
@@ -48,7 +50,6 @@ import math
 import os
 import time
 
-import numpy as np
 import torch
 from torch import nn
 from transformers import GenerationConfig
@@ -59,6 +60,7 @@ from ..models.dtypes import float32_trainable_parameters
 from ..models.lora import check_lora_targets
 from ..runtime.checkpoints import AtomicCheckpointMixin, latest_checkpoint, resolve_checkpoint
 from ..runtime.devices import empty_cache, release_memory
+from ..runtime.engines import deepspeed_gradient_clipping
 from ..runtime.interruption import raise_if_interrupted, watch_signals
 from ..runtime.nonfinite import Finding, NonFiniteError, StepGuard, count_nonfinite, guarded_optimizer_step
 from .objective.action_gae import gae_over_steps
@@ -77,10 +79,11 @@ from .rollout.dynamic_sampling import DynamicSampling
 from .objective.kl_controllers import KLController, build_kl_controller
 from .objective.losses import value_loss
 from .objective.masked_stats import masked_whiten
-from .objective.objectives import ObjectiveConfig, kl_penalty, mini_batch_token_normalizer, rollout_objective
+from .objective.objectives import ObjectiveConfig, kl_penalty, rollout_objective
 from .rollout.prompt_stream import PromptStream
 from .grpo_inputs import grpo_inputs
-from .micro_batches import optimize_in_micro_batches
+from .micro_batches import objective_for_micro_batches
+from .optimize_loop import GradientClip, run_ppo_epochs
 from .parent_fixes import ParentFixesMixin
 from .ptx_data import PretrainingMix
 from .rollout.reward_funcs import (
@@ -197,20 +200,11 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
             float32_trainable_parameters(model, value_model)
 
         kl_estimator, args.kl_estimator = args.kl_estimator, "k1"  # TRL 1.12's __init__ takes k1/k3 only
-        super().__init__(
-            args=args,
-            processing_class=processing_class,
-            model=model,
-            ref_model=ref_model,
-            reward_model=reward_model,
-            train_dataset=train_dataset,
-            value_model=value_model,
-            data_collator=data_collator,
-            eval_dataset=eval_dataset,
-            optimizers=optimizers,
-            callbacks=callbacks,
-            peft_config=peft_config,
-        )
+        with deepspeed_gradient_clipping(args.max_grad_norm):  # DeepSpeed: the engine clips at max_grad_norm
+            super().__init__(args=args, processing_class=processing_class, model=model, ref_model=ref_model,
+                             reward_model=reward_model, train_dataset=train_dataset, value_model=value_model,
+                             data_collator=data_collator, eval_dataset=eval_dataset, optimizers=optimizers,
+                             callbacks=callbacks, peft_config=peft_config)
         args.kl_estimator = kl_estimator
         self.build_features(reward_list, ptx_dataset, kl_controller, toolbox)
 
@@ -220,7 +214,8 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         pretraining mix, critic-free advantages, the completions log, dynamic sampling, multi-turn episodes with
         tools (``toolbox``: :class:`~trl_ext.ppo.episodes.toolbox.Toolbox`), the NaN/inf guard."""
         args, processing_class = self.args, self.processing_class
-        self.objective = ObjectiveConfig.from_args(args)  # the loss keys of trl_ext.ppo.objective.objectives
+        # the loss keys of trl_ext.ppo.objective.objectives (train_micro_batch_size: token_mean over the mini-batch)
+        self.objective = objective_for_micro_batches(ObjectiveConfig.from_args(args), args)
         # Nothing below may touch the global torch/numpy RNGs: the parent left them exactly where its train() expects.
         self.reward_scoring = attach_reward_scorer(self, reward_list)  # reward_funcs (None without): the scorer
         group_prompts(self)  # num_samples_per_prompt > 1: local_batch_size / k prompts per update (same RNG after)
@@ -229,8 +224,6 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         self.rollout_engine = build_rollout_engine(self)  # None: generate; else continuous batching (auto: a rule)
         # rollout_cuda_graphs: generate's decoding steps as CUDA graphs over a static cache (None: off)
         self.decode_graphs = DecodeGraphs() if args.rollout_cuda_graphs and self.rollout_engine is None else None
-        if not args.sync_with_dataloader:
-            self._decouple_accumulation_from_dataloaders()
         # HF Trainer.__init__ (which TRL's PPO never calls) sets these; its checkpoint save/load code reads them
         for name in ("is_fsdp_xla_enabled", "is_fsdp_xla_v1_enabled", "is_fsdp_xla_v2_enabled"):
             if not hasattr(self, name):
@@ -254,11 +247,11 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
             if self.rollout_engine is not None:
                 self.multi_turn.engine_prompt_length = self.rollout_engine.plan.prompt_length
         self.prompt_iterator = None
-        self._resumed_dataloader_stack = None
         self._update_start_state = None
         self._optimizer_stepped = False
         self.step_guard = StepGuard(args.nonfinite_policy, args.max_consecutive_nonfinite_skips,
                                     (self.accelerator, self.stop_on_nonfinite) if self.is_deepspeed_enabled else None)
+        self.grad_clip = GradientClip(args.max_grad_norm, self.accelerator, self.model)  # max_grad_norm (0: off)
 
     # ------------------------------------------------------------------ the loop
 
@@ -340,8 +333,6 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         self._optimizer_stepped = False
         self.state.episode += 1 * args.batch_size
         data = self.next_prompt_batch()
-        if self._resumed_dataloader_stack is not None:
-            self._restore_dataloader_stack()
         t0 = time.perf_counter()
         with torch.no_grad():
             rollout, scored, t1 = self.sample_and_score(data)
@@ -424,8 +415,10 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
                              saved=saved, where=finding.where + self.step_guard.stop_note())
 
     def optimizer_step(self) -> bool:
-        """`optimizer.step()` after checking the step's losses and gradients (one host sync per optimizer step)."""
-        return guarded_optimizer_step(self.step_guard, self.optimizer, self.accelerator, self.stop_on_nonfinite)
+        """`optimizer.step()` after checking the step's losses and gradients (one host sync per optimizer step) and
+        clipping the gradients to `max_grad_norm` (`self.grad_clip`)."""
+        return guarded_optimizer_step(self.step_guard, self.optimizer, self.accelerator, self.stop_on_nonfinite,
+                                      before_step=self.grad_clip)
 
     def clip_scores(self, rollout: Rollout) -> None:
         """With `args.reward_clip = c`, clip the scores to `[-c, c]` (DeepSpeed-Chat's `clip_reward_value`, trlx's
@@ -481,46 +474,9 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
     # ------------------------------------------------------------------ optimisation
 
     def optimize(self, rollout: Rollout) -> UpdateStats:
-        """`num_ppo_epochs` passes over the rollout, each in a fresh `np.random.permutation`, by mini/micro-batch."""
-        if self.args.train_micro_batch_size is not None:  # micro-batches of their own size (trl_ext.ppo.micro_batches)
-            return optimize_in_micro_batches(self, rollout)
-        args = self.args
-        accelerator = self.accelerator
-        model = self.model
-        stats = UpdateStats((args.num_ppo_epochs, args.num_mini_batches, args.gradient_accumulation_steps),
-                            accelerator.device)
-        kl_coef = float(self.kl_ctl.value)  # the update's (the controller moves after it)
-        ptx_joint = self.ptx is not None and self.ptx.mode == "joint"
-        ptx_separate = self.ptx is not None and self.ptx.mode == "separate"
-        for ppo_epoch_idx in range(args.num_ppo_epochs):
-            b_inds = np.random.permutation(args.local_batch_size)
-            for minibatch_idx, mini_batch_start in enumerate(
-                range(0, args.local_batch_size, args.local_mini_batch_size)
-            ):
-                mini_batch_inds = b_inds[mini_batch_start : mini_batch_start + args.local_mini_batch_size]
-                normalizer = mini_batch_token_normalizer(self.objective, rollout, mini_batch_inds,
-                                                         args.gradient_accumulation_steps, accelerator)
-                for gradient_accumulation_idx, micro_batch_start in enumerate(
-                    range(0, args.local_mini_batch_size, args.per_device_train_batch_size)
-                ):
-                    micro_batch_end = micro_batch_start + args.per_device_train_batch_size
-                    micro_batch_inds = mini_batch_inds[micro_batch_start:micro_batch_end]
-                    with accelerator.accumulate(model):
-                        ptx_batch = self.next_ptx_batch() if ptx_joint else None
-                        out = self.compute_micro_batch_loss(model, rollout, micro_batch_inds, ptx_batch,
-                                                            kl_coef=kl_coef, token_normalizer=normalizer)
-                        self.step_guard.observe(out.loss, "loss/total", where=f" (PPO epoch {ppo_epoch_idx + 1}, "
-                                                f"mini-batch {minibatch_idx + 1}, "
-                                                f"micro-batch {gradient_accumulation_idx + 1})")
-                        accelerator.backward(out.loss)
-                        if self.optimizer_step():
-                            self._optimizer_stepped = True
-                        self.optimizer.zero_grad()
-                        if ptx_separate and accelerator.sync_gradients:
-                            stats.ptx_losses.append(self.ptx_step())
-                        stats.record((ppo_epoch_idx, minibatch_idx, gradient_accumulation_idx), out)
-                    del out
-        return stats
+        """`num_ppo_epochs` passes over the rollout, each in a fresh `np.random.permutation`, one optimizer step per
+        mini-batch, forward/backward by micro-batch (:func:`trl_ext.ppo.optimize_loop.run_ppo_epochs`)."""
+        return run_ppo_epochs(self, rollout)
 
     def compute_micro_batch_loss(
         self, model, rollout: Rollout, micro_batch_inds, ptx_batch: dict | None = None, *,

@@ -58,6 +58,7 @@ class UpdateMetricsMixin:
         metrics.update(timings)
         if self.decode_graphs is not None:  # rollout_cuda_graphs: rollout/cuda_graph_replays, eager_decode_steps
             metrics.update(self.decode_graphs.metrics())
+        metrics.update(self.grad_clip.metrics())  # policy/grad_norm: with max_grad_norm > 0
         metrics.update(self.step_guard.metrics())  # nonfinite/*: only under `skip` or fp16's loss scaler
         metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
         metrics["episode"] = self.state.episode

@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from functools import cached_property
 
 logger = logging.getLogger(__name__)
@@ -66,6 +66,65 @@ def launched_zero3() -> bool:
         except (ValueError, OSError, TypeError, AttributeError):
             return False
     return False
+
+
+def launched_gradient_clipping() -> tuple[float, str | None]:
+    """The gradient clipping DeepSpeed's engine gets from the launch, before trl-ext sets it: ``(value, where)``.
+    ``where`` names the setting that fixes it (the launch config's ``gradient_clipping``, accelerate's
+    ``ACCELERATE_GRADIENT_CLIPPING``, or the DeepSpeed config file), None when nothing fixes it (accelerate's
+    ``auto``, which :func:`deepspeed_gradient_clipping` sets). A config file's ``auto`` is accelerate's 1.0, its
+    absence DeepSpeed's 0 (off)."""
+    given = os.environ.get("ACCELERATE_GRADIENT_CLIPPING", "auto").strip()
+    if given != "auto":
+        return float(given), "the accelerate config's gradient_clipping"
+    config_file = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+    if config_file and os.path.isfile(config_file):
+        import json
+
+        with open(config_file) as f:
+            value = json.load(f).get("gradient_clipping", 0.0)
+        return (1.0 if value == "auto" else float(value)), f"gradient_clipping in {config_file}"
+    return 1.0, None
+
+
+@contextmanager
+def deepspeed_gradient_clipping(max_norm: float | None):
+    """Within it, a DeepSpeed engine that accelerate builds clips gradients at ``max_norm`` (0 or None: off), unless
+    the launch fixes the value (:func:`launched_gradient_clipping`; PPOConfig refuses a different one). Outside
+    DeepSpeed, a no-op.
+
+    accelerate fills the plugin's ``gradient_clipping: auto`` with 1.0 when it prepares the engine, and DeepSpeed's
+    own default is 1.0 too, so the value is written into the config of the plugin being prepared, right before
+    accelerate processes it (``DeepSpeedPlugin.deepspeed_config_process``, wrapped for the duration). The plugin's
+    previous value comes back afterwards: accelerate's process-wide state keeps the plugin for later trainers, which
+    fill it with their own settings."""
+    if launched_engine() != DEEPSPEED or launched_gradient_clipping()[1] is not None:
+        yield
+        return
+    from accelerate.utils import DeepSpeedPlugin
+
+    value = float(max_norm or 0.0)
+    original = DeepSpeedPlugin.deepspeed_config_process
+    touched: dict[int, tuple[dict, object]] = {}
+
+    @functools.wraps(original)
+    def process(self, *args, **kwargs):
+        config = self.deepspeed_config
+        if id(config) not in touched:
+            touched[id(config)] = (config, config.get("gradient_clipping"))
+        config["gradient_clipping"] = value
+        return original(self, *args, **kwargs)
+
+    DeepSpeedPlugin.deepspeed_config_process = process
+    try:
+        yield
+    finally:
+        DeepSpeedPlugin.deepspeed_config_process = original
+        for config, old in touched.values():
+            if old is None:
+                config.pop("gradient_clipping", None)
+            else:
+                config["gradient_clipping"] = old
 
 
 def _has_gpu() -> bool:

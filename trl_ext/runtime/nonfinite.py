@@ -270,7 +270,7 @@ class StepGuard:
         return out
 
 
-def guarded_optimizer_step(guard: StepGuard, optimizer, accelerator, on_stop, closure=None) -> bool:
+def guarded_optimizer_step(guard: StepGuard, optimizer, accelerator, on_stop, closure=None, before_step=None) -> bool:
     """One optimizer step under ``guard``; returns False if the guard skipped it, True if it went to the optimizer
     (under ``fp16`` the loss scaler may still skip it: counted in ``guard.scaler_skipped_steps``, as TRL's loop
     counts such a step as taken).
@@ -281,6 +281,10 @@ def guarded_optimizer_step(guard: StepGuard, optimizer, accelerator, on_stop, cl
     :class:`NonFiniteError`) when the policy says stop, else the step is skipped: no ``optimizer.step``, and
     accelerate's ``step_was_skipped`` reads True, so that HF ``Trainer`` does not step the LR scheduler either (as
     after a loss-scaler skip). The caller zeroes the gradients, as after every step.
+
+    ``before_step()`` (gradient clipping) runs on a step that is taken, after the check and right before
+    ``optimizer.step``: it sees finite gradients (or, under ``fp16``, unscales them itself and leaves the overflow
+    check to the loss scaler).
     """
     if not accelerator.sync_gradients:
         optimizer.step(closure) if closure is not None else optimizer.step()
@@ -292,6 +296,8 @@ def guarded_optimizer_step(guard: StepGuard, optimizer, accelerator, on_stop, cl
             scaler.update(scaler.get_scale())
         optimizer._is_overflow = True  # accelerate's `step_was_skipped`: HF Trainer then leaves the scheduler alone
         return False
+    if before_step is not None:
+        before_step()
     optimizer.step(closure) if closure is not None else optimizer.step()
     if scaler is None:
         if hasattr(optimizer, "_is_overflow"):
