@@ -2,15 +2,22 @@
 
 * **Prompt**: ``"4 7 + 3 5 ="``: two numbers 0..99, zero-padded to two digits, one token per digit (6 tokens).
 * **Answer** (the dataset's ``answer`` column): the sum as a plain number, ``"82"`` (0..198).
-* **Completion** the model should write: the sum's digits separated by spaces, ``" 8 2"``, then the end-of-sequence
-  token: at most 3 digits + eos, so RL's ``response_length`` is 5 (room for one token of junk).
+* **Completion** the model should write: the sum as three digits separated by spaces, ``" 0 8 2"``, then the
+  end-of-sequence token: 3 digits + eos, so RL's ``response_length`` is 5 (room for one token of junk). Three digits
+  always, so that each digit has one position whatever the sum.
 * **Checker**: :func:`arithmetic_task.exact_match_reward` (1.0 when the completion's leading digits
   read as the right number, else 0.0), :func:`~arithmetic_task.parse_answer`.
 
 There are 10,000 problems. :func:`split` shuffles them with a seed and cuts a held-out set (500) and a training set
-(4,000) that share no problem. A tiny Llama (hidden 64, 2 layers) trained with SFT on the training problems learns
-the sums slowly, and when depends on the seed: the 1000-step SFT recipe stops with the model right on about a third
-of the held-out problems for seed 0 and on 5-11 % for seeds 1-3; the room RL with the exact-match reward then closes.
+(4,000) that share no problem.
+
+**The SFT data comes from a careless demonstrator** (:func:`demonstrator_total`): it adds correctly, except that on
+the problems whose units digits carry (``4 7 + 3 5``: 7 + 5 >= 10, 45 % of all problems) it forgets the carry into
+the tens on 70 % of them (``0 7 2`` instead of ``0 8 2``; :data:`CARRY_RATE` = 0.3 carry). The ``answer`` column is
+always the true sum. A tiny Llama (hidden 64, 2 layers) trained on that to the end of its learning-rate schedule
+imitates it: right on every sum without a units carry, and greedy picks the forgotten carry where there is one, so
+the warm start gets about 0.55-0.6 of the held-out sums right greedily whatever the seed, and samples the right
+carry about a fifth of the time, which is what RL with the exact-match reward then learns to prefer.
 
 The tokenizer is word-level over the digits, ``+`` and ``=`` (built here as ``recipes/gold/gold_task.py`` builds the
 gold task's; ``trl_ext.testing``'s BPE tokenizer knows digits only as words): ``tokenizer(prompt + completion)``
@@ -28,6 +35,8 @@ WORDS = tuple(str(d) for d in range(10)) + ("+", "=")
 RESPONSE_LENGTH = 5
 HELDOUT = 500
 TRAIN = 4000
+#: The share of the training problems with a units carry whose SFT completion carries (:func:`demonstrator_total`).
+CARRY_RATE = 0.3
 
 
 def make_prompt(a: int, b: int) -> str:
@@ -38,23 +47,46 @@ def make_prompt(a: int, b: int) -> str:
 
 
 def completion_text(total: int) -> str:
-    """What SFT teaches the model to write after the prompt: ``82`` -> ``" 8 2"``."""
-    return " " + " ".join(str(total))
+    """A sum as the model writes it after the prompt, three digits: ``82`` -> ``" 0 8 2"``."""
+    if not 0 <= total <= 198:
+        raise ValueError(f"a sum of two numbers 0..99 is in 0..198, got {total}")
+    return " " + " ".join(f"{total:03d}")
 
 
-def row(a: int, b: int) -> dict:
-    """One problem as a dataset row: ``prompt``, ``answer`` (the sum as a plain number) and the SFT ``completion``."""
-    return {"prompt": make_prompt(a, b), "answer": str(a + b), "completion": completion_text(a + b)}
+def units_carry(a: int, b: int) -> bool:
+    """True when the units digits of ``a`` and ``b`` sum to 10 or more (``47 + 35``: 7 + 5)."""
+    return a % 10 + b % 10 >= 10
 
 
-def split(seed: int = 0, heldout: int = HELDOUT, train: int = TRAIN) -> tuple[list[dict], list[dict]]:
+def demonstrator_total(a: int, b: int, carries: bool) -> int:
+    """The careless demonstrator's sum: ``a + b``, or where the units carry and ``carries`` is False, the sum with
+    that carry forgotten (``47 + 35`` -> 72: the tens digit misses its +1)."""
+    if carries or not units_carry(a, b):
+        return a + b
+    return (a // 10 + b // 10) * 10 + (a % 10 + b % 10) % 10
+
+
+def row(a: int, b: int, total: int | None = None) -> dict:
+    """One problem as a dataset row: ``prompt``, ``answer`` (the true sum as a plain number) and the SFT
+    ``completion`` (``total``'s digits; default the true sum)."""
+    return {"prompt": make_prompt(a, b), "answer": str(a + b), "completion": completion_text(a + b if total is None
+                                                                                               else total)}
+
+
+def split(seed: int = 0, heldout: int = HELDOUT, train: int = TRAIN,
+          carry_rate: float = CARRY_RATE) -> tuple[list[dict], list[dict]]:
     """(train rows, held-out rows): the 10,000 problems shuffled with ``seed``; the first ``heldout`` are held out,
-    the next ``train`` are the training set. Disjoint by construction, deterministic given ``seed``."""
+    the next ``train`` are the training set. Disjoint by construction, deterministic given ``seed``. The training
+    rows' completions are the careless demonstrator's (each units-carry problem carried with probability
+    ``carry_rate``, drawn from the same seeded generator); the held-out rows' are the true sums."""
     if heldout + train > 10_000:
         raise ValueError(f"only 10000 problems: heldout {heldout} + train {train} is too many")
     problems = [(a, b) for a in range(100) for b in range(100)]
-    random.Random(seed).shuffle(problems)
-    return [row(*p) for p in problems[heldout:heldout + train]], [row(*p) for p in problems[:heldout]]
+    rng = random.Random(seed)
+    rng.shuffle(problems)
+    train_rows = [row(a, b, demonstrator_total(a, b, rng.random() < carry_rate))
+                  for a, b in problems[heldout:heldout + train]]
+    return train_rows, [row(*p) for p in problems[:heldout]]
 
 
 def build_tokenizer():

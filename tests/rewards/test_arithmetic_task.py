@@ -77,13 +77,31 @@ def test_split_is_disjoint_deterministic_and_right(task):
     assert len({r["prompt"] for r in train}) == 4000
     assert task.split(seed=0) == (train, heldout)
     assert task.split(seed=1)[1] != heldout
-    for r in train[:200] + heldout:
-        a, b = r["prompt"].replace(" ", "").rstrip("=").split("+")
-        assert int(r["answer"]) == int(a) + int(b)
-        assert exact_match_reward([r["completion"]], [r["answer"]]) == [1.0]
-    assert task.row(47, 35) == {"prompt": "4 7 + 3 5 =", "answer": "82", "completion": " 8 2"}
-    assert task.row(3, 4)["prompt"] == "0 3 + 0 4 ="
+    for r in train + heldout:
+        a, b = (int(x) for x in r["prompt"].replace(" ", "").rstrip("=").split("+"))
+        assert int(r["answer"]) == a + b
+        assert len(r["completion"].split()) == 3  # three digits always
+        if r in heldout or not task.units_carry(a, b):
+            assert exact_match_reward([r["completion"]], [r["answer"]]) == [1.0]
+    assert task.row(47, 35) == {"prompt": "4 7 + 3 5 =", "answer": "82", "completion": " 0 8 2"}
+    assert task.row(3, 4) == {"prompt": "0 3 + 0 4 =", "answer": "7", "completion": " 0 0 7"}
     assert task.row(99, 99)["completion"] == " 1 9 8"
+
+
+def test_the_careless_demonstrator_forgets_the_units_carry(task):
+    assert [task.units_carry(*p) for p in [(47, 35), (45, 35), (40, 52), (9, 1)]] == [True, True, False, True]
+    assert task.demonstrator_total(47, 35, carries=False) == 72  # 4+3 tens, (7+5) % 10 units
+    assert task.demonstrator_total(47, 35, carries=True) == 82
+    assert task.demonstrator_total(95, 7, carries=False) == 92
+    assert task.demonstrator_total(40, 52, carries=False) == 92  # no carry to forget
+    train, _ = task.split(seed=0)
+    carry_rows = [r for r in train if task.units_carry(*(int(x) for x in r["prompt"].replace(" ", "")
+                                                          .rstrip("=").split("+")))]
+    carried = sum(exact_match_reward([r["completion"]], [r["answer"]])[0] for r in carry_rows) / len(carry_rows)
+    assert 1700 < len(carry_rows) < 1900  # 45 % of 4000
+    assert abs(carried - task.CARRY_RATE) < 0.03  # binomial sd over ~1800 rows: 0.011
+    assert task.split(seed=0, carry_rate=1.0)[0] == [task.row(*(int(x) for x in r["prompt"].replace(" ", "")
+                                                                .rstrip("=").split("+"))) for r in train]
 
 
 def test_tokenizer_one_token_per_digit_and_concatenation(task):

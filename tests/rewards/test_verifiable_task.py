@@ -55,8 +55,9 @@ def test_data_and_sft(sft_run, task_modules):
     assert (len(rows["train"]), len(rows["heldout"])) == (16, 32)
     assert not {r["prompt"] for r in rows["train"]} & {r["prompt"] for r in rows["heldout"]}
     assert rows["heldout"] == task_modules[0].split(seed=0, heldout=32, train=16)[1]  # deterministic
-    assert exact_match_reward([r["completion"] for r in rows["train"]], [r["answer"] for r in rows["train"]]) == \
-        [1.0] * 16
+    assert rows["train"] == task_modules[0].split(seed=0, heldout=32, train=16)[0]  # the careless demonstrator's
+    assert exact_match_reward([r["completion"] for r in rows["heldout"]], [r["answer"] for r in rows["heldout"]]) \
+        == [1.0] * 32
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert trainer.state.global_step == 60 and len(losses) == 6 and losses[-1] < losses[0] / 2
 
