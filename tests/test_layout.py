@@ -1,5 +1,6 @@
 """The package's layout rules, read from its source with `ast`: no file in trl_ext/ over 600 lines, no function over
-80 lines, imports only from the same or a lower layer (inside ppo/ too), and no import circle between modules."""
+80 lines, imports only from the same or a lower layer (inside ppo/ too), and no import circle between modules. Both
+import rules count every import, at a module's top and inside its functions."""
 
 from __future__ import annotations
 
@@ -47,10 +48,11 @@ def layer(module: str) -> int:
     return LAYERS[best]
 
 
-def imported(name: str, path: Path, tree: ast.Module, top_level_only: bool = False):
-    """(line, module) of each trl_ext module ``name`` imports (``from x import y``: x.y when it is a module)."""
+def imported(name: str, path: Path, tree: ast.Module):
+    """(line, module) of each module ``name`` imports, at its top or inside a function (``from x import y``: x.y when
+    it is a module)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    nodes = tree.body if top_level_only else ast.walk(tree)
+    nodes = ast.walk(tree)
     known = {n for n, _, _ in MODULES}
     for node in nodes:
         if isinstance(node, ast.ImportFrom):
@@ -103,11 +105,11 @@ def test_imports_go_to_the_same_or_a_lower_layer():
 
 
 def test_no_import_circle():
-    """Module-level imports between trl_ext's modules form no circle (imports inside functions are not counted:
-    they run after every module has loaded)."""
+    """The imports between trl_ext's modules form no circle, those inside functions counted too (a module that
+    imports another only inside a function still depends on it)."""
     graph = {name: set() for name, _, _ in MODULES}
     for name, path, tree in MODULES:
-        for _, target in imported(name, path, tree, top_level_only=True):
+        for _, target in imported(name, path, tree):
             if target in graph and target != name:
                 graph[name].add(target)
     for package in [n for n, p, _ in MODULES if p.name == "__init__.py"]:  # a package's __init__ is its re-exports

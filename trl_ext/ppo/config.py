@@ -301,3 +301,13 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
         self.local_rollout_forward_batch_size = rollout_chunk_value(self.local_rollout_forward_batch_size)
         self.train_micro_batch_size = micro_batch_value(self.train_micro_batch_size)
         check_combinations(self)  # how the settings combine (trl_ext.ppo.config_rules)
+
+
+def ppo_config_from(args):
+    """The trainer's `args`: a `PPOConfig` as it is; a TRL `GRPOConfig` through :meth:`PPOConfig.from_grpo_config`
+    (so that a GRPOTrainer script runs with only the trainer's name changed)."""
+    from trl import GRPOConfig
+
+    if isinstance(args, GRPOConfig) and not isinstance(args, PPOConfig):
+        return PPOConfig.from_grpo_config(args)
+    return args

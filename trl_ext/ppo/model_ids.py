@@ -25,8 +25,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ..config_rules import mapping_value
 from ..errors import UserInputError
-from .prompt_dataset import mapping_value
 
 __all__ = ["ModelInitArgs", "LoadedModels", "load_model_ids"]
 

@@ -20,8 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ...config_rules import help_from_docstring
-from ..prompt_dataset import mapping_value
+from ...config_rules import help_from_docstring, mapping_value
 
 __all__ = ["SamplingArgs", "NAMED_KEYS", "OWNED_KEYS", "rollout_generation_kwargs", "sample_generation_kwargs",
            "reshapes_sampling", "generation_kwargs_problem"]
