@@ -31,7 +31,7 @@ LAYERS = {
 # is shortened (remove it here then) and for any other long function.
 KNOWN_LONG_FUNCTIONS = {
     # TRL 1.12's PPOTrainer.__init__, kept statement for statement (the parity of the base with TRL's is tested)
-    "trl_ext/ppo/base_trainer.py:PPOBaseTrainer.__init__",
+    "trl_ext/ppo/base/base_trainer.py:PPOBaseTrainer.__init__",
 }
 
 

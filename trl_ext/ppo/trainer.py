@@ -84,7 +84,7 @@ from .rollout.prompt_stream import PromptStream
 from .grpo_inputs import grpo_inputs
 from .micro_batches import objective_for_micro_batches
 from .optimize_loop import GradientClip, run_ppo_epochs
-from .parent_fixes import ParentFixesMixin
+from .base.parent_fixes import ParentFixesMixin
 from .ptx_data import PretrainingMix
 from .rollout.reward_funcs import (
     attach_reward_scorer,

@@ -92,7 +92,7 @@ class SamplingArgs:
 
 def _sampling_keys(args) -> dict:
     """The sampling keys of `args` as `GenerationConfig` keyword arguments (`min_p` only when set); a config
-    without them (the PPO base's own, :class:`~trl_ext.ppo.base_config.PPOBaseConfig`) gets TRL's "off" values."""
+    without them (the PPO base's own, :class:`~trl_ext.ppo.base.base_config.PPOBaseConfig`) gets TRL's "off" values."""
     kwargs = {"top_k": getattr(args, "top_k", 0), "top_p": getattr(args, "top_p", 1.0),
               "repetition_penalty": getattr(args, "repetition_penalty", 1.0)}
     if getattr(args, "min_p", None) is not None:
