@@ -29,8 +29,8 @@ import dataclasses
 import math
 import warnings
 
-from ..errors import UserInputError
-from .rollout.sampling import NAMED_KEYS
+from ...errors import UserInputError
+from ..rollout.sampling import NAMED_KEYS
 
 __all__ = ["MAPPED", "NOT_HONOURED", "REFUSED", "ppo_kwargs_from_grpo"]
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config_rules import mapping_value
-from ..errors import UserInputError
+from ...config_rules import mapping_value
+from ...errors import UserInputError
 
 __all__ = ["PromptArgs", "prepare_prompt_datasets", "tokenize_prompts"]
 
