@@ -77,6 +77,15 @@ def imported(name: str, path: Path, tree: ast.Module):
 MODULES = list(modules())
 
 
+MAX_TOP_MODULES = 6
+
+
+def test_at_most_six_modules_at_the_top():
+    """trl_ext/'s own files (``__init__.py`` and ``__main__.py`` counted): the rest lives in the subpackages."""
+    top = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_MODULES, top
+
+
 @pytest.mark.parametrize("name, path", [(n, p) for n, p, _ in MODULES], ids=[n for n, _, _ in MODULES])
 def test_no_file_over_600_lines(name, path):
     assert len(path.read_text().splitlines()) <= MAX_FILE_LINES
