@@ -108,12 +108,12 @@ def once_per_run(tmp_path_factory, worker_id: str, name: str, build):
 
 @pytest.fixture(scope="session")
 def tool_models(tmp_path_factory, worker_id):
-    """The folder of the tool tests' models (`trl_ext.testing_tools.save_tool_models`: a tiny Llama fitted to call
+    """The folder of the tool tests' models (`trl_ext.testing.tools.save_tool_models`: a tiny Llama fitted to call
     `add`, the same untrained, a value model, the tokenizer), built once per run (~10 s): the tool tests and the DDP
     launch use the same."""
     from pathlib import Path
 
-    from trl_ext.testing_tools import save_tool_models
+    from trl_ext.testing.tools import save_tool_models
 
     return Path(once_per_run(tmp_path_factory, worker_id, "tool_models", lambda root: str(save_tool_models(root))))
 

@@ -153,7 +153,7 @@ def recorded_sample_tables():
     """Record the sample-generation tables `generate_completions` prints (TRL's and trl-ext's PPO base print them
     with a module-level `print_rich_table`), as lists of row dicts, in call order."""
     tables = []
-    modules = [sys.modules[name] for name in ("trl.experimental.ppo.ppo_trainer", "trl_ext.ppo.base_trainer")
+    modules = [sys.modules[name] for name in ("trl.experimental.ppo.ppo_trainer", "trl_ext.ppo.base.base_trainer")
                if name in sys.modules]
     with pytest.MonkeyPatch.context() as patch:
         for module in modules:

@@ -25,8 +25,8 @@ def test_exports_are_subclasses_of_their_parents():
     import trl
 
     from trl_ext.ppo import base
-    from trl_ext.ppo.base_config import PPOBaseConfig
-    from trl_ext.ppo.base_trainer import PPOBaseTrainer
+    from trl_ext.ppo.base.base_config import PPOBaseConfig
+    from trl_ext.ppo.base.base_trainer import PPOBaseTrainer
 
     forced = os.environ.get(base.PPO_BASE_VARIABLE, "auto") == "trl-ext"
     if base.TRL_HAS_PPO and not forced:

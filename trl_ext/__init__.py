@@ -2,8 +2,9 @@
 
 The package, one subpackage per role (each ``__init__.py`` says what it holds):
 
-* :mod:`trl_ext.ppo`: ``PPOTrainer``/``PPOConfig``; its rooms ``ppo/rollout/`` (sampling and scoring) and
-  ``ppo/objective/`` (losses, advantages, KL controllers).
+* :mod:`trl_ext.ppo`: ``PPOTrainer``/``PPOConfig``; its rooms ``ppo/rollout/`` (sampling and scoring),
+  ``ppo/objective/`` (losses, advantages, KL controllers), ``ppo/episodes/`` (multi-turn episodes with tools),
+  ``ppo/base/`` (what the PPO extends on each TRL) and ``ppo/grpo_compat/`` (GRPOTrainer's inputs).
 * :mod:`trl_ext.sft`: ``SFTTrainer`` (TRL's, with the run safety of :mod:`trl_ext.runtime`) and ``SFTConfig``.
 * :mod:`trl_ext.preference`: ``RewardTrainer``/``RewardConfig``, ``DPOTrainer``/``DPOConfig``, preference losses,
   ranked data, reward centering.
@@ -18,7 +19,8 @@ The package, one subpackage per role (each ``__init__.py`` says what it holds):
 * ``cli.py``: the ``trl-ext`` command (``__main__.py``: ``python -m trl_ext``).
 * ``config_rules.py``: each config field's nullability, choices and range, checked when any trl-ext config is built.
 * ``errors.py``: :class:`~trl_ext.errors.UserInputError`, the one exception for bad input (used everywhere).
-* ``testing.py``: tiny offline models for tests, the demo and the benchmarks.
+* :mod:`trl_ext.testing`: tiny offline models for tests, the demo and the benchmarks; ``testing/tools.py``: a
+  tiny tokenizer with a tool-calling chat template, an ``add`` tool and the tool tests' models.
 
 Heavy imports (torch, transformers, trl) are deferred until a trainer or config is first used, so that
 ``import trl_ext`` and ``trl-ext --help`` stay fast.

@@ -13,6 +13,8 @@ What cannot be derived is stated in :data:`RANGES` (one row per key, interval no
 field may state its own range in its metadata (``field(..., metadata={"range": "[1, inf)"})``). The reward and value
 models' ``reward_*``/``value_*`` recipe keys take the row of the ``ModelConfig`` key they prefix.
 
+:func:`mapping_value` reads a dict-valued field given as JSON text (the command line's form).
+
 :func:`check_fields` raises :class:`~trl_ext.errors.UserInputError` with one line, ``<key>: <problem> (valid:
 <range or choices>)``; the recipe loader (:mod:`trl_ext.recipe_loader.loader`) prints the same line as ``recipe: key
 '<key>': <problem> (valid: ...)``. The rules about how several keys combine live beside each config (PPO:
@@ -24,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import json
 import math
 import re
 import types
@@ -380,3 +383,15 @@ def check_steps(config) -> None:
     if epochs is not None and epochs <= 0 and getattr(config, "max_steps", -1) <= 0:
         raise UserInputError(f"num_train_epochs: {epochs!r} with no max_steps trains zero steps "
                              "(valid: a number > 0, or set max_steps >= 1)")
+
+
+def mapping_value(name: str, value):
+    """A dict-valued config key: a dict, None, or its JSON text (the command line's form) -> dict or None."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise UserInputError(f"{name}: not a JSON object: {value!r} ({err.msg})") from None
+    if value is not None and not isinstance(value, dict):
+        raise UserInputError(f"{name}: expected a mapping of keyword arguments, got {value!r}")
+    return value

@@ -72,7 +72,7 @@ def write_base_model(directory, seed: int = 0):
     layers, :data:`MAX_POSITIONS` positions), saved to ``directory``."""
     from tool_task import write_base_model as write
 
-    from trl_ext.testing_tools import build_tool_tokenizer
+    from trl_ext.testing.tools import build_tool_tokenizer
 
     lines = [INSTRUCTION + " You have 4 guesses.", "higher", "lower", "correct", "Found it: 5.",
              '{"name": "guess", "arguments": {"number": 3}}']

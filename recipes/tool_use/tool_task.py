@@ -1,7 +1,7 @@
 """The tool-use task: sums of two five-digit numbers, with an ``add`` tool (recipes/tool_use/README.md).
 
 * **Prompt** (the dataset's ``prompt`` column, chat messages): ``[{"role": "user", "content": "What is 48213 +
-  90577?"}]``; with tools the chat template (TRL's Qwen2.5 template, :mod:`trl_ext.testing_tools`) renders the
+  90577?"}]``; with tools the chat template (TRL's Qwen2.5 template, :mod:`trl_ext.testing.tools`) renders the
   ``add`` schema in a system turn before it.
 * **Answer** (the ``answer`` column): the sum as a plain number, ``"138790"``.
 * **Episode with the tool**: the assistant calls ``add(a=48213, b=90577)``, the tool's result comes back as a
@@ -151,8 +151,8 @@ def exact_match(completions, answer, **kwargs) -> list[float]:
 
 
 def build_tokenizer():
-    """:func:`trl_ext.testing_tools.build_tool_tokenizer` with the task's sentences (digits stay one per token)."""
-    from trl_ext.testing_tools import build_tool_tokenizer
+    """:func:`trl_ext.testing.tools.build_tool_tokenizer` with the task's sentences (digits stay one per token)."""
+    from trl_ext.testing.tools import build_tool_tokenizer
 
     rng = random.Random(1)
     lines = []

@@ -5,7 +5,7 @@ Usage: engine_script.py TINY_MODELS_DIR OUT_DIR RUN[,RUN...] [--gpu] with runs f
 smoothing), `dpo` (cDPO), `ppo` (LoRA policy, adaptive KL, joint ptx; 3 updates, checkpoint at update 2) and
 `ppo_resumed` (PPO resumed from that checkpoint by a fresh trainer), in that order, `ppo_reward_funcs` (GRPO with a
 reward function and no reward model, as in ddp_script.py), `ppo_tools` (GAE with `tools=[add]`, the `tools` run of
-tests/ppo/ppo_ddp_script.py; needs TRL_EXT_TOOL_MODELS_DIR, the folder of trl_ext.testing_tools.save_tool_models),
+tests/ppo/ppo_ddp_script.py; needs TRL_EXT_TOOL_MODELS_DIR, the folder of trl_ext.testing.tools.save_tool_models),
 and `ppo_recipe` (the PPO demo recipe through trl_ext.recipe_loader.pipeline, as `trl-ext train` runs it: a full
 policy, whose reference TRL copies, 2 updates, fp32; needs TRL_EXT_TINY_DIR and the repository as working
 directory). The settings are those of tests/runtime/ddp_script.py, so a DDP launch of this script gives the reference

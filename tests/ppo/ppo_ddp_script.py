@@ -2,7 +2,7 @@
 
 Usage: ppo_ddp_script.py TINY_MODELS_DIR OUT_DIR [MODE[,MODE...] [REWARD_ADAPTER [TOOL_MODELS_DIR]]], modes from
 trl, joint (the default), separate, shared (needs REWARD_ADAPTER), critic_free, objectives and tools (needs
-TOOL_MODELS_DIR, trl_ext.testing_tools.save_tool_models's folder): one launch runs them one after the
+TOOL_MODELS_DIR, trl_ext.testing.tools.save_tool_models's folder): one launch runs them one after the
 other (each from freshly loaded models; the process start and imports are paid once). For each mode each rank
 writes OUT_DIR/MODE/rank{N}.json with its logged kl_coef values and a checksum of its trainable weights, or
 {"rank": N, "error": TRACEBACK} when the mode raised (the next mode runs all the same). The suite runs the modes of
@@ -279,8 +279,8 @@ def run_tools(root: Path, out: Path, use_cpu: bool = True, facts=None) -> dict:
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
     from trl_ext import PPOConfig, PPOTrainer
-    from trl_ext.testing_tools import ADD_PAIRS
-    from trl_ext.testing_tools import add as add_
+    from trl_ext.testing.tools import ADD_PAIRS
+    from trl_ext.testing.tools import add as add_
 
     def add(a: int, b: int) -> int:  # rank 1's results 3 digits longer: each process's own metrics differ
         return add_(a, b) * 1000 ** int(os.environ["RANK"])

@@ -1,5 +1,5 @@
 """PPOConfig.from_grpo_config: every GRPOConfig field is mapped, passed through or named as not honoured; the values
-it maps; what it refuses and what it warns about (trl_ext/ppo/from_grpo.py)."""
+it maps; what it refuses and what it warns about (trl_ext/ppo/grpo_compat/from_grpo.py)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_every_grpo_field_is_mapped_passed_through_or_not_honoured():
     from transformers import TrainingArguments
     from trl import GRPOConfig
 
-    from trl_ext.ppo.from_grpo import MAPPED, NOT_HONOURED, REFUSED, WARNED, not_honoured
+    from trl_ext.ppo.grpo_compat.from_grpo import MAPPED, NOT_HONOURED, REFUSED, WARNED, not_honoured
 
     training_arguments = {f.name for f in dataclasses.fields(TrainingArguments)}
     unplaced = [f.name for f in dataclasses.fields(GRPOConfig)

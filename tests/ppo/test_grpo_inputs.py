@@ -118,7 +118,7 @@ def left_tokenizer(tiny_models):
 
 
 def test_prompts_are_tokenized_and_columns_kept_for_reward_functions(tiny_models):
-    from trl_ext.ppo.prompt_dataset import prepare_prompt_datasets
+    from trl_ext.ppo.grpo_compat.prompt_dataset import prepare_prompt_datasets
 
     tok = left_tokenizer(tiny_models)
     text, chat = datasets()
@@ -136,7 +136,7 @@ def test_prompts_are_tokenized_and_columns_kept_for_reward_functions(tiny_models
 
 
 def test_chat_template_kwargs_reach_the_template(tiny_models):
-    from trl_ext.ppo.prompt_dataset import prepare_prompt_datasets
+    from trl_ext.ppo.grpo_compat.prompt_dataset import prepare_prompt_datasets
 
     tok = left_tokenizer(tiny_models)
     tok.chat_template = tok.chat_template + "{% if short %}{{ 'short' }}{% endif %}"
@@ -153,7 +153,7 @@ def test_prompts_get_the_ids_grpotrainer_gives_them(tiny_models, tmp_path):
     """Text and chat prompts: the ids of TRL's own GRPOTrainer._tokenize_prompts, token for token."""
     from trl import GRPOConfig, GRPOTrainer
 
-    from trl_ext.ppo.prompt_dataset import tokenize_prompts
+    from trl_ext.ppo.grpo_compat.prompt_dataset import tokenize_prompts
 
     tok = left_tokenizer(tiny_models)
     grpo = GRPOTrainer(model=str(tiny_models.policy), reward_funcs=lambda completions, **kw: [0.0] * len(completions),

@@ -9,7 +9,7 @@ import torch
 
 from trl_ext.ppo.episodes.multi_turn import MultiTurnRollout, left_pad
 from trl_ext.ppo.episodes.toolbox import Toolbox
-from trl_ext.testing_tools import add, build_tool_tokenizer
+from trl_ext.testing.tools import add, build_tool_tokenizer
 
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'
 CALL_AGAIN = '<tool_call>\n{"name": "add", "arguments": {"a": 10, "b": 1}}\n</tool_call><|im_end|>'

@@ -58,7 +58,7 @@ def test_base_follows_the_installed_trl_unless_overridden(monkeypatch, setting, 
 def test_own_config_has_trl_1_12s_fields_defaults_and_help():
     """Every field of TRL 1.12's PPOConfig, in order; the same default, type and help for every field TRL declares
     (PPO's own and TRL's changes to TrainingArguments' defaults, e.g. learning_rate 3e-6, logging_steps 10)."""
-    from trl_ext.ppo.base_config import PPOBaseConfig
+    from trl_ext.ppo.base.base_config import PPOBaseConfig
 
     ours = config_fields(PPOBaseConfig)
     recorded = reference()["ppo_config"]
@@ -118,8 +118,8 @@ def test_own_base_builds_what_trls_builds(tiny_models, tmp_path, variant):
     state, DataLoaders), sample generations, save_model and model card of the own base equal TRL 1.12's, live."""
     import safetensors.torch
 
-    from trl_ext.ppo.base_config import PPOBaseConfig
-    from trl_ext.ppo.base_trainer import PPOBaseTrainer
+    from trl_ext.ppo.base.base_config import PPOBaseConfig
+    from trl_ext.ppo.base.base_trainer import PPOBaseTrainer
 
     TRLTrainer, TRLConfig = trl_ppo_or_skip()
     tok = left_tokenizer(tiny_models)

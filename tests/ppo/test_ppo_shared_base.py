@@ -177,7 +177,7 @@ def test_shared_base_with_tools_gives_the_numbers_of_separate_models(tool_models
     from transformers import AutoTokenizer
 
     from trl_ext.testing import save_scalar_adapter
-    from trl_ext.testing_tools import ADD_PAIRS, add
+    from trl_ext.testing.tools import ADD_PAIRS, add
 
     tok = AutoTokenizer.from_pretrained(tool_models / "tok")
     adapter = save_scalar_adapter(tool_models / "caller", tmp_path / "adapter")

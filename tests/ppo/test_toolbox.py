@@ -5,7 +5,7 @@ import pytest
 
 from trl_ext.errors import UserInputError
 from trl_ext.ppo.episodes.toolbox import Toolbox
-from trl_ext.testing_tools import add, build_tool_tokenizer
+from trl_ext.testing.tools import add, build_tool_tokenizer
 
 
 class Counter:

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from trl_ext import PPOConfig, PPOTrainer
 from trl_ext.ppo.objective.objectives import mini_batch_token_normalizer
 from trl_ext.ppo.rollout.sequences import INVALID_LOGPROB
-from trl_ext.testing_tools import ADD_PAIRS, add
+from trl_ext.testing.tools import ADD_PAIRS, add
 
 from ppo_helpers import seed_all
 
@@ -27,7 +27,7 @@ PAIRS = ADD_PAIRS
 @pytest.fixture(scope="module")
 def models(tool_models):
     """(root, tokenizer): the caller (it calls `add`, then answers), the same model untrained, a value model
-    (trl_ext.testing_tools.save_tool_models, saved once per run: fixture `tool_models`)."""
+    (trl_ext.testing.tools.save_tool_models, saved once per run: fixture `tool_models`)."""
     from transformers import AutoTokenizer
 
     return tool_models, AutoTokenizer.from_pretrained(tool_models / "tok")

@@ -135,7 +135,7 @@ def test_policy_value_wrapper_toggles_checkpointing_without_deprecation_warnings
     gets transformers' current API, so no FutureWarning (and the state really changes)."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    from trl_ext.ppo.base_trainer import PolicyAndValueWrapper
+    from trl_ext.ppo.base.base_trainer import PolicyAndValueWrapper
 
     policy = AutoModelForCausalLM.from_pretrained(tiny_models.policy)
     value = AutoModelForSequenceClassification.from_pretrained(tiny_models.reward, num_labels=1)

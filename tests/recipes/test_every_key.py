@@ -59,7 +59,7 @@ def tool_policy(root: Path) -> str:
     """An untrained tiny Llama whose tokenizer's chat template renders tool calls (TRL's Qwen2.5): the stand-in
     policy of a recipe with ``tools`` or ``environment_factory``; made once in ``root``."""
     from trl_ext.testing import build_causal_lm
-    from trl_ext.testing_tools import build_tool_tokenizer
+    from trl_ext.testing.tools import build_tool_tokenizer
 
     path = root / "tool_policy"
     if not (path / "config.json").exists():

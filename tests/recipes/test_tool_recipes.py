@@ -107,7 +107,7 @@ def tool_model(tmp_path_factory):
     to the four episodes of `transcript` (rendered with the recipe's tools, `add` and the environment's `guess`), so
     that it calls `add` when it samples (~15 s)."""
     from trl_ext.testing import build_causal_lm
-    from trl_ext.testing_tools import build_tool_tokenizer, fit_to_conversations
+    from trl_ext.testing.tools import build_tool_tokenizer, fit_to_conversations
 
     path = tmp_path_factory.mktemp("tool_model")
     tokenizer = build_tool_tokenizer(["Add 2 and 3.", "The sum is 5."])

@@ -8,7 +8,7 @@ generates.
 Each rank writes OUT_DIR/rank{N}.json: per run, a checksum of its trainable weights and what the test compares.
 With REWARD_ADAPTER, the same launch then runs the PPO modes of test_ppo_ddp.py (tests/ppo/ppo_ddp_script.py; in
 OUT_DIR/ppo_ddp, results under the key "ppo_ddp"; its `tools` mode needs TOOL_MODELS_DIR, the folder of
-trl_ext.testing_tools.save_tool_models): one launch, one start and import of the two processes.
+trl_ext.testing.tools.save_tool_models): one launch, one start and import of the two processes.
 """
 
 import hashlib

@@ -19,7 +19,7 @@ from transformers import LlamaForCausalLM
 
 from trl_ext import PPOConfig, PPOTrainer
 from trl_ext.testing import build_scalar_model, tiny_llama_config
-from trl_ext.testing_tools import build_tool_tokenizer
+from trl_ext.testing.tools import build_tool_tokenizer
 
 evaluate = recipe_module("tool_use", "evaluate")
 tool_task, guess_env = evaluate.tool_task, evaluate.guess_env

@@ -12,12 +12,12 @@ from .base import ParentPPOConfig
 from .config_rules import check_combinations, check_evaluation, check_launch
 from .episodes.config import ToolArgs
 from .evaluation import EvaluationArgs
+from .grpo_compat.model_ids import ModelInitArgs
+from .grpo_compat.prompt_dataset import PromptArgs
 from .micro_batches import micro_batch_value
-from .model_ids import ModelInitArgs
 from .objective.kl_controllers import KLControllerName
 from .objective.losses import ValueClip
 from .objective.objectives import KLEstimator, LossAggregation, PolicyLossName, RatioLevel
-from .prompt_dataset import PromptArgs
 from .rollout.chunk import rollout_chunk_value
 from .rollout.engine import RolloutEngineName
 from .rollout.sampling import SamplingArgs
@@ -218,7 +218,7 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
             With `log_completions`: rows printed per update (None: all); the file and the table get all.
 
         > Parameters of models given by id and of chat prompts (TRL `GRPOConfig`'s keys; full description:
-        > :mod:`trl_ext.ppo.model_ids`, :mod:`trl_ext.ppo.prompt_dataset`)
+        > :mod:`trl_ext.ppo.grpo_compat.model_ids`, :mod:`trl_ext.ppo.grpo_compat.prompt_dataset`)
 
         model_init_kwargs (`dict`, *optional*):
             `from_pretrained` keyword arguments of the models given to the trainer as an id or path.
@@ -283,8 +283,8 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
     def from_grpo_config(cls, grpo_config, **overrides) -> "PPOConfig":
         """The `PPOConfig` of TRL `GRPOConfig` `grpo_config` (`advantage_estimator` "grpo"), `overrides` on top; keys
         it cannot honour are named in one warning or refused. Table: `docs/coming-from-grpo.md`; code:
-        :func:`trl_ext.ppo.from_grpo.ppo_kwargs_from_grpo`."""
-        from .from_grpo import ppo_kwargs_from_grpo
+        :func:`trl_ext.ppo.grpo_compat.from_grpo.ppo_kwargs_from_grpo`."""
+        from .grpo_compat.from_grpo import ppo_kwargs_from_grpo
 
         return cls(**ppo_kwargs_from_grpo(grpo_config, overrides))
 
@@ -301,3 +301,13 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
         self.local_rollout_forward_batch_size = rollout_chunk_value(self.local_rollout_forward_batch_size)
         self.train_micro_batch_size = micro_batch_value(self.train_micro_batch_size)
         check_combinations(self)  # how the settings combine (trl_ext.ppo.config_rules)
+
+
+def ppo_config_from(args):
+    """The trainer's `args`: a `PPOConfig` as it is; a TRL `GRPOConfig` through :meth:`PPOConfig.from_grpo_config`
+    (so that a GRPOTrainer script runs with only the trainer's name changed)."""
+    from trl import GRPOConfig
+
+    if isinstance(args, GRPOConfig) and not isinstance(args, PPOConfig):
+        return PPOConfig.from_grpo_config(args)
+    return args

@@ -81,10 +81,10 @@ from .objective.losses import value_loss
 from .objective.masked_stats import masked_whiten
 from .objective.objectives import ObjectiveConfig, kl_penalty, rollout_objective
 from .rollout.prompt_stream import PromptStream
-from .grpo_inputs import grpo_inputs
+from .grpo_compat.grpo_inputs import grpo_inputs
 from .micro_batches import objective_for_micro_batches
 from .optimize_loop import GradientClip, run_ppo_epochs
-from .parent_fixes import ParentFixesMixin
+from .base.parent_fixes import ParentFixesMixin
 from .ptx_data import PretrainingMix
 from .rollout.reward_funcs import (
     attach_reward_scorer,

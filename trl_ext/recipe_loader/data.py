@@ -155,12 +155,13 @@ def check_columns(dataset, trainer: str, *, name: str, split: str, text_column: 
 def tokenize_prompts(dataset, tokenizer, *, num_proc: int | None = None, keep_columns: bool = False,
                      chat_template_kwargs: dict | None = None):
     """PPO prompts -> ``input_ids`` as TRL's GRPOTrainer tokenizes them (chat messages through the chat template with
-    the generation prompt): :func:`trl_ext.ppo.prompt_dataset.tokenize_prompts`, which the trainer also uses.
+    the generation prompt): :func:`trl_ext.ppo.grpo_compat.prompt_dataset.tokenize_prompts`, which the trainer also
+    uses.
 
     ``keep_columns``: keep every other column next to ``input_ids`` (``prompt``, ``solution``, ...), for reward
     functions, which receive them; otherwise only ``input_ids`` is left, as TRL's PPO expects.
     """
-    from ..ppo.prompt_dataset import tokenize_prompts as tokenize
+    from ..ppo.grpo_compat.prompt_dataset import tokenize_prompts as tokenize
 
     return tokenize(dataset, tokenizer, num_proc=num_proc, keep_columns=keep_columns,
                     chat_template_kwargs=chat_template_kwargs)

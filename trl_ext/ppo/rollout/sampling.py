@@ -20,8 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ...config_rules import help_from_docstring
-from ..prompt_dataset import mapping_value
+from ...config_rules import help_from_docstring, mapping_value
 
 __all__ = ["SamplingArgs", "NAMED_KEYS", "OWNED_KEYS", "rollout_generation_kwargs", "sample_generation_kwargs",
            "reshapes_sampling", "generation_kwargs_problem"]
@@ -93,7 +92,7 @@ class SamplingArgs:
 
 def _sampling_keys(args) -> dict:
     """The sampling keys of `args` as `GenerationConfig` keyword arguments (`min_p` only when set); a config
-    without them (the PPO base's own, :class:`~trl_ext.ppo.base_config.PPOBaseConfig`) gets TRL's "off" values."""
+    without them (the PPO base's own, :class:`~trl_ext.ppo.base.base_config.PPOBaseConfig`) gets TRL's "off" values."""
     kwargs = {"top_k": getattr(args, "top_k", 0), "top_p": getattr(args, "top_p", 1.0),
               "repetition_penalty": getattr(args, "repetition_penalty", 1.0)}
     if getattr(args, "min_p", None) is not None:

@@ -1,11 +1,11 @@
 """GRPOTrainer's inputs in :class:`trl_ext.PPOTrainer`: what lets a GRPOTrainer script run with the trainer's name
 changed. One call from ``PPOTrainer.__init__``, before anything else:
 
-* ``args`` may be TRL's ``GRPOConfig``: mapped key by key (:func:`trl_ext.ppo.from_grpo.ppo_config_from`);
+* ``args`` may be TRL's ``GRPOConfig``: mapped key by key (:func:`trl_ext.ppo.config.ppo_config_from`);
 * models may be ids or paths, loaded as GRPOTrainer loads them, and the tokenizer from the policy's checkpoint when
-  ``processing_class`` is None (:mod:`trl_ext.ppo.model_ids`);
+  ``processing_class`` is None (:mod:`trl_ext.ppo.grpo_compat.model_ids`);
 * datasets may have a ``prompt`` column, text or chat messages, tokenized as GRPOTrainer tokenizes them, keeping the
-  other columns for reward functions (:mod:`trl_ext.ppo.prompt_dataset`).
+  other columns for reward functions (:mod:`trl_ext.ppo.grpo_compat.prompt_dataset`).
 
 With a ``PPOConfig``, loaded models, a tokenizer and tokenized datasets everything passes through unchanged.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .from_grpo import ppo_config_from
+from ..config import ppo_config_from
 from .model_ids import load_model_ids
 from .prompt_dataset import prepare_prompt_datasets
 

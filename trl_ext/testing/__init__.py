@@ -10,7 +10,8 @@ Nothing here touches a hub. :func:`build_tiny_models` writes, in a few seconds:
 :func:`save_scalar_adapter` writes a LoRA reward adapter (random weights and score head) on a causal LM, as a reward
 recipe with ``use_peft`` would: what a shared-base PPO run loads as reward/value model.
 
-Everything is deterministic given ``seed``.
+Everything is deterministic given ``seed``. Tool use (a tokenizer with TRL's tool-calling chat template, an ``add``
+tool, a tiny model taught to call it): :mod:`trl_ext.testing.tools`.
 """
 
 from __future__ import annotations

@@ -29,10 +29,10 @@ import dataclasses
 import math
 import warnings
 
-from ..errors import UserInputError
-from .rollout.sampling import NAMED_KEYS
+from ...errors import UserInputError
+from ..rollout.sampling import NAMED_KEYS
 
-__all__ = ["MAPPED", "NOT_HONOURED", "REFUSED", "ppo_kwargs_from_grpo", "ppo_config_from"]
+__all__ = ["MAPPED", "NOT_HONOURED", "REFUSED", "ppo_kwargs_from_grpo"]
 
 LOSS_TYPES = {  # TRL loss_type -> our keys
     "grpo": {"loss_aggregation": "seq_mean_token_mean"},
@@ -304,15 +304,3 @@ def ppo_kwargs_from_grpo(grpo, overrides: dict | None = None) -> dict:
     if kl_in != "loss" and "use_bias_correction_kl" not in overrides:
         kwargs["use_bias_correction_kl"] = False  # it corrects a KL term of the loss, which the run then lacks
     return kwargs
-
-
-def ppo_config_from(args):
-    """The trainer's `args`: a `PPOConfig` as it is; a TRL `GRPOConfig` through :meth:`PPOConfig.from_grpo_config`
-    (so that a GRPOTrainer script runs with only the trainer's name changed)."""
-    from trl import GRPOConfig
-
-    from .config import PPOConfig
-
-    if isinstance(args, GRPOConfig) and not isinstance(args, PPOConfig):
-        return PPOConfig.from_grpo_config(args)
-    return args

@@ -15,11 +15,11 @@ has `input_ids` is used as it is. The prompts are padded on the left, as GRPOTra
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import UserInputError
+from ...config_rules import mapping_value
+from ...errors import UserInputError
 
 __all__ = ["PromptArgs", "prepare_prompt_datasets", "tokenize_prompts"]
 
@@ -42,18 +42,6 @@ class PromptArgs:
     def __post_init__(self):
         self.chat_template_kwargs = mapping_value("chat_template_kwargs", self.chat_template_kwargs)
         super().__post_init__()
-
-
-def mapping_value(name: str, value):
-    """A dict-valued config key: a dict, None, or its JSON text (the command line's form) -> dict or None."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise UserInputError(f"{name}: not a JSON object: {value!r} ({err.msg})") from None
-    if value is not None and not isinstance(value, dict):
-        raise UserInputError(f"{name}: expected a mapping of keyword arguments, got {value!r}")
-    return value
 
 
 def tokenize_prompts(dataset, tokenizer, *, num_proc: int | None = None, keep_columns: bool = False,

@@ -47,11 +47,11 @@ from trl.models.utils import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model, log_table_to_comet_experiment
 
-from ..models.activation_checkpointing import checkpointing_disable, checkpointing_enable, is_checkpointing
-from ..models.scalar_heads import scalar_model_outputs
+from ...models.activation_checkpointing import checkpointing_disable, checkpointing_enable, is_checkpointing
+from ...models.scalar_heads import scalar_model_outputs
+from ..rollout.sampling import sample_generation_kwargs
+from ..rollout.sequences import batch_generation, truncate_response
 from .base_config import PPOBaseConfig
-from .rollout.sampling import sample_generation_kwargs
-from .rollout.sequences import batch_generation, truncate_response
 
 __all__ = ["OnlineTrainerState", "PolicyAndValueWrapper", "PPOBaseTrainer"]
 
@@ -131,7 +131,7 @@ class PPOBaseTrainer(_BaseTrainer):
     docstring); :class:`trl_ext.PPOTrainer` adds the training loop.
 
     Args:
-        args ([`~trl_ext.ppo.base_config.PPOBaseConfig`]):
+        args ([`~trl_ext.ppo.base.base_config.PPOBaseConfig`]):
             Training arguments.
         processing_class ([`~transformers.PreTrainedTokenizerBase`]):
             The tokenizer (its pad token pads prompts and responses).

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
 
-from ..models.shared_base import adapter_switch, saving_policy_adapters_only, scalar_adapter_names
-from ..runtime.engines import gathered_parameters
+from ...models.shared_base import adapter_switch, saving_policy_adapters_only, scalar_adapter_names
+from ...runtime.engines import gathered_parameters
 
 __all__ = ["ParentFixesMixin"]
 

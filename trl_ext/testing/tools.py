@@ -134,7 +134,7 @@ def save_tool_models(root) -> Path:
     """Saves under ``root``: ``tok`` (:func:`build_tool_tokenizer`), ``caller`` (a tiny Llama fitted in ~10 s to the
     :func:`add_transcript` episodes of :data:`ADD_PAIRS`: it calls ``add``, then answers), ``untrained`` (the same
     model before the fit) and ``value`` (a scalar-headed model); deterministic. Returns ``root``."""
-    from .testing import build_causal_lm, build_scalar_model
+    from . import build_causal_lm, build_scalar_model
 
     root = Path(root)
     tok = build_tool_tokenizer(["Add 2 and 3.", "The sum is 5."])

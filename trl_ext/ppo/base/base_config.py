@@ -18,7 +18,7 @@ from trl.trainer.base_config import _BaseConfig
 
 @dataclass
 class PPOBaseConfig(_BaseConfig):
-    r"""Configuration of the PPO base trainer (:class:`trl_ext.ppo.base_trainer.PPOBaseTrainer`): TRL 1.12's
+    r"""Configuration of the PPO base trainer (:class:`trl_ext.ppo.base.base_trainer.PPOBaseTrainer`): TRL 1.12's
     `experimental.ppo.PPOConfig`, field for field.
 
     Only the PPO-specific parameters are listed here; every [`~transformers.TrainingArguments`] field applies too.

@@ -25,8 +25,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from ..errors import UserInputError
-from .prompt_dataset import mapping_value
+from ...config_rules import mapping_value
+from ...errors import UserInputError
 
 __all__ = ["ModelInitArgs", "LoadedModels", "load_model_ids"]
 
@@ -97,7 +97,7 @@ def _scalar_model(role: str, name, args, tokenizer):
     import torch
     from trl import ModelConfig
 
-    from ..models.loaders import load_scalar_model
+    from ...models.loaders import load_scalar_model
 
     kwargs = _init_kwargs(args)
     dtype = kwargs.get("dtype", "float32")  # GRPOTrainer's default for the policy; the same for these
@@ -111,7 +111,7 @@ def _scalar_model(role: str, name, args, tokenizer):
 def _tokenizer(model, args):
     from transformers import AutoTokenizer
 
-    from ..models.loaders import set_pad_token
+    from ...models.loaders import set_pad_token
 
     name = getattr(model.config, "_name_or_path", None)
     if not name:
@@ -139,7 +139,7 @@ def load_model_ids(args, processing_class, model, ref_model, reward_model, value
         return LoadedModels(processing_class, model, ref_model, reward_model, value_model, reward_funcs)
     from transformers import set_seed
 
-    from ..models.loaders import set_pad_token
+    from ...models.loaders import set_pad_token
 
     set_seed(args.seed)
     loaded = []
