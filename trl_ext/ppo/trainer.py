@@ -37,7 +37,7 @@ above: ``reward_scoring`` (:class:`~trl_ext.ppo.rollout.reward_funcs.RewardFunct
 ``multi_turn`` (:class:`~trl_ext.ppo.episodes.multi_turn.MultiTurnRollout`, with ``tools``/``environment_factory``).
 Per-step values (the update's KL coefficient, a mini-batch's token normaliser) travel as arguments, not on the
 ``Rollout``. The sampling and scoring steps are in :mod:`trl_ext.ppo.rollout.steps`, the parent's fixes in
-:mod:`trl_ext.ppo.parent_fixes`.
+:mod:`trl_ext.ppo.base.parent_fixes`.
 
 Reward and value models may be adapters on the policy's own base (:mod:`trl_ext.models.shared_base`): the steps are
 the same; the reference then switches adapters without peft's ``disable_adapter`` (which would freeze the value
@@ -107,7 +107,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
     """TRL's PPO trainer (see :mod:`trl_ext.ppo.base`) with value-clip modes, KL controllers, PPO-ptx and steps.
 
     Takes every argument of TRL's trainer (same order), and GRPOTrainer's: a `GRPOConfig`, model ids or paths (then
-    `processing_class` is optional), datasets with a `prompt` column (:mod:`trl_ext.ppo.grpo_inputs`). Plus:
+    `processing_class` is optional), datasets with a `prompt` column (:mod:`trl_ext.ppo.grpo_compat.grpo_inputs`). Plus:
 
     Args:
         ptx_dataset ([`~datasets.Dataset`], *optional*):
@@ -175,7 +175,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         tools=None,
         environment_factory=None,
     ) -> None:
-        # GRPOTrainer's inputs: a GRPOConfig, model ids, `prompt` datasets (trl_ext/ppo/grpo_inputs.py)
+        # GRPOTrainer's inputs: a GRPOConfig, model ids, `prompt` datasets (trl_ext/ppo/grpo_compat/grpo_inputs.py)
         (args, processing_class, model, ref_model, reward_model, value_model, reward_funcs, train_dataset,
          eval_dataset) = grpo_inputs(args, processing_class, model, ref_model, reward_model, value_model, reward_funcs,
                                      train_dataset, eval_dataset, multi_turn=bool(tools or environment_factory))
