@@ -170,7 +170,8 @@ def run_ppo_recipe(out):
     from trl_ext.recipe_loader.pipeline import run
 
     overrides = ["--output_dir", str(out / "ppo_recipe"), "--reward_model_path", "tiny://reward",
-                 "--total_episodes", "32", "--bf16", "false", *(["--use_cpu", "false"] if ON_GPU else [])]
+                 "--total_episodes", "32", "--bf16", "false", *(["--use_cpu", "false"] if ON_GPU else []),
+                 "--max_grad_norm", "1.0"]  # the demo sets 0.0; HF's default, which the engine must clip at
     trainer = run(resolve_recipe(str(TESTS.parent / "recipes" / "demo" / "ppo.yaml"), overrides))
     logs = [e for e in trainer.state.log_history if "objective/kl" in e]
     return {**engine_facts(trainer, trainer.model, trainer.accelerator.unwrap_model(trainer.model)),

@@ -173,6 +173,6 @@ def test_ppo_recipe_with_a_full_policy_under_zero3(launched):
     assert a["ref_model"] != "NoneType" and a["episodes"] == [16, 32]  # 2 ranks x 8 prompts per update
     assert abs(a["kl"][0]) < 1e-6 and a["kl"][1] > 1e-3
     assert a["kl"] == b["kl"] and a["scores"] == b["scores"]
-    # the recipe leaves max_grad_norm at HF's 1.0: the engine clips at it and its global pre-clip norm is logged
+    # max_grad_norm 1.0 (HF's default) on the command line: the engine clips at it and its global pre-clip norm is logged
     assert a["gradient_clipping"] == 1.0 and len(a["grad_norm"]) == 2 and all(n > 0 for n in a["grad_norm"])
     assert a["grad_norm"] == b["grad_norm"]
