@@ -209,9 +209,10 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
 
     def build_features(self, reward_list, ptx_dataset, kl_controller: KLController | None, toolbox=None) -> None:
         """After the parent's ``__init__``: each extension's one object, built once from the config (None when it is
-        off): the objective's keys, reward-function scoring, the rollout chunk and engine, the KL controller, the
-        pretraining mix, the critic (value model or a critic-free estimator), the completions log, dynamic sampling, multi-turn episodes with
-        tools (``toolbox``: :class:`~trl_ext.ppo.episodes.toolbox.Toolbox`), the NaN/inf guard."""
+        off): the objective's keys, reward-function scoring, the critic (a value model or a critic-free estimator;
+        never None), the rollout chunk and engine, the KL controller, the pretraining mix, the completions log,
+        dynamic sampling, multi-turn episodes with tools (``toolbox``: :class:`~trl_ext.ppo.episodes.toolbox.Toolbox`),
+        the NaN/inf guard."""
         args, processing_class = self.args, self.processing_class
         # the loss keys of trl_ext.ppo.objective.objectives (train_micro_batch_size: token_mean over the mini-batch)
         self.objective = objective_for_micro_batches(ObjectiveConfig.from_args(args), args)
