@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODULES = {  # module under trl_ext/ -> the test files that own its behaviour (fast ones: no trainer runs)
     "ppo/objective/objectives.py": ["tests/ppo/test_objectives.py"],
     "ppo/objective/advantages.py": ["tests/ppo/test_advantages.py", "tests/ppo/test_ppo_math.py"],
-    "ppo/objective/critic_free.py": ["tests/ppo/test_critic_free.py"],
+    "ppo/objective/critic.py": ["tests/ppo/test_critic_free.py"],
     "ppo/objective/kl_controllers.py": ["tests/ppo/test_ppo_math.py", "tests/ppo/test_critic_free.py"],
     "rewards/scoring.py": ["tests/rewards/test_reward_contract.py"],
     "rewards/pool.py": ["tests/rewards/test_pool.py"],

@@ -75,7 +75,7 @@ def test_value_model_must_match_the_estimator(tiny_models, tok, data, tmp_path):
 
 
 def test_gae_keeps_its_value_model_and_one_sample_per_prompt_keeps_the_batch():
-    from trl_ext.ppo.objective.critic_free import check_value_model, repeat_prompts
+    from trl_ext.ppo.objective.critic import check_value_model, repeat_prompts
 
     value = object()
     assert check_value_model(SimpleNamespace(critic_free=False), value) is value
@@ -119,7 +119,7 @@ def test_groups_and_advantages_in_the_trainer(tiny_models, tok, data, tmp_path, 
     """Each prompt sampled k = 2 times in consecutive rows; the advantages are the estimator's on the trainer's own
     scores and KL; no value model is trained, saved or logged."""
     from trl_ext.ppo.objective.advantages import grpo_advantages, reinforce_pp_advantages, rloo_advantages
-    from trl_ext.ppo.objective.critic_free import NoValueModel
+    from trl_ext.ppo.objective.critic import NoValueModel
 
     cls = recording_trainer()
     trainer = make(tiny_models, tok, data, tmp_path, trainer_cls=cls, advantage_estimator=estimator,
@@ -163,7 +163,7 @@ def test_groups_and_advantages_in_the_trainer(tiny_models, tok, data, tmp_path, 
 
 
 def test_group_metrics_count_groups_with_equal_scores():
-    from trl_ext.ppo.objective.critic_free import critic_free_metrics
+    from trl_ext.ppo.objective.critic import critic_free_metrics
 
     metrics = {"loss/value_avg": 1.0, "val/clipfrac_avg": 0.0, "val/ratio": 1.0, "val/ratio_var": 0.0,
                "val/num_eos_tokens": 3}

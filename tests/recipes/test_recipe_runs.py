@@ -96,7 +96,7 @@ def test_ppo_rloo_demo_learns_without_a_value_model(demo_reward, tmp_path):
     first, last = sum(scores[:8]) / 8, sum(scores[-8:]) / 8
     assert first < -1.0 and last > 1.5, (first, last)
     assert not [key for key in logs[0] if key.startswith("val/")] and "objective/frac_groups_equal_scores" in logs[0]
-    from trl_ext.ppo.objective.critic_free import NoValueModel
+    from trl_ext.ppo.objective.critic import NoValueModel
 
     assert isinstance(trainer.accelerator.unwrap_model(trainer.model).value_model, NoValueModel)
     assert "value_model" not in {p.name for p in out.iterdir()}

@@ -29,7 +29,7 @@ trainer's own parts at this top; the math in ``objective/``, the sampling in ``r
   ``chunk.py``, ``memory_budget.py`` and ``allocator_margin.py`` (``local_rollout_forward_batch_size: auto``; CUDA's
   reserved over allocated bytes), ``sequences.py``, ``prompt_stream.py``, ``dynamic_sampling.py``,
   ``reward_funcs.py`` (reward functions in the rollout).
-* ``objective/``: ``objectives.py`` (the policy objectives), ``losses.py``, ``advantages.py``, ``critic_free.py``,
+* ``objective/``: ``objectives.py`` (the policy objectives), ``losses.py``, ``advantages.py``, ``critic.py``,
   ``kl_controllers.py``, ``masked_stats.py``.
 
 Imports go down only, counting imports inside functions: ``objective/`` imports nothing of the other rooms or the

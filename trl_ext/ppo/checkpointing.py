@@ -41,8 +41,8 @@ class PPOCheckpointMixin:
         each process's trl-ext state (KL controller, prompt and ptx stream positions)."""
         unwrapped = self.accelerator.unwrap_model(self.model)
         with gathered_parameters(unwrapped.value_model, self.accelerator):  # ZeRO-3: whole weights, all processes
-            if self.args.should_save and not self.args.critic_free:
-                unwrapped.value_model.save_pretrained(os.path.join(checkpoint_dir, VALUE_MODEL_DIR))
+            if self.args.should_save:  # the critic's: nothing without a value model
+                self.critic.save_value_model(unwrapped.value_model, os.path.join(checkpoint_dir, VALUE_MODEL_DIR))
         os.makedirs(checkpoint_dir, exist_ok=True)
         state = {
             "world_size": self.accelerator.num_processes,
@@ -87,8 +87,7 @@ class PPOCheckpointMixin:
         else:
             unwrapped = self.accelerator.unwrap_model(self.model)
             load_weights_in_place(unwrapped.policy, checkpoint)
-            if not self.args.critic_free:
-                load_weights_in_place(unwrapped.value_model, os.path.join(checkpoint, VALUE_MODEL_DIR))
+            self.critic.load_value_model(unwrapped.value_model, os.path.join(checkpoint, VALUE_MODEL_DIR))
         self._load_optimizer_and_scheduler(checkpoint)
         if extra["kl_controller"] is not None and hasattr(self.kl_ctl, "load_state_dict"):
             self.kl_ctl.load_state_dict(extra["kl_controller"])

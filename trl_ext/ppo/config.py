@@ -293,6 +293,12 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
         """True when the advantage estimator needs no value model (every one but `gae`)."""
         return self.advantage_estimator != "gae"
 
+    @property
+    def has_value_model(self) -> bool:
+        """True when the run loads, trains and saves a value model (`advantage_estimator` "gae"): what the recipe
+        loader, the planner and the trainer's critic (:mod:`trl_ext.ppo.objective.critic`) ask."""
+        return not self.critic_free
+
     def __post_init__(self):
         check_fields(self)  # each field's range and choices (trl_ext.config_rules)
         check_launch(self)  # engine limits: before accelerate's state is set up for that engine

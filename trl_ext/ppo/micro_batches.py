@@ -107,7 +107,7 @@ def resolve_train_micro_batch(trainer) -> int:
                       rollout_chunk=int(args.local_rollout_forward_batch_size))
         micro = largest_fitting_micro_batch(
             shape, run, memory_target_bytes(args.max_memory_gib, accelerator.device),
-            shared=bool(getattr(trainer, "shared_base", False)), value_model=not args.critic_free,
+            shared=bool(getattr(trainer, "shared_base", False)), value_model=trainer.critic.has_value_model,
             reward_model=trainer.reward_model is not None,
             target_name="max_memory_gib" if args.max_memory_gib is not None else "the device's free memory",
             margin=allocator_margin(run.rollout_chunk, device_type=accelerator.device.type,

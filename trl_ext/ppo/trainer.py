@@ -15,9 +15,10 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
    runs steps 2-3 so, for the update's batch and for each dynamic-sampling round (``resample_groups``). Losses
    and gradients are checked once per optimizer step, before it (``optimizer_step``, :mod:`trl_ext.runtime.nonfinite`).
 4. ``compute_rewards(rollout, kl_coef)``: per-token reward ``-kl_coef * KL`` plus the score at the last token.
-5. ``compute_advantages(rollout)``: GAE (:func:`trl_ext.ppo.objective.advantages.gae_advantages`) and whitening; with a
-   critic-free ``advantage_estimator`` (RLOO, GRPO, REINFORCE++) :mod:`trl_ext.ppo.objective.critic_free` instead (no value
-   model; ``num_samples_per_prompt`` samples of each prompt, repeated by ``next_prompt_batch``).
+5. ``compute_advantages(rollout)``: the run's critic (``self.critic``, :mod:`trl_ext.ppo.objective.critic`): GAE
+   and whitening with a value model; with a critic-free ``advantage_estimator`` (RLOO, GRPO, REINFORCE++) the
+   estimator instead (no value model; ``num_samples_per_prompt`` samples of each prompt, repeated by
+   ``next_prompt_batch``).
 6. ``optimize(rollout) -> UpdateStats``: PPO epochs (numpy permutation per epoch) over mini/micro-batches, one
    optimizer step per mini-batch (:mod:`trl_ext.ppo.optimize_loop`); each micro-batch calls
    ``compute_micro_batch_loss`` (policy, value and joint ptx losses from :mod:`trl_ext.ppo.objective.losses`); each
@@ -29,8 +30,10 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
    (``save_extra_checkpoint_files`` adds the value model and the trl-ext state; ``load_checkpoint`` restores them).
 
 Each extension is one object, built once from the config by ``build_features`` (None when off) and called at the steps
-above: ``reward_scoring`` (:class:`~trl_ext.ppo.rollout.reward_funcs.RewardFunctionScoring`), ``critic_free``
-(:class:`~trl_ext.ppo.objective.critic_free.CriticFree`), ``dynamic_sampling``
+above: ``reward_scoring`` (:class:`~trl_ext.ppo.rollout.reward_funcs.RewardFunctionScoring`), ``critic``
+(:class:`~trl_ext.ppo.objective.critic.ValueCritic` or :class:`~trl_ext.ppo.objective.critic.CriticFree`: what the
+values, advantages, value loss, metrics, checkpoints and memory budgets do with or without a value model; never None),
+``dynamic_sampling``
 (:class:`~trl_ext.ppo.rollout.dynamic_sampling.DynamicSampling`), ``ptx``
 (:class:`~trl_ext.ppo.ptx_data.PretrainingMix`), ``completions_log``
 (:class:`~trl_ext.ppo.completions_log.CompletionsLog`), ``evaluation`` (:class:`~trl_ext.ppo.evaluation.Evaluation`),
@@ -63,8 +66,6 @@ from ..runtime.devices import empty_cache, release_memory
 from ..runtime.engines import deepspeed_gradient_clipping
 from ..runtime.interruption import raise_if_interrupted, watch_signals
 from ..runtime.nonfinite import Finding, NonFiniteError, StepGuard, count_nonfinite, guarded_optimizer_step
-from .objective.action_gae import gae_over_steps
-from .objective.advantages import gae_advantages
 from .base import OnlineTrainerState, ParentPPOTrainer
 from .checkpointing import VALUE_MODEL_DIR, PPOCheckpointMixin, ppo_state_file
 from .completions_log import CompletionsLog
@@ -73,11 +74,9 @@ from .episodes.toolbox import Toolbox
 from .evaluation import EvaluateMixin, Evaluation
 from .config import PPOConfig
 from .config_rules import check_trainer_inputs
-from .objective.critic_free import CriticFree, check_value_model, group_prompts
-from .objective.critic_free import repeat_prompts
+from .objective.critic import build_critic, check_value_model, group_prompts, repeat_prompts
 from .rollout.dynamic_sampling import DynamicSampling
 from .objective.kl_controllers import KLController, build_kl_controller
-from .objective.losses import value_loss
 from .objective.masked_stats import masked_whiten
 from .objective.objectives import ObjectiveConfig, kl_penalty, rollout_objective
 from .rollout.prompt_stream import PromptStream
@@ -134,7 +133,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
             `reset(**row)` (its text, if any, appended to the last user message) and optionally `get_reward()` (an
             extra reward of weight 1 named after the class); a dict chooses one per row by an `environment` column.
 
-    `value_model` is None with a critic-free `args.advantage_estimator` (:mod:`trl_ext.ppo.objective.critic_free`).
+    `value_model` is None with a critic-free `args.advantage_estimator` (:mod:`trl_ext.ppo.objective.critic`).
     `reward_model` and `value_model` may be [`trl_ext.models.shared_base.SharedBaseScalarModel`]s made by
     `add_scalar_adapter(model, ...)`: LoRA adapters with their own score heads on the policy's base (one base for
     policy, reference, reward and value; `peft_config` must then be None, the policy being a peft model already;
@@ -210,14 +209,16 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
 
     def build_features(self, reward_list, ptx_dataset, kl_controller: KLController | None, toolbox=None) -> None:
         """After the parent's ``__init__``: each extension's one object, built once from the config (None when it is
-        off): the objective's keys, reward-function scoring, the rollout chunk and engine, the KL controller, the
-        pretraining mix, critic-free advantages, the completions log, dynamic sampling, multi-turn episodes with
-        tools (``toolbox``: :class:`~trl_ext.ppo.episodes.toolbox.Toolbox`), the NaN/inf guard."""
+        off): the objective's keys, reward-function scoring, the critic (a value model or a critic-free estimator;
+        never None), the rollout chunk and engine, the KL controller, the pretraining mix, the completions log,
+        dynamic sampling, multi-turn episodes with tools (``toolbox``: :class:`~trl_ext.ppo.episodes.toolbox.Toolbox`),
+        the NaN/inf guard."""
         args, processing_class = self.args, self.processing_class
         # the loss keys of trl_ext.ppo.objective.objectives (train_micro_batch_size: token_mean over the mini-batch)
         self.objective = objective_for_micro_batches(ObjectiveConfig.from_args(args), args)
         # Nothing below may touch the global torch/numpy RNGs: the parent left them exactly where its train() expects.
         self.reward_scoring = attach_reward_scorer(self, reward_list)  # reward_funcs (None without): the scorer
+        self.critic = build_critic(args, self.accelerator)  # with or without a value model (the budgets below ask it)
         group_prompts(self)  # num_samples_per_prompt > 1: local_batch_size / k prompts per update (same RNG after)
         if args.local_rollout_forward_batch_size == AUTO:  # the largest chunk that fits args.max_memory_gib
             self.rollout_chunk_choice = resolve_auto_rollout_chunk(self)
@@ -235,7 +236,6 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         )
         self.ptx = (PretrainingMix(ptx_dataset, processing_class, args, self.accelerator)
                     if ptx_dataset is not None else None)
-        self.critic_free = CriticFree(args, self.accelerator) if args.critic_free else None
         self.completions_log = (CompletionsLog(args, processing_class, self.accelerator)
                                 if args.log_completions else None)
         self.dynamic_sampling = (DynamicSampling(args, self.accelerator, processing_class.pad_token_id)
@@ -454,20 +454,11 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         rollout.kl, rollout.non_score_reward, rollout.rewards = kl, non_score_reward, rewards
 
     def compute_advantages(self, rollout: Rollout, kl_coef: float | None = None) -> None:
-        """GAE advantages and returns; advantages whitened over the response tokens. (Critic-free: the estimator,
-        with `kl_coef`, this update's KL coefficient: by default the controller's, unchanged within an update.)"""
-        if self.args.critic_free:
-            kl_coef = float(self.kl_ctl.value) if kl_coef is None else kl_coef
-            self.critic_free.advantages(rollout, kl_coef)
-        else:
-            if rollout.observation_mask is not None:  # tools: GAE over the action tokens (objective/action_gae.py)
-                advantages, returns = gae_over_steps(rollout.rewards, rollout.values, ~rollout.padding_mask_p1,
-                                                     self.args.gamma, self.args.lam)
-            else:
-                advantages, returns = gae_advantages(rollout.rewards, rollout.values, self.args.gamma, self.args.lam)
-            advantages = masked_whiten(advantages, ~rollout.padding_mask)
-            rollout.advantages = torch.masked_fill(advantages, rollout.padding_mask, 0)
-            rollout.returns = returns
+        """Advantages and returns from the run's critic (``self.critic``): GAE, advantages whitened over the response
+        tokens; critic-free, the estimator with `kl_coef`, this update's KL coefficient (by default the controller's,
+        unchanged within an update)."""
+        kl_coef = float(self.kl_ctl.value) if kl_coef is None else kl_coef
+        self.critic.advantages(rollout, kl_coef)
         if self.reward_scoring is not None:  # reward_funcs: completions no reward scored
             self.reward_scoring.zero_unscorable(rollout)
 
@@ -488,19 +479,13 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         args = self.args
         context_length = rollout.context_length
         padding_mask = rollout.padding_mask[micro_batch_inds]
-        padding_mask_p1 = rollout.padding_mask_p1[micro_batch_inds]
         output, vpred_temp = forward(model, rollout.query_responses[micro_batch_inds],
                                      self.processing_class.pad_token_id)
         logits = output.logits[:, context_length - 1 : -1]
         logits /= args.temperature + 1e-7
         new_logprobs = selective_log_softmax(logits, rollout.responses[micro_batch_inds])
         new_logprobs = torch.masked_fill(new_logprobs, padding_mask, INVALID_LOGPROB)
-        if args.critic_free:
-            vf = self.critic_free.value_loss(logits.device)
-        else:
-            vpred = torch.masked_fill(vpred_temp[:, context_length - 1 : -1].squeeze(-1), padding_mask_p1, 0)
-            vf = value_loss(vpred, rollout.values[micro_batch_inds], rollout.returns[micro_batch_inds],
-                            ~padding_mask_p1, args.cliprange_value, args.value_clip)
+        vf = self.critic.value_loss(vpred_temp, rollout, micro_batch_inds, logits.device)  # zero without a critic
         kl_coef = float(self.kl_ctl.value) if kl_coef is None else kl_coef
         obj = rollout_objective(self.objective, rollout, micro_batch_inds, new_logprobs, logits, kl_coef,
                                 token_normalizer)

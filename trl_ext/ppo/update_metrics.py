@@ -49,8 +49,7 @@ class UpdateMetricsMixin:
         if stats.ptx_losses:
             metrics["loss/ptx_avg"] = gather(torch.stack(stats.ptx_losses).mean()).mean().item()
         metrics.update(objective_metrics(rollout, stats, self.objective, self.accelerator))
-        if self.args.critic_free:
-            self.critic_free.metrics(metrics, rollout, stats)
+        self.critic.metrics(metrics, rollout, stats)  # critic-free: the value-model metrics replaced
         if self.reward_scoring is not None:  # reward_funcs: rewards/*, reward, completions/*
             metrics.update(self.reward_scoring.metrics(rollout))
         if rollout.episodes is not None:  # tools: tools/*, episodes/* (trl_ext.ppo.episodes.multi_turn)

@@ -406,18 +406,18 @@ def _resolve_ppo_models(ctx: _Resolution) -> None:
     ctx.tool_keys = resolve_tool_keys(ctx)  # before the rewards: an environment with get_reward is one
     resolve_reward_keys(ctx)
     check_reward_source(ctx)
-    critic_free = getattr(training_args, "critic_free", False)
+    has_value_model = getattr(training_args, "has_value_model", True)  # a critic-free advantage_estimator: none
     if ctx.has_reward_model:
         ctx.reward_args = _model_config_from_prefix(ctx.parsed[4], "reward", model_args,
                                                     training_args.reward_model_path)
     else:  # reward functions only: no reward model (TRL's config default path would be a model nobody asked for)
-        check_no_reward_model(ctx.merged, critic_free, pipeline)
+        check_no_reward_model(ctx.merged, has_value_model, pipeline)
         training_args.reward_model_path = None
-    if critic_free:
-        _check_critic_free(ctx.merged, training_args)  # no value model: value_model_args stays None
-    else:
+    if has_value_model:
         value_path = default_value_model_path(pipeline, training_args, model_args)
         ctx.value_args = _model_config_from_prefix(ctx.parsed[5], "value", model_args, value_path)
+    else:
+        _check_no_value_keys(ctx.merged, training_args)  # no value model: value_model_args stays None
     _check_ptx(training_args, pipeline)
     if pipeline.shared_base:
         _check_shared_base(ctx.merged, ctx.parsed, model_args, training_args, pipeline)
@@ -539,7 +539,7 @@ def _check_shared_base(merged: dict, parsed, model_args, training_args, pipeline
             read_scalar_adapter(path, policy_base=policy_base, key=f"recipe: key '{key}':")
 
 
-def _check_critic_free(merged: dict, training_args) -> None:
+def _check_no_value_keys(merged: dict, training_args) -> None:
     """A critic-free `advantage_estimator` loads no value model: a `value_*` key would be silently ignored."""
     for key in merged:
         if key.startswith("value_"):

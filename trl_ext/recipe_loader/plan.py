@@ -193,7 +193,7 @@ def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memor
     if targets and targets != "all-linear" and "all-linear" not in targets:  # else all seven (an over-estimate)
         run = replace(run, lora_modules=tuple(m for m in LINEAR_MODULES if m in targets) or None)
     shared = bool(pipeline.shared_base)
-    critic = not args.critic_free  # a critic-free advantage_estimator: no value model to budget
+    critic = args.has_value_model  # a critic-free advantage_estimator: no value model to budget
     has_reward_model = bool(merged_reward_model_path(recipe_path, overrides))
     notes = [] if has_reward_model else [_no_reward_model_note(pipeline)]
     if not shared:

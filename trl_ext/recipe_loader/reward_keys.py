@@ -58,7 +58,7 @@ def resolve_reward_keys(ctx) -> None:
             )
 
 
-def check_no_reward_model(merged: dict, critic_free: bool, pipeline) -> None:
+def check_no_reward_model(merged: dict, has_value_model: bool, pipeline) -> None:
     """`reward_funcs` without `reward_model_path`: `reward_*` keys would configure nothing, and a critic-free run
     has no model to put on a shared base."""
     for key in merged:
@@ -67,7 +67,7 @@ def check_no_reward_model(merged: dict, critic_free: bool, pipeline) -> None:
                 f"recipe: key '{key}' configures the reward model, but the recipe has none (no reward_model_path); "
                 "remove the key or set reward_model_path"
             )
-    if pipeline.shared_base and critic_free:
+    if pipeline.shared_base and not has_value_model:
         raise UserInputError(
             "recipe: key 'shared_base' has nothing to share: no reward model (reward_funcs only) and no value model "
             "(critic-free advantage_estimator); remove the key"

@@ -4,7 +4,8 @@
   entropy, KL estimators) and ``ObjectiveConfig``.
 * ``losses.py``: the value loss (three clip modes), the ptx LM loss, the loss result types.
 * ``advantages.py``: GAE, and the critic-free RLOO, GRPO/Dr. GRPO, REINFORCE++/-baseline.
-* ``critic_free.py``: ``CriticFree`` (a critic-free estimator in the trainer), ``NoValueModel``, prompt groups.
+* ``critic.py``: the run's critic, ``ValueCritic`` (GAE with a value model) or ``CriticFree`` (a critic-free
+  estimator), chosen once by ``build_critic``; ``NoValueModel``, prompt groups.
 * ``kl_controllers.py``: fixed, adaptive and doubling KL coefficients.
 * ``masked_stats.py``: masked mean, variance and whitening.
 """

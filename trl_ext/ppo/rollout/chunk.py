@@ -215,7 +215,7 @@ def resolve_auto_rollout_chunk(trainer) -> ChunkChoice:
     accelerator = trainer.accelerator
     kwargs = dict(
         shared=bool(getattr(trainer, "shared_base", False)),
-        value_model=not args.critic_free,  # critic-free runs hold a parameterless stand-in, no value model
+        value_model=trainer.critic.has_value_model,  # critic-free runs hold a parameterless stand-in, no value model
         reward_model=trainer.reward_model is not None,  # reward functions only: none (models among them: not counted)
         target_name="max_memory_gib" if args.max_memory_gib is not None else "the device's free memory",
     )

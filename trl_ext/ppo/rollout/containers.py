@@ -43,7 +43,8 @@ class Rollout:
     scores_clipfrac: torch.Tensor | None = None
     """Fraction of this process's scores clipped by `reward_clip` (set by ``clip_scores``; None when it is off)."""
     estimator_stats: dict = field(default_factory=dict)
-    """Critic-free estimators' per-process quantities for the metrics (:mod:`trl_ext.ppo.objective.critic_free`)."""
+    """Critic-free estimators' per-process quantities for the metrics
+    (:class:`trl_ext.ppo.objective.critic.CriticFree`)."""
     sampling: dict | None = None
     """`dynamic_sampling`'s metrics of this update (:mod:`trl_ext.ppo.rollout.dynamic_sampling`), reduced over processes."""
     reward_scores: object | None = None

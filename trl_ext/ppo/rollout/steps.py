@@ -177,14 +177,10 @@ class RolloutStepsMixin:
         return responses
 
     def compute_values(self, query_response: torch.Tensor, context_length: int) -> torch.Tensor:
-        """Per-response-token values `(batch, response_length)` from the value model (plain or PEFT)."""
-        if self.args.critic_free:
-            return torch.zeros(query_response[:, context_length:].shape, device=query_response.device)
+        """Per-response-token values `(batch, response_length)` from the run's critic (``self.critic``): the value
+        model's (plain or PEFT), or zeros without a critic."""
         value_model = self.accelerator.unwrap_model(self.model).value_model
-        full_value, _, _ = scalar_model_outputs(
-            value_model, query_response, self.processing_class.pad_token_id, context_length
-        )
-        return full_value[:, context_length - 1 : -1].squeeze(-1)
+        return self.critic.values(value_model, query_response, self.processing_class.pad_token_id, context_length)
 
     def compute_scores(self, postprocessed_query_response: torch.Tensor, context_length: int) -> torch.Tensor:
         """Reward-model score `(batch,)` of each (truncated) query+response: the head's output at its last token.

@@ -1,13 +1,22 @@
-"""Critic-free PPO: what :class:`trl_ext.PPOTrainer`'s steps call when `advantage_estimator` is not `gae`.
+"""What a PPO run does with a critic and without one: one object, chosen once from the config by
+:func:`build_critic`, that :class:`trl_ext.PPOTrainer`'s steps, checkpoints and memory budgets ask.
 
+* :class:`ValueCritic` (``advantage_estimator="gae"``): values from the value model's head, the clipped value loss,
+  GAE advantages whitened over the response tokens, the value model saved in and restored from checkpoints, a value
+  model in the memory budget.
+* :class:`CriticFree` (every other estimator): no value forward (zero values), a zero value loss, the estimators of
+  :mod:`trl_ext.ppo.objective.advantages` on a scored rollout, no value model saved, no value model in the budget, and
+  :func:`critic_free_metrics` (group and estimator metrics; the value-model ones, `loss/value_avg` and `val/*`, go).
 * :class:`NoValueModel`: stands in for the value model (`value_model=None`): no parameters, no forward work, so the
-  parent's `PolicyAndValueWrapper` (one `accelerator.prepare`, one optimizer) holds the policy alone.
+  parent's `PolicyAndValueWrapper` (one `accelerator.prepare`, one optimizer) holds the policy alone;
+  :func:`check_value_model` chooses between it and the caller's value model.
 * :func:`group_prompts`: the prompt DataLoader rebuilt to give `local_batch_size / k` prompts per update, and
   :func:`repeat_prompts` repeating each prompt `k` times (the k samples of a prompt are consecutive rows of the
   rollout: groups stay together through scoring and advantages; `optimize` then shuffles episodes freely).
-* :class:`CriticFree`, the feature's one object in the trainer (built once from the config): the estimators of
-  :mod:`trl_ext.ppo.objective.advantages` on a scored rollout, the zero value loss, and :func:`critic_free_metrics` (group
-  and estimator metrics; the value-model ones, `loss/value_avg` and `val/*`, go).
+
+Both critics answer the same calls: ``has_value_model``, ``values``, ``advantages``, ``value_loss``,
+``save_value_model``, ``load_value_model`` and ``metrics``; a new estimator changes :class:`CriticFree` (or adds a
+critic here and a case to :func:`build_critic`), nothing in the trainer.
 
 The batch arithmetic is the parent's: `local_batch_size = per_device_train_batch_size * gradient_accumulation_steps`
 episodes per process and update (`batch_size` = that times the processes), sampled from `local_batch_size / k`
@@ -23,18 +32,22 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ...errors import UserInputError
+from ...models.scalar_heads import scalar_model_outputs
 from ...rewards.metrics import all_equal_groups
+from ...runtime.checkpoints import load_weights_in_place
+from .action_gae import gae_over_steps
 from .advantages import (
+    gae_advantages,
     grpo_advantages,
     reinforce_pp_advantages,
     rloo_advantages,
     sequence_advantages_to_tokens,
 )
-from .losses import ValueLoss
-from .masked_stats import masked_mean
+from .losses import ValueLoss, value_loss
+from .masked_stats import masked_mean, masked_whiten
 
-__all__ = ["CriticFree", "NoValueModel", "check_value_model", "critic_free_metrics", "group_prompts",
-           "repeat_prompts"]
+__all__ = ["CriticFree", "NoValueModel", "ValueCritic", "build_critic", "check_value_model", "critic_free_metrics",
+           "group_prompts", "repeat_prompts"]
 
 
 class _NoBackbone(nn.Module):
@@ -116,10 +129,75 @@ def _sum_over_processes(accelerator):
     return lambda tensor: accelerator.reduce(tensor, reduction="sum")
 
 
+def build_critic(args, accelerator):
+    """The run's critic, built once from its config: :class:`CriticFree` for a critic-free ``advantage_estimator``
+    (every one but ``gae``), else :class:`ValueCritic`."""
+    return CriticFree(args, accelerator) if args.critic_free else ValueCritic(args)
+
+
+class ValueCritic:
+    """GAE with a value model (``advantage_estimator="gae"``, TRL's PPO): the trainer's steps call :meth:`values`
+    (``compute_values``), :meth:`advantages` (``compute_advantages``), :meth:`value_loss` (the loss step),
+    :meth:`metrics` (``update_metrics``); checkpoints :meth:`save_value_model` and :meth:`load_value_model`.
+
+    Args:
+        args: the trainer's config (``gamma``, ``lam``, ``cliprange_value``, ``value_clip``), read at each call.
+    """
+
+    has_value_model = True
+    """The run holds a value model: it is trained, saved, and counted in the memory budgets."""
+
+    def __init__(self, args):
+        self.args = args
+
+    @staticmethod
+    def values(value_model, query_response: torch.Tensor, pad_token_id: int, context_length: int) -> torch.Tensor:
+        """Per-response-token values `(batch, response_length)` from the value model's head (plain or PEFT)."""
+        full_value, _, _ = scalar_model_outputs(value_model, query_response, pad_token_id, context_length)
+        return full_value[:, context_length - 1 : -1].squeeze(-1)
+
+    def advantages(self, rollout, kl_coef: float) -> None:
+        """Set `rollout.advantages` (GAE, whitened over the response tokens, 0 on padding) and `rollout.returns`
+        from the rewards and values of a rollout; with tools, GAE over the policy's tokens only
+        (:mod:`trl_ext.ppo.objective.action_gae`). ``kl_coef`` is in the rewards already: unused here."""
+        args = self.args
+        if rollout.observation_mask is not None:  # tools: GAE over the action tokens
+            advantages, returns = gae_over_steps(rollout.rewards, rollout.values, ~rollout.padding_mask_p1,
+                                                 args.gamma, args.lam)
+        else:
+            advantages, returns = gae_advantages(rollout.rewards, rollout.values, args.gamma, args.lam)
+        advantages = masked_whiten(advantages, ~rollout.padding_mask)
+        rollout.advantages = torch.masked_fill(advantages, rollout.padding_mask, 0)
+        rollout.returns = returns
+
+    def value_loss(self, vpred_temp: torch.Tensor, rollout, micro_batch_inds, device) -> ValueLoss:
+        """The value loss of one micro-batch (`value_clip` mode, `cliprange_value`) from the value head's output
+        `vpred_temp` `(micro_batch, sequence, 1)` over the whole query+response."""
+        padding_mask_p1 = rollout.padding_mask_p1[micro_batch_inds]
+        context_length = rollout.context_length
+        vpred = torch.masked_fill(vpred_temp[:, context_length - 1 : -1].squeeze(-1), padding_mask_p1, 0)
+        return value_loss(vpred, rollout.values[micro_batch_inds], rollout.returns[micro_batch_inds],
+                          ~padding_mask_p1, self.args.cliprange_value, self.args.value_clip)
+
+    @staticmethod
+    def save_value_model(value_model, directory: str) -> None:
+        """Write the value model (full weights, or its adapter and score head) to a checkpoint's `directory`."""
+        value_model.save_pretrained(directory)
+
+    @staticmethod
+    def load_value_model(value_model, directory: str) -> None:
+        """Restore the value model's weights from a checkpoint's `directory`, in place (the optimizer stays valid)."""
+        load_weights_in_place(value_model, directory)
+
+    def metrics(self, metrics: dict, rollout, stats) -> None:
+        """TRL's value-model metrics stay as they are."""
+
+
 class CriticFree:
-    """A critic-free ``advantage_estimator`` (every one but ``gae``) in one trainer, built once from its config; the
-    trainer's steps call :meth:`advantages` (``compute_advantages``), :meth:`value_loss` (the loss step) and
-    :meth:`metrics` (``update_metrics``).
+    """A critic-free ``advantage_estimator`` (every one but ``gae``) in one trainer, built once from its config; it
+    answers the calls of :class:`ValueCritic`: :meth:`values` (zeros, no forward), :meth:`advantages` (the
+    estimator), :meth:`value_loss` (zero), :meth:`metrics` (:func:`critic_free_metrics`); no value model is saved,
+    loaded or budgeted.
 
     Args:
         args: the trainer's config (``advantage_estimator``, ``num_samples_per_prompt``, ``kl_in``,
@@ -127,10 +205,18 @@ class CriticFree:
         accelerator: REINFORCE++ whitens over every process's tokens; metrics are means over processes.
     """
 
+    has_value_model = False
+    """No value model: its stand-in (:class:`NoValueModel`) is neither trained, saved nor counted in a budget."""
+
     def __init__(self, args, accelerator):
         self.estimator, self.group_size = args.advantage_estimator, args.num_samples_per_prompt
         self.kl_in_reward, self.scale_by_std = args.kl_in == "reward", args.grpo_scale_by_std
         self.accelerator = accelerator
+
+    @staticmethod
+    def values(value_model, query_response: torch.Tensor, pad_token_id: int, context_length: int) -> torch.Tensor:
+        """Zeros `(batch, response_length)`: no value forward."""
+        return torch.zeros(query_response[:, context_length:].shape, device=query_response.device)
 
     def advantages(self, rollout, kl_coef: float) -> None:
         """Set `rollout.advantages` `(batch, T)` (0 on padding) from the scores, KL and masks of a scored rollout.
@@ -160,10 +246,18 @@ class CriticFree:
         rollout.returns = advantages
 
     @staticmethod
-    def value_loss(device) -> ValueLoss:
-        """The value-loss terms of a critic-free micro-batch: zeros (the loss is the policy's alone)."""
+    def value_loss(vpred_temp, rollout, micro_batch_inds, device) -> ValueLoss:
+        """The value-loss terms of a critic-free micro-batch: zeros on `device` (the loss is the policy's alone)."""
         zero = torch.zeros((), device=device)
         return ValueLoss(zero, zero)
+
+    @staticmethod
+    def save_value_model(value_model, directory: str) -> None:
+        """Nothing to save: the stand-in has no weights."""
+
+    @staticmethod
+    def load_value_model(value_model, directory: str) -> None:
+        """Nothing to restore: the stand-in has no weights."""
 
     def metrics(self, metrics: dict, rollout, stats) -> None:
         """Replace the value-model metrics in `metrics` with the critic-free ones (:func:`critic_free_metrics`)."""
