@@ -60,7 +60,7 @@ VARIANTS = {f"{name}, {'tools' if tools else 'no tools'}": {**est, "tools": tool
 RL_SETTINGS = dict(  # noqa: C408 - keyword form: these are PPOConfig's keywords
     per_device_train_batch_size=EPISODES_PER_UPDATE, gradient_accumulation_steps=1, num_mini_batches=1,
     num_ppo_epochs=2, learning_rate=1e-4, lr_scheduler_type="constant", stop_token="eos", temperature=0.5,
-    kl_coef=0.01, local_rollout_forward_batch_size=EPISODES_PER_UPDATE,
+    kl_coef=0.01, local_rollout_forward_batch_size=EPISODES_PER_UPDATE, max_grad_norm=0.0,
 )
 #: Per start: the episode's token budget (with the tool: call, result, answer) and the tool-calling rounds.
 WITH_TOOLS = {"response_length": 72, "max_tool_calling_iterations": 2}

@@ -1,10 +1,11 @@
 """The verifiable task: RL from a reward function alone (no reward model) with each advantage estimator
 of trl_ext.PPOTrainer, measured by held-out exact-match accuracy.
 
-Task (recipes/verifiable/README.md): two-digit addition, ``"4 7 + 3 5 ="`` -> ``"8 2"``, on a word-level tokenizer
+Task (recipes/verifiable/README.md): two-digit addition, ``"4 7 + 3 5 ="`` -> ``"0 8 2"``, on a word-level tokenizer
 and a random tiny Llama (hidden 64, 2 layers); 4000 training problems, 500 disjoint held-out ones. The pipeline, in
 this process: data and base model (recipes/verifiable/make_data.py), the SFT warm start (recipes/verifiable/sft.yaml,
-1000 steps: it stops with about a third of the held-out sums right), then RL from the SFT model with
+3000 steps on a careless demonstrator that forgets most units carries: about 0.6 of the held-out sums right, the
+carry left for RL), then RL from the SFT model with
 ``reward_funcs=[exact_match_reward]`` (recipes/verifiable/arithmetic_task.py) and each estimator, at the same number of
 generated completions (``--updates`` x 64) and the same KL coefficient, 3 training seeds:
 
@@ -16,7 +17,7 @@ Accuracy is measured on the 500 held-out problems (recipes/verifiable/evaluate.p
 the table's number) and ``sampled`` (4 temperature-1 answers per problem: what RL samples). Before SFT, after SFT and
 after RL.
 
-    python benchmarks/verifiable.py            # 100 updates x 4 estimators x 3 seeds (about 10 minutes on 2 busy cores)
+    python benchmarks/verifiable.py            # 100 updates x 4 estimators x 3 seeds
     python benchmarks/verifiable.py --quick    # 30 updates, 1 seed
 
 Writes benchmarks/results/verifiable.json and benchmarks/figures/verifiable.png.
@@ -51,8 +52,8 @@ ESTIMATORS = {
 #: The RL settings every estimator shares (recipes/verifiable/{gae,rloo,grpo,reinforce_pp}.yaml carry the same).
 RL_SETTINGS = dict(  # noqa: C408 - keyword form: these are PPOConfig's keywords
     per_device_train_batch_size=COMPLETIONS_PER_UPDATE, gradient_accumulation_steps=1, num_mini_batches=1,
-    num_ppo_epochs=2, learning_rate=3e-4, lr_scheduler_type="constant", response_length=5, stop_token="eos",
-    temperature=1.0, kl_coef=0.01, local_rollout_forward_batch_size=COMPLETIONS_PER_UPDATE,
+    num_ppo_epochs=2, learning_rate=1e-4, lr_scheduler_type="constant", response_length=5, stop_token="eos",
+    temperature=1.0, kl_coef=0.01, local_rollout_forward_batch_size=COMPLETIONS_PER_UPDATE, max_grad_norm=0.0,
 )
 
 
