@@ -291,3 +291,19 @@ def test_greedy_on_a_4bit_lora_policy(tiny_models, tok):
     teacher = teacher_forced_logprobs(policy, query_responses, q.shape[1], tok.pad_token_id, 1.0, 4)
     assert (logprobs - teacher)[valid_positions(query_responses, q.shape[1], tok)].abs().max() <= LOGPROB_TOLERANCE
     engine.close()
+
+
+def test_cuda_graphs_not_applied_under_continuous_batching_is_said_once(tiny_models, tok, tmp_path, capsys):
+    """`rollout_cuda_graphs: true` with `rollout_engine: auto` choosing continuous batching: no DecodeGraphs object
+    (the graphs run under `generate` only) and one line that says so; with `generate` the object is built."""
+    trainer = ppo_trainer(tiny_models, tok, tmp_path / "cb", rollout_engine="auto", stop_token="eos",
+                          response_length=64, rollout_cuda_graphs=True, advantage_estimator="rloo",
+                          num_samples_per_prompt=2)
+    assert trainer.rollout_engine_choice.engine == "continuous_batching" and trainer.decode_graphs is None
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("rollout_cuda_graphs")]
+    assert said == ["rollout_cuda_graphs: not applied: the rollout runs on continuous batching, and CUDA-graph "
+                    "decoding applies to rollout_engine 'generate' only"]
+    trainer = ppo_trainer(tiny_models, tok, tmp_path / "gen", rollout_engine="generate", rollout_cuda_graphs=True,
+                          advantage_estimator="rloo", num_samples_per_prompt=2)
+    assert trainer.decode_graphs is not None and trainer.decode_graphs.eager_steps == 0
+    assert "rollout_cuda_graphs" not in capsys.readouterr().out

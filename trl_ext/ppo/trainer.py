@@ -224,7 +224,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
             self.rollout_chunk_choice = resolve_auto_rollout_chunk(self)
         self.rollout_engine = build_rollout_engine(self)  # None: generate; else continuous batching (auto: a rule)
         # rollout_cuda_graphs: generate's decoding steps as CUDA graphs over a static cache (None: off)
-        self.decode_graphs = DecodeGraphs() if args.rollout_cuda_graphs and self.rollout_engine is None else None
+        self.decode_graphs = DecodeGraphs.build(args, self.rollout_engine, self.accelerator)
         # HF Trainer.__init__ (which TRL's PPO never calls) sets these; its checkpoint save/load code reads them
         for name in ("is_fsdp_xla_enabled", "is_fsdp_xla_v1_enabled", "is_fsdp_xla_v2_enabled"):
             if not hasattr(self, name):

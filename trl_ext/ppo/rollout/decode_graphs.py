@@ -112,6 +112,19 @@ class DecodeGraphs:
     """The rollout's CUDA-graph decoding (module docstring): counts over the run and the context that puts a
     :class:`DecodeGraph` under one ``generate`` call of ``model`` (a ``PeftModel`` or a causal LM)."""
 
+    @classmethod
+    def build(cls, args, rollout_engine, accelerator) -> DecodeGraphs | None:
+        """The run's object for ``args.rollout_cuda_graphs``: None when the key is off, and when the rollout runs on
+        continuous batching (``rollout_engine: auto`` may choose it; the graphs apply to ``generate`` only), which
+        is then said once."""
+        if not args.rollout_cuda_graphs:
+            return None
+        if rollout_engine is not None:
+            accelerator.print("rollout_cuda_graphs: not applied: the rollout runs on continuous batching, and CUDA-graph "
+                              "decoding applies to rollout_engine 'generate' only")
+            return None
+        return cls()
+
     def __init__(self):
         self.captures = self.replays = self.eager_steps = 0
         self.capture_s = 0.0  # seconds spent capturing (each torch.cuda.graph also syncs, collects and empties)
