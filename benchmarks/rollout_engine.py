@@ -19,6 +19,10 @@ runs to 96 tokens, what TRL's PPO does without `stop_token`). Variants: `generat
 `--threshold`: the auto rule's response-length threshold (continuous batching vs `generate` as `response_length`
 grows, uneven lengths). `--memory-only`: only the children.
 
+Sizes: `--hidden`, `--layers`, `--vocab` (the model above), `--prompts` (32), `--max-new-tokens` (caps every
+response length of the workloads and of `--tolerance`; default: none), `--threshold-lengths` (16 32 64 128). The
+defaults are the measured settings; small ones make a smoke run of seconds.
+
 `--tolerance`: max |engine log-prob - teacher-forced log-prob| over the positions the trainer keeps, CPU float32,
 temperatures 0.7/1.0/1.3 with a stop token, tiny and this model, with and without LoRA; the same for `generate`'s
 streamed log-probs; and top-k/top-p, where the engine's log-probs are those of the truncated distribution (the
@@ -144,27 +148,52 @@ def timed(fn, context_length, stop=True):
             "mean_length": tokens / query_responses.shape[0]}
 
 
+def model_shape(args) -> dict:
+    """The benchmark model's size (``build_model``'s keywords) from the command line."""
+    return dict(hidden=args.hidden, layers=args.layers, vocab=args.vocab)
+
+
+def capped(length: int, args) -> int:
+    """``length`` new tokens, at most ``--max-new-tokens``."""
+    return length if args.max_new_tokens is None else min(length, args.max_new_tokens)
+
+
+def selected_workloads(args, names=None) -> dict:
+    """The workloads ``names`` (default ``--workloads``) with their response lengths capped by ``--max-new-tokens``."""
+    names = names or args.workloads.split(",")
+    return {name: dict(WORKLOADS[name], response_length=capped(WORKLOADS[name]["response_length"], args))
+            for name in names}
+
+
+def size_args(args) -> list[str]:
+    """The size options again, for a child process."""
+    out = ["--hidden", str(args.hidden), "--layers", str(args.layers), "--vocab", str(args.vocab), "--prompts",
+           str(args.prompts)]
+    return out + ([] if args.max_new_tokens is None else ["--max-new-tokens", str(args.max_new_tokens)])
+
+
 def child(args) -> None:
     """One variant, fresh process: peak RSS growth over two rollouts, from the RSS before the first (which builds
     the engine's cache, kept for the second: a continuous-batching run holds it all run, so it counts)."""
     import torch
 
     engine, chunk = VARIANTS[args.variant]
-    model = build_model(lora=args.lora)
-    queries = prompts()
-    fn = rollout_fn(model, queries, engine, chunk, generation_config(**WORKLOADS[args.workload]))
+    model = build_model(lora=args.lora, **model_shape(args))
+    queries = prompts(n=args.prompts, vocab=args.vocab)
+    spec = selected_workloads(args, [args.workload])[args.workload]
+    fn = rollout_fn(model, queries, engine, chunk, generation_config(**spec))
     trim_heap()
     before = rss_mb()
     reset_peak_rss()
     torch.manual_seed(0)
     fn()
-    result = timed(fn, queries.shape[1], WORKLOADS[args.workload]["stop"])
+    result = timed(fn, queries.shape[1], spec["stop"])
     result["peak_growth_mb"] = peak_rss_mb() - before
     result["rss_before_mb"] = before
     child_result(result)
 
 
-def memory_runs(workloads=WORKLOADS) -> dict:
+def memory_runs(args, workloads=WORKLOADS) -> dict:
     """Every variant in a fresh child process (see :func:`child`)."""
     script = Path(__file__).resolve()
     out = {}
@@ -173,7 +202,7 @@ def memory_runs(workloads=WORKLOADS) -> dict:
             for variant in VARIANTS:
                 extra = ["--lora"] if lora else []
                 out[(workload, lora, variant)] = run_child(
-                    script, ["--child", "--variant", variant, "--workload", workload, *extra])
+                    script, ["--child", "--variant", variant, "--workload", workload, *extra, *size_args(args)])
                 growth = out[(workload, lora, variant)]["peak_growth_mb"]
                 print(f"  memory {workload} lora={lora} {variant}: {growth:.1f} MiB", flush=True)
     return out
@@ -185,10 +214,10 @@ def threshold(args) -> list[dict]:
     response_length, alternating in this process."""
     import torch
 
-    model = build_model()
-    queries = prompts()
+    model = build_model(**model_shape(args))
+    queries = prompts(n=args.prompts, vocab=args.vocab)
     rows = []
-    for response_length in (16, 32, 64, 128):
+    for response_length in args.threshold_lengths:
         config = generation_config(response_length, True)
         fns = {name: rollout_fn(model, queries, *VARIANTS[name], config)
                for name in ("generate (whole batch)", "continuous batching (cache of 32)")}
@@ -213,8 +242,8 @@ def speed(args, workloads=WORKLOADS) -> dict:
 
     out = {}
     for lora in (False, True):
-        model = build_model(lora=lora)
-        queries = prompts()
+        model = build_model(lora=lora, **model_shape(args))
+        queries = prompts(n=args.prompts, vocab=args.vocab)
         for workload, spec in workloads.items():
             config = generation_config(**spec)
             fns = {name: rollout_fn(model, queries, engine, chunk, config) for name, (engine, chunk) in
@@ -243,8 +272,10 @@ def tolerance(args) -> dict:
         return torch.arange(responses.shape[1]) <= lengths.unsqueeze(1)
 
     rows = []
+    length = capped(96, args)
+    bench = model_shape(args)
     models = {"tiny (hidden 64, 2 layers, vocab 384)": dict(hidden=64, layers=2, vocab=384),
-              "bench (hidden 256, 4 layers, vocab 2048)": dict(hidden=256, layers=4, vocab=2048)}
+              f"bench (hidden {bench['hidden']}, {bench['layers']} layers, vocab {bench['vocab']})": bench}
     for model_name, shape in models.items():
         for lora in (False, True):
             model = build_model(lora=lora, **shape)
@@ -253,12 +284,12 @@ def tolerance(args) -> dict:
                     for name, p in model.named_parameters():
                         if "lora_B" in name:
                             p.normal_(std=0.02)
-            queries = prompts(n=16, vocab=shape["vocab"], seed=2)
+            queries = prompts(n=min(16, args.prompts), vocab=shape["vocab"], seed=2)
             base = model.get_base_model() if lora else model
             for extra, label in [({}, "temperature only"), ({"top_k": 50}, "top-k 50"), ({"top_p": 0.9}, "top-p 0.9")]:
                 for temperature in (0.7, 1.0, 1.3) if not extra else (1.0,):
-                    config = generation_config(96, True, temperature=temperature, **extra)
-                    cb = ContinuousBatchingRollout(engine_cache_plan(8, queries.shape[1], 96))
+                    config = generation_config(length, True, temperature=temperature, **extra)
+                    cb = ContinuousBatchingRollout(engine_cache_plan(8, queries.shape[1], length))
                     torch.manual_seed(0)
                     qr, lp, _ = cb.sample(base, queries, PAD, config)
                     cb.close()
@@ -361,7 +392,7 @@ def verifiable(args) -> list[dict]:
     return rows
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of uneven,fixed")
@@ -378,12 +409,20 @@ def main() -> None:
     parser.add_argument("--sft-dir", default=None, help="--verifiable: reuse this SFT model (data folder beside it)")
     parser.add_argument("--workdir", default=str(Path(__file__).resolve().parent / "results" / "engine_verifiable"),
                         help="--verifiable: where the task's data and models are written")
+    parser.add_argument("--hidden", type=int, default=256, help="the benchmark model's hidden size")
+    parser.add_argument("--layers", type=int, default=4, help="the benchmark model's decoder layers")
+    parser.add_argument("--vocab", type=int, default=2048, help="the benchmark model's vocabulary")
+    parser.add_argument("--prompts", type=int, default=32, help="prompts per rollout (--tolerance: at most 16)")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="cap on every response length of the workloads and of --tolerance")
+    parser.add_argument("--threshold-lengths", type=int, nargs="+", default=[16, 32, 64, 128],
+                        help="--threshold: the response lengths compared")
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
     parser.add_argument("--lora", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     setup_env()
     if args.child:
         return child(args)
@@ -402,12 +441,12 @@ def main() -> None:
         rows = verifiable(args)
         table = []
         for r in rows:
-            speed, roll = (f"{r[k]:.2f} ({r[k + '_range'][0]:.2f}-{r[k + '_range'][1]:.2f})" if k in r else "1.00"
+            update_speedup, rollout_speedup = (f"{r[k]:.2f} ({r[k + '_range'][0]:.2f}-{r[k + '_range'][1]:.2f})" if k in r else "1.00"
                            for k in ("speedup_update", "speedup_rollout"))
             table.append([r["response_length"], r["engine"],
                           f"{r['completions/mean_length']:.1f} / {r['completions/max_length']:.0f}",
                           f"{r['update_s']:.2f}", f"{r['time/rollout']:.2f}", f"{r['time/scoring']:.2f}",
-                          f"{r['time/optimization']:.2f}", speed, roll])
+                          f"{r['time/optimization']:.2f}", update_speedup, rollout_speedup])
         print_table(["response_length", "engine", "length mean / max (median update)", "s per update",
                      "time/rollout", "time/scoring", "time/optimization", "update speed-up", "rollout speed-up"],
                     table)
@@ -416,7 +455,7 @@ def main() -> None:
                                                    "response_lengths": args.response_lengths}, rows, out=args.out)
         return
     if args.memory_only:
-        memory = memory_runs()
+        memory = memory_runs(args, selected_workloads(args, list(WORKLOADS)))
         print_table(["workload", "LoRA", "engine", "peak RSS growth (MiB)", "tokens/s (this child)"],
                     [[w, "LoRA" if lora else "no LoRA", v, f"{r['peak_growth_mb']:.1f}", f"{r['tokens_per_s']:.0f}"]
                      for (w, lora, v), r in memory.items()])
@@ -433,9 +472,9 @@ def main() -> None:
         write_result("rollout_engine_tolerance", {}, rows, out=args.out)
         return
     t0 = time.time()
-    workloads = {name: WORKLOADS[name] for name in args.workloads.split(",")}
+    workloads = selected_workloads(args)
     timings = speed(args, workloads)
-    memory = {} if args.no_memory else memory_runs(workloads)
+    memory = {} if args.no_memory else memory_runs(args, workloads)
     rows = []
     for key, runs in timings.items():
         workload, lora = key.split(", ")
@@ -451,7 +490,8 @@ def main() -> None:
     print_table(["workload", "LoRA", "engine", "mean length", "tokens/s", "vs generate (batch)",
                  "vs generate (chunks)", "per-repeat (batch)", "peak RSS growth (MiB)"], rows)
     print(f"total {time.time() - t0:.0f} s")
-    write_result("rollout_engine", {"repeats": args.repeats, "workloads": WORKLOADS, "variants": VARIANTS},
+    write_result("rollout_engine", {"repeats": args.repeats, "workloads": workloads, "variants": VARIANTS,
+                                    "model": model_shape(args), "prompts": args.prompts},
                  {"timings": timings, "memory": {" / ".join(map(str, k)): v for k, v in memory.items()}},
                  out=args.out, table=rows)
 
