@@ -62,6 +62,16 @@ QWEN_VOCAB = 151_936
 MIB = 2**20
 
 
+def ratio(numerator: float, denominator: float) -> float | None:
+    """``numerator / denominator``, or None where the denominator is not positive (a peak that did not grow: small
+    runs reuse heap freed before the measurement)."""
+    return numerator / denominator if denominator > 0 else None
+
+
+def times(value: float | None) -> str:
+    return "-" if value is None else f"x{value:.2f}"
+
+
 # ---------------------------------------------------------------------------------------------------------------- (a)
 
 
@@ -127,7 +137,7 @@ def rollout_child(a):
 def run_rollout(a):
     from trl_ext.ppo.rollout.memory_budget import ModelShape, kv_cache_bytes, rollout_scores_bytes
 
-    lengths = [32, 128] if a.quick else [32, 128, 512]
+    lengths = a.lengths or ([32, 128] if a.quick else [32, 128, 512])
     cfg = ModelShape.from_config(rollout_model_config(a))
     results = []
     for impl in ("trl", "ext"):
@@ -143,23 +153,23 @@ def run_rollout(a):
             print(f"rollout {impl} length {length}: +{r['peak_growth_mib']:.0f} MiB", flush=True)
     by = {(r["impl"], r["length"]): r for r in results}
     first, last = lengths[0], lengths[-1]
-    growth = {impl: by[(impl, last)]["peak_growth_mib"] / by[(impl, first)]["peak_growth_mib"]
+    growth = {impl: ratio(by[(impl, last)]["peak_growth_mib"], by[(impl, first)]["peak_growth_mib"])
               for impl in ("trl", "ext")}
     net = {length: by[("ext", length)]["peak_growth_mib"] - by[("ext", length)]["kv_cache_mib"] for length in lengths}
-    growth["ext_without_kv_cache"] = net[last] / net[first]
+    growth["ext_without_kv_cache"] = ratio(net[last], net[first])
     print(f"\n(a) Rollout phase: random Llama, vocab {QWEN_VOCAB}, hidden {a.hidden}, {a.layers} layers, batch "
           f"{a.batch}, prompt {a.prompt_length} tokens; peak RSS growth over the rollout, MiB.")
     print_table(
         ["response length", "TRL peak +MiB", "trl_ext peak +MiB", "trl_ext / TRL", "TRL scores tensor (B*T*V*4)",
          f"KV cache ({a.dtype})", "trl_ext peak - KV cache"],
         [[length, by[("trl", length)]["peak_growth_mib"], by[("ext", length)]["peak_growth_mib"],
-          by[("ext", length)]["peak_growth_mib"] / by[("trl", length)]["peak_growth_mib"],
+          ratio(by[("ext", length)]["peak_growth_mib"], by[("trl", length)]["peak_growth_mib"]),
           by[("trl", length)]["trl_scores_mib"], by[("trl", length)]["kv_cache_mib"], net[length]]
          for length in lengths],
     )
-    print(f"growth {first} -> {last} tokens: TRL x{growth['trl']:.2f}, trl_ext x{growth['ext']:.2f} "
+    print(f"growth {first} -> {last} tokens: TRL {times(growth['trl'])}, trl_ext {times(growth['ext'])} "
           f"(target: trl_ext <= 1.2x); trl_ext without the KV cache (which grows alike in both) "
-          f"x{growth['ext_without_kv_cache']:.2f}")
+          f"{times(growth['ext_without_kv_cache'])}")
     return {"rows": results, "growth_first_to_last": growth, "lengths": lengths}
 
 
@@ -343,7 +353,7 @@ def run_shared(a):
                                             str(a.shared_batch), "--shared-response-length",
                                             str(a.shared_response_length)], env=CHILD_ENV)
     sep, sh = results["separate"], results["shared"]
-    ratio = sh["run_peak_working_set_mib"] / sep["run_peak_working_set_mib"]
+    peak_ratio = sh["run_peak_working_set_mib"] / sep["run_peak_working_set_mib"]
     print(f"\n(b) Whole PPO run, 4-bit nf4 LoRA r {LORA['lora_r']} on {'/'.join(LORA_MODULES)}: random Llama, "
           f"{parameters / 1e6:.1f}M parameters (hidden {a.shared_hidden}, {a.shared_layers} layers); batch "
           f"{a.shared_batch}, response {a.shared_response_length}, {a.updates} update(s). MiB over the RSS after "
@@ -355,12 +365,12 @@ def run_shared(a):
           r["run_peak_working_set_mib"] / sep["run_peak_working_set_mib"], r["run_peak_rss_growth_mib"],
           r["s_per_update"]] for r in (sep, sh)],
     )
-    print(f"run peak, shared / separate: {ratio:.2f} (target <= 0.45)")
+    print(f"run peak, shared / separate: {peak_ratio:.2f} (target <= 0.45)")
     print(f"update time ({timing_parameters / 1e6:.1f}M-parameter model, {a.repeats} alternating repeats x "
           f"{a.timing_updates - 1} timed updates): shared / separate {timing['ratio_median']:.3f} (per-repeat "
           f"{min(timing['ratios']):.2f}-{max(timing['ratios']):.2f}); adapter switching "
           f"{100 * timing['switching_share_median']:.2f} % of the shared update (target < 5 %)")
-    return {"parameters": parameters, "separate": sep, "shared": sh, "peak_ratio": ratio, "timing": timing,
+    return {"parameters": parameters, "separate": sep, "shared": sh, "peak_ratio": peak_ratio, "timing": timing,
             "timing_parameters": timing_parameters, "shape": shape, "prompt_length": sh["prompt_length"]}
 
 
@@ -459,6 +469,8 @@ def main(argv=None):
     p.add_argument("--hidden", type=int, default=256, help="(a) hidden size")
     p.add_argument("--layers", type=int, default=2, help="(a) decoder layers")
     p.add_argument("--prompt-length", type=int, default=32)
+    p.add_argument("--lengths", type=int, nargs="+", default=None,
+                   help="(a) response lengths (default 32 128 512; --quick: 32 128)")
     p.add_argument("--dtype", choices=list(DTYPE_BYTES), default="bfloat16",
                    help="(a) model weights and KV cache (scores are float32 in both implementations)")
     p.add_argument("--shared-hidden", type=int, default=768, help="(b) hidden size (a multiple of 64)")

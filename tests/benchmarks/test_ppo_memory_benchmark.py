@@ -1,13 +1,19 @@
-"""benchmarks/ppo_memory.py's budget part through its ``main``: the memory budget tables of
+"""benchmarks/ppo_memory.py through its ``main``: the budget part (the memory budget tables of
 ``trl_ext.ppo.rollout.memory_budget`` for Llama-3-8B and Qwen2.5-7B at the 0.5B recipe's settings and two fitting
-ones, each design against the shared base with streamed log-probs. (Its rollout and shared parts measure peak RSS
-in child processes on a model with Qwen2.5's 151,936-token vocabulary: not run here.)"""
+ones, each design against the shared base with streamed log-probs), and the rollout part on a Llama of hidden size
+32, one layer, with Qwen2.5's 151,936-token vocabulary, responses of 4 and 8 tokens: TRL's rollout and trl_ext's,
+each child's code here in this process (its peak RSS is then this process's: only checked to be measured; a peak
+that did not grow gives no ratio), checked against the budget's formulas. (The shared part, 4-bit models trained
+with bitsandbytes, is not run here.)"""
 
 from __future__ import annotations
 
 import json
+import math
 
-from benchmark_scripts import loaded_script
+from benchmark_scripts import in_process_children, loaded_script
+
+QWEN_VOCAB = 151_936
 
 
 def row(table: str, label: str) -> list[str]:
@@ -36,3 +42,33 @@ def test_budget_tables_for_both_models_and_designs(tmp_path):
         assert all(cell.startswith("**") and "(" in cell for cell in row(table, "**peak** = all run + largest "
                                                                                 "phase + overhead"))
         assert set(row(table, "fits 24 GiB?")) <= {"yes", "no"}
+
+
+def test_rollout_part_both_implementations_and_the_formulas(tmp_path, monkeypatch):
+    out = tmp_path / "memory.json"
+    with loaded_script("ppo_memory") as script:
+        children = in_process_children(script)
+        monkeypatch.setattr(script, "run_child", children)
+        script.main(["rollout", "budget", "--hidden", "32", "--layers", "1", "--lengths", "4", "8", "--out",
+                     str(out)])
+        assert script.ratio(5.0, 0.0) is None and script.times(None) == "-"  # a peak that did not grow
+    assert [c[:6] for c in children.calls] == [["--child", "rollout", "--impl", impl, "--length", length]
+                                               for impl in ("trl", "ext") for length in ("4", "8")]
+    assert all(c[c.index("--hidden") + 1] == "32" and c[c.index("--batch") + 1] == "4" for c in children.calls)
+    results = json.loads(out.read_text())["results"]
+    rollout = results["rollout"]
+    assert rollout["lengths"] == [4, 8]
+    rows = {(r["impl"], r["length"]): r for r in rollout["rows"]}
+    assert list(rows) == [("trl", 4), ("trl", 8), ("ext", 4), ("ext", 8)]
+    for (impl, length), r in rows.items():
+        assert r["trl_scores_mib"] * 2**20 == 4 * length * QWEN_VOCAB * 4  # TRL's stacked scores, B*T*V float32
+        assert r["kv_cache_mib"] > 0 and r["rss_before_mib"] > 0 and r["peak_growth_mib"] >= 0
+        assert math.isfinite(r["logprob_sum"]) and r["logprob_sum"] < 0  # B*T sampled tokens' log-probs
+    # the same sampled tokens give the same log-probs (the sampling seed is set before each rollout)
+    for length in (4, 8):
+        assert math.isclose(rows[("trl", length)]["logprob_sum"], rows[("ext", length)]["logprob_sum"], rel_tol=1e-3)
+    for growth in rollout["growth_first_to_last"].values():
+        assert growth is None or (math.isfinite(growth) and growth > 0)
+    checks = results["budget"]["checks"]["rollout"]
+    assert [row[:2] for row in checks] == [list(key) for key in rows]
+    assert all(row[2] > 0 and row[3] >= 0 for row in checks)  # formula, measured (MiB)
