@@ -103,14 +103,14 @@ def check(engine: str, run: str, ranks: list[dict], reference: list[dict] | None
     return ""
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engines", default="zero2,zero3,fsdp", help="comma-separated, from zero2, zero3, fsdp")
     parser.add_argument("--num-processes", type=int, default=None, help="default: the GPU count, or 2 on CPU")
     parser.add_argument("--cpu", action="store_true", help="use the CPU configs even when there is a GPU")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per engine launch")
     parser.add_argument("--out", default=None, help="JSON result path (default benchmarks/results/engine_matrix.json)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
