@@ -392,7 +392,7 @@ def verifiable(args) -> list[dict]:
     return rows
 
 
-def main(argv=None) -> None:
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of uneven,fixed")
@@ -422,55 +422,66 @@ def main(argv=None) -> None:
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
     parser.add_argument("--lora", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    setup_env()
-    if args.child:
-        return child(args)
-    if args.threshold:
-        rows = threshold(args)
-        print_table(["response_length", "mean length", "generate tokens/s", "continuous batching tokens/s",
-                     "ratio (median)", "per-repeat"],
-                    [[r["response_length"], f"{r['mean_length']:.0f}", f"{r['generate_tokens_per_s']:.0f}",
-                      f"{r['cb_tokens_per_s']:.0f}", f"{r['ratio']:.2f}",
-                      "-".join(f"{x:.2f}" for x in (min(r["ratios"]), max(r["ratios"])))] for r in rows])
-        write_result("rollout_engine_threshold", {"repeats": args.repeats}, rows, out=args.out)
-        return
-    if args.verifiable:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes" / "verifiable"))
-        t0 = time.time()
-        rows = verifiable(args)
-        table = []
-        for r in rows:
-            update_speedup, rollout_speedup = (f"{r[k]:.2f} ({r[k + '_range'][0]:.2f}-{r[k + '_range'][1]:.2f})" if k in r else "1.00"
-                           for k in ("speedup_update", "speedup_rollout"))
-            table.append([r["response_length"], r["engine"],
-                          f"{r['completions/mean_length']:.1f} / {r['completions/max_length']:.0f}",
-                          f"{r['update_s']:.2f}", f"{r['time/rollout']:.2f}", f"{r['time/scoring']:.2f}",
-                          f"{r['time/optimization']:.2f}", update_speedup, rollout_speedup])
-        print_table(["response_length", "engine", "length mean / max (median update)", "s per update",
-                     "time/rollout", "time/scoring", "time/optimization", "update speed-up", "rollout speed-up"],
-                    table)
-        print(f"total {time.time() - t0:.0f} s; load average now {load_average()}")
-        write_result("rollout_engine_verifiable", {"repeats": args.repeats, "updates": args.updates,
-                                                   "response_lengths": args.response_lengths}, rows, out=args.out)
-        return
-    if args.memory_only:
-        memory = memory_runs(args, selected_workloads(args, list(WORKLOADS)))
-        print_table(["workload", "LoRA", "engine", "peak RSS growth (MiB)", "tokens/s (this child)"],
-                    [[w, "LoRA" if lora else "no LoRA", v, f"{r['peak_growth_mb']:.1f}", f"{r['tokens_per_s']:.0f}"]
-                     for (w, lora, v), r in memory.items()])
-        write_result("rollout_engine_memory", {}, {" / ".join(map(str, k)): v for k, v in memory.items()},
-                     out=args.out)
-        return
-    if args.tolerance:
-        rows = tolerance(args)
-        temp_only = [r for r in rows if r["sampling"] == "temperature only"]
-        print_table(["model", "LoRA", "sampling", "T", "tokens", "engine max |diff|", "generate max |diff|"],
-                    [[r["model"], r["lora"], r["sampling"], r["temperature"], r["tokens"],
-                      f"{r['engine_max_abs_diff']:.2e}", f"{r['generate_max_abs_diff']:.2e}"] for r in rows])
-        print(f"largest engine difference, temperature only: {max(r['engine_max_abs_diff'] for r in temp_only):.2e}")
-        write_result("rollout_engine_tolerance", {}, rows, out=args.out)
-        return
+    return parser.parse_args(argv)
+
+
+def report_threshold(args) -> None:
+    """The ``--threshold`` study, its table and result file."""
+    rows = threshold(args)
+    print_table(["response_length", "mean length", "generate tokens/s", "continuous batching tokens/s",
+                 "ratio (median)", "per-repeat"],
+                [[r["response_length"], f"{r['mean_length']:.0f}", f"{r['generate_tokens_per_s']:.0f}",
+                  f"{r['cb_tokens_per_s']:.0f}", f"{r['ratio']:.2f}",
+                  "-".join(f"{x:.2f}" for x in (min(r["ratios"]), max(r["ratios"])))] for r in rows])
+    write_result("rollout_engine_threshold", {"repeats": args.repeats}, rows, out=args.out)
+
+
+def report_verifiable(args) -> None:
+    """The ``--verifiable`` study, its table and result file."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes" / "verifiable"))
+    t0 = time.time()
+    rows = verifiable(args)
+    table = []
+    for r in rows:
+        update_speedup, rollout_speedup = (
+            f"{r[k]:.2f} ({r[k + '_range'][0]:.2f}-{r[k + '_range'][1]:.2f})" if k in r else "1.00"
+            for k in ("speedup_update", "speedup_rollout"))
+        table.append([r["response_length"], r["engine"],
+                      f"{r['completions/mean_length']:.1f} / {r['completions/max_length']:.0f}",
+                      f"{r['update_s']:.2f}", f"{r['time/rollout']:.2f}", f"{r['time/scoring']:.2f}",
+                      f"{r['time/optimization']:.2f}", update_speedup, rollout_speedup])
+    print_table(["response_length", "engine", "length mean / max (median update)", "s per update",
+                 "time/rollout", "time/scoring", "time/optimization", "update speed-up", "rollout speed-up"],
+                table)
+    print(f"total {time.time() - t0:.0f} s; load average now {load_average()}")
+    write_result("rollout_engine_verifiable", {"repeats": args.repeats, "updates": args.updates,
+                                               "response_lengths": args.response_lengths}, rows, out=args.out)
+
+
+def report_memory(args) -> None:
+    """The ``--memory-only`` runs, their table and result file."""
+    memory = memory_runs(args, selected_workloads(args, list(WORKLOADS)))
+    print_table(["workload", "LoRA", "engine", "peak RSS growth (MiB)", "tokens/s (this child)"],
+                [[w, "LoRA" if lora else "no LoRA", v, f"{r['peak_growth_mb']:.1f}", f"{r['tokens_per_s']:.0f}"]
+                 for (w, lora, v), r in memory.items()])
+    write_result("rollout_engine_memory", {}, {" / ".join(map(str, k)): v for k, v in memory.items()},
+                 out=args.out)
+
+
+def report_tolerance(args) -> None:
+    """The ``--tolerance`` study, its table and result file."""
+    rows = tolerance(args)
+    temp_only = [r for r in rows if r["sampling"] == "temperature only"]
+    print_table(["model", "LoRA", "sampling", "T", "tokens", "engine max |diff|", "generate max |diff|"],
+                [[r["model"], r["lora"], r["sampling"], r["temperature"], r["tokens"],
+                  f"{r['engine_max_abs_diff']:.2e}", f"{r['generate_max_abs_diff']:.2e}"] for r in rows])
+    print(f"largest engine difference, temperature only: {max(r['engine_max_abs_diff'] for r in temp_only):.2e}")
+    write_result("rollout_engine_tolerance", {}, rows, out=args.out)
+
+
+def report_speed(args) -> None:
+    """The default study: tokens/s of every variant and (unless ``--no-memory``) their memory children; one
+    table."""
     t0 = time.time()
     workloads = selected_workloads(args)
     timings = speed(args, workloads)
@@ -494,6 +505,18 @@ def main(argv=None) -> None:
                                     "model": model_shape(args), "prompts": args.prompts},
                  {"timings": timings, "memory": {" / ".join(map(str, k)): v for k, v in memory.items()}},
                  out=args.out, table=rows)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    setup_env()
+    if args.child:
+        return child(args)
+    for mode, report in (("threshold", report_threshold), ("verifiable", report_verifiable),
+                         ("memory_only", report_memory), ("tolerance", report_tolerance)):
+        if getattr(args, mode):
+            return report(args)
+    report_speed(args)
 
 
 if __name__ == "__main__":
