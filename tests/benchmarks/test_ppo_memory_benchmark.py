@@ -3,8 +3,9 @@
 ones, each design against the shared base with streamed log-probs), and the rollout part on a Llama of hidden size
 32, one layer, with Qwen2.5's 151,936-token vocabulary, responses of 4 and 8 tokens: TRL's rollout and trl_ext's,
 each child's code here in this process (its peak RSS is then this process's: only checked to be measured; a peak
-that did not grow gives no ratio), checked against the budget's formulas. (The shared part, 4-bit models trained
-with bitsandbytes, is not run here.)"""
+that did not grow gives no ratio), checked against the budget's formulas; and the shared part on a 4-bit nf4 Llama
+of hidden size 64, one layer (bitsandbytes' CPU kernels), one PPO update per design and one timing repeat of two
+updates, whose weight bytes the formulas predict."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ import math
 from benchmark_scripts import in_process_children, loaded_script
 
 QWEN_VOCAB = 151_936
+
+
+def finite_positive(*values) -> bool:
+    return all(math.isfinite(v) and v > 0 for v in values)
 
 
 def row(table: str, label: str) -> list[str]:
@@ -72,3 +77,29 @@ def test_rollout_part_both_implementations_and_the_formulas(tmp_path, monkeypatc
     checks = results["budget"]["checks"]["rollout"]
     assert [row[:2] for row in checks] == [list(key) for key in rows]
     assert all(row[2] > 0 and row[3] >= 0 for row in checks)  # formula, measured (MiB)
+
+
+def test_shared_part_one_base_for_the_three_models(tmp_path, monkeypatch):
+    out = tmp_path / "memory.json"
+    with loaded_script("ppo_memory") as script:
+        children = in_process_children(script)
+        monkeypatch.setattr(script, "run_child", children)
+        script.main(["shared", "budget", "--shared-hidden", "64", "--shared-layers", "1", "--timing-hidden", "64",
+                     "--timing-layers", "1", "--repeats", "1", "--timing-updates", "2", "--out", str(out)])
+    assert [c[:2] for c in children.calls] == [["--child", "shared"], ["--child", "shared"], ["--child", "timing"]]
+    results = json.loads(out.read_text())["results"]
+    shared = results["shared"]
+    sep, sh = shared["separate"], shared["shared"]
+    assert shared["shape"]["hidden_size"] == 64 and shared["shape"]["num_layers"] == 1
+    # the shared design holds one 4-bit base instead of three (the reward and value bases have no LM head)
+    assert 0 < sh["weights_mib"] < sep["weights_mib"]
+    for r in (sep, sh):
+        assert r["s_per_update"] > 0 and r["run_peak_working_set_mib"] > 0 and r["loaded_working_set_mib"] >= 0
+    timing = shared["timing"]
+    assert finite_positive(timing["ratio_median"], *timing["s_per_update"].values())
+    assert 0 < timing["switching_share_median"] < 1  # the shared design switches adapters, within its update
+    checks = results["budget"]["checks"]["shared"]
+    assert [row[0] for row in checks] == ["separate", "shared"]
+    for row in checks:  # weight bytes: formula vs measured (packed 4-bit weights and their absmax, exact counts)
+        assert abs(row[3] - 1) < 0.02
+        assert row[4] > 0 and row[5] > 0  # run peak: formula, measured
