@@ -56,11 +56,14 @@ def ptx_texts(n: int = 64, seed: int = 3):
 _OUTPUT_DIR = tempfile.TemporaryDirectory(prefix="ppo-bench-")  # one per process, removed at exit; nothing is saved
 
 
-def config_kwargs(*, batch: int, response_length: int, updates: int, micro_batch: int = 2, mini_batches: int = 2,
+def config_kwargs(*, batch: int, response_length: int, updates: int, micro_batch: int = 2, mini_batches: int = 1,
                   ppo_epochs: int = 4, **overrides) -> dict:
     """PPO settings: `batch` episodes per update (TRL: `per_device_train_batch_size * gradient_accumulation_steps`),
     split into `mini_batches` optimizer steps, each over micro-batches of `micro_batch` sequences; TRL's defaults
-    otherwise (4 PPO epochs, fixed kl_coef 0.05, value clip "max"). No sample generations, no saving, no tracker."""
+    otherwise (4 PPO epochs, fixed kl_coef 0.05, value clip "max"), and no gradient clipping (TRL's PPO clips
+    nothing). One mini-batch by default: with several and gradient accumulation TRL 1.12 merges mini-batches into
+    fewer optimizer steps than ours (docs/ppo.md, "Optimizer steps"), so its numbers would differ from ours.
+    No sample generations, no saving, no tracker."""
     if batch % (micro_batch * mini_batches):
         raise ValueError(f"batch {batch} must be a multiple of micro_batch * mini_batches")
     kwargs = dict(
@@ -79,6 +82,7 @@ def config_kwargs(*, batch: int, response_length: int, updates: int, micro_batch
         num_sample_generations=0,
         stop_token="eos",
         missing_eos_penalty=1.0,
+        max_grad_norm=0.0,
         seed=11,
     )
     kwargs.update(overrides)
