@@ -31,6 +31,7 @@ LONGEST_FIRST = [
     "tests/recipes/test_gold_pipeline.py",  # SFT -> reward -> PPO on the gold task: one test
     "tests/benchmarks/test_gold_benchmarks.py",  # the four gold studies' scripts, each its own tiny pipeline
     "tests/engines/test_engine_cli.py",  # 2 ZeRO-2 CLI launches
+    "tests/benchmarks/test_engine_matrix_benchmark.py",  # one 2-process DDP launch of engine_script
     "tests/recipes/test_every_key.py",
     "tests/test_gpu_ppo_benchmark.py",
     "tests/recipes/test_sft_recipe.py",
