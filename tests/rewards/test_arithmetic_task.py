@@ -70,6 +70,12 @@ def task():
     return addition_task
 
 
+def operands(row: dict) -> tuple[int, int]:
+    """``"4 7 + 3 5 ="`` -> ``(47, 35)``: a row's two numbers, read back from its prompt."""
+    a, b = row["prompt"].replace(" ", "").rstrip("=").split("+")
+    return int(a), int(b)
+
+
 def test_split_is_disjoint_deterministic_and_right(task):
     train, heldout = task.split(seed=0)
     assert (len(train), len(heldout)) == (4000, 500)
@@ -78,7 +84,7 @@ def test_split_is_disjoint_deterministic_and_right(task):
     assert task.split(seed=0) == (train, heldout)
     assert task.split(seed=1)[1] != heldout
     for r in train + heldout:
-        a, b = (int(x) for x in r["prompt"].replace(" ", "").rstrip("=").split("+"))
+        a, b = operands(r)
         assert int(r["answer"]) == a + b
         assert len(r["completion"].split()) == 3  # three digits always
         if r in heldout or not task.units_carry(a, b):
@@ -95,13 +101,11 @@ def test_the_careless_demonstrator_forgets_the_units_carry(task):
     assert task.demonstrator_total(95, 7, carries=False) == 92
     assert task.demonstrator_total(40, 52, carries=False) == 92  # no carry to forget
     train, _ = task.split(seed=0)
-    carry_rows = [r for r in train if task.units_carry(*(int(x) for x in r["prompt"].replace(" ", "")
-                                                          .rstrip("=").split("+")))]
+    carry_rows = [r for r in train if task.units_carry(*operands(r))]
     carried = sum(exact_match_reward([r["completion"]], [r["answer"]])[0] for r in carry_rows) / len(carry_rows)
     assert 1700 < len(carry_rows) < 1900  # 45 % of 4000
     assert abs(carried - task.CARRY_RATE) < 0.03  # binomial sd over ~1800 rows: 0.011
-    assert task.split(seed=0, carry_rate=1.0)[0] == [task.row(*(int(x) for x in r["prompt"].replace(" ", "")
-                                                                .rstrip("=").split("+"))) for r in train]
+    assert task.split(seed=0, carry_rate=1.0)[0] == [task.row(*operands(r)) for r in train]
 
 
 def test_tokenizer_one_token_per_digit_and_concatenation(task):
