@@ -112,3 +112,18 @@ def count_optimizer_steps(trainer, track_parameters: bool = False) -> OptimizerS
     if track_parameters:
         track = [p for p in trainer.accelerator.unwrap_model(trainer.model).parameters() if p.requires_grad]
     return OptimizerSteps(optimizer, track)
+
+
+def first_rollout(ppo):
+    """A built trainer's first update up to the optimisation: its rollout sampled and scored (asserted finite),
+    rewards and advantages computed. Returns ``(rollout, kl_coef)``."""
+    ppo.model.train()
+    ppo.init_train_state()
+    ppo.init_data_streams()
+    with torch.no_grad():
+        rollout, scored, _ = ppo.sample_and_score(ppo.next_prompt_batch())
+        assert scored
+        kl_coef = float(ppo.kl_ctl.value)
+        ppo.compute_rewards(rollout, kl_coef)
+        ppo.compute_advantages(rollout)
+    return rollout, kl_coef

@@ -19,7 +19,7 @@ from trl_ext.ppo.objective.objectives import mini_batch_token_normalizer
 from trl_ext.ppo.rollout.sequences import INVALID_LOGPROB
 from trl_ext.testing.tools import ADD_PAIRS, add
 
-from ppo_helpers import seed_all
+from ppo_helpers import first_rollout, seed_all
 
 PAIRS = ADD_PAIRS
 
@@ -63,19 +63,6 @@ def trainer(models, tmp_path, policy="caller", dataset=None, **kwargs):
     kwargs.setdefault("tools", [add])
     return PPOTrainer(args, tok, AutoModelForCausalLM.from_pretrained(root / policy), None, None,
                       dataset if dataset is not None else prompts_dataset(), value, **kwargs)
-
-
-def first_rollout(ppo):
-    ppo.model.train()
-    ppo.init_train_state()
-    ppo.init_data_streams()
-    with torch.no_grad():
-        rollout, scored, _ = ppo.sample_and_score(ppo.next_prompt_batch())
-        assert scored
-        kl_coef = float(ppo.kl_ctl.value)
-        ppo.compute_rewards(rollout, kl_coef)
-        ppo.compute_advantages(rollout)
-    return rollout, kl_coef
 
 
 @pytest.mark.parametrize("settings", [

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 from datasets import Dataset
+from ppo_helpers import first_rollout
 from recipe_modules import recipe_module
 from transformers import LlamaForCausalLM
 
@@ -112,12 +113,7 @@ def trainer_episodes(tok, tmp_path, script, rows, *, response_length, iterations
                      max_tool_calling_iterations=iterations)
     ppo = PPOTrainer(args, tok, scripted(tok, script), None, None, Dataset.from_list(rows),
                      build_scalar_model(tok, max_position_embeddings=512), **kwargs)
-    ppo.model.train()
-    ppo.init_train_state()
-    ppo.init_data_streams()
-    with torch.no_grad():
-        rollout, scored, _ = ppo.sample_and_score(ppo.next_prompt_batch())
-    assert scored
+    rollout, _ = first_rollout(ppo)
     episodes = rollout.episodes.episodes
     environments = ppo.multi_turn.toolbox.environments or [None] * len(episodes)
     return {key(e, env): (e, float(s), env) for e, s, env in zip(episodes, rollout.scores, environments)}
