@@ -71,6 +71,9 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     import transformers  # only the table: no progress bar per model load, no library warnings
 
+    from trl_ext.runtime.quiet_console import quiet_console
+
+    quiet_console()  # the lines trl-ext train filters too (bitsandbytes' optional-kernel warning, DeepSpeed's probe)
     transformers.utils.logging.disable_progress_bar()
     transformers.logging.set_verbosity_error()
     from transformers import AutoModelForCausalLM, AutoTokenizer
