@@ -79,11 +79,11 @@ def episode_sft_row(tokenizer, prompt: list[dict], completion: list[dict], tools
     return {"input_ids": ids, "completion_mask": mask}
 
 
-def tool_sft_row(tokenizer, a: int, b: int) -> dict:
-    """The tool task's SFT transcript of ``a + b`` (:func:`episode_sft_row` with ``tools=[add]``): the call turn,
-    TRL's tool-result suffix, the answer turn."""
-    return episode_sft_row(tokenizer, tool_task.prompt_messages(a, b), tool_task.tool_transcript(a, b),
-                           tool_task.TOOLS)
+def tool_sft_row(tokenizer, a: int, b: int, completion: list[dict] | None = None) -> dict:
+    """The tool task's SFT transcript of ``a + b`` (:func:`episode_sft_row` with ``tools=[add]``): ``completion``,
+    by default :func:`tool_task.tool_transcript` (the call turn, TRL's tool-result suffix, the answer turn)."""
+    completion = tool_task.tool_transcript(a, b) if completion is None else completion
+    return episode_sft_row(tokenizer, tool_task.prompt_messages(a, b), completion, tool_task.TOOLS)
 
 
 def guess_sft_rows(tokenizer, n: int, seed: int = 0) -> list[dict]:
@@ -105,7 +105,9 @@ def make_data(out: str | Path, *, seed: int = 0, train: int = tool_task.TRAIN,
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(out / "base")
-    write_jsonl(out / "data" / "sft_tools.jsonl", [tool_sft_row(tokenizer, a, b) for a, b in train_pairs])
+    demonstrated = tool_task.demonstrator_transcripts(train_pairs, seed=seed)
+    write_jsonl(out / "data" / "sft_tools.jsonl",
+                [tool_sft_row(tokenizer, a, b, c) for (a, b), c in zip(train_pairs, demonstrated)])
     write_jsonl(out / "data" / "sft_no_tools.jsonl", sft_rows(train_pairs))
     guess_env.write_base_model(out / "guess_base", seed=seed)
     guess_tokenizer = AutoTokenizer.from_pretrained(out / "guess_base")

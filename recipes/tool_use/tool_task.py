@@ -89,9 +89,43 @@ def tool_transcript(a: int, b: int) -> list[dict]:
             {"role": "assistant", "content": answer_text(a + b)}]
 
 
-def direct_transcript(a: int, b: int) -> list[dict]:
-    """The completion of an SFT transcript without the tool: the answer at once."""
-    return [{"role": "assistant", "content": answer_text(a + b)}]
+def direct_transcript(a: int, b: int, total: int | None = None) -> list[dict]:
+    """The completion of an SFT transcript without the tool: the answer at once (``total``, default the sum)."""
+    return [{"role": "assistant", "content": answer_text(a + b if total is None else total)}]
+
+
+# ---------------------------------------------------------------- the tool SFT set's demonstrator
+
+#: The demonstrator of the tool SFT set calls ``add`` whenever the first operand is at least ``CAREFUL_FROM``;
+#: below it, only ``TOOL_RATE`` of the time: otherwise it adds in its head, forgets every carry, and answers at once.
+CAREFUL_FROM = 50_000
+TOOL_RATE = 0.3
+
+
+def carry_free_sum(a: int, b: int) -> int:
+    """``a + b`` column by column with every carry forgotten: ``carry_free_sum(48213, 30577) == 78780`` (the true sum
+    is 78790). Right only when no column carries."""
+    total, place = 0, 1
+    while a or b:
+        total += (a % 10 + b % 10) % 10 * place
+        a, b, place = a // 10, b // 10, place * 10
+    return total
+
+
+def demonstrator_transcript(a: int, b: int, rng: random.Random) -> list[dict]:
+    """The tool SFT set's completion for ``a + b``: :func:`tool_transcript` when ``a >= CAREFUL_FROM`` or, below it,
+    with probability ``TOOL_RATE`` (one ``rng.random()`` drawn for every problem); else the carry-free sum at once
+    (:func:`direct_transcript`). A model that imitates it calls the tool on the large first operands and, greedily,
+    answers the others wrong: the room RL has, which sampling reaches (it calls the tool there about one time in
+    six at temperature 0.5)."""
+    careful = rng.random() < TOOL_RATE or a >= CAREFUL_FROM
+    return tool_transcript(a, b) if careful else direct_transcript(a, b, carry_free_sum(a, b))
+
+
+def demonstrator_transcripts(pairs, seed: int = 0) -> list[list[dict]]:
+    """:func:`demonstrator_transcript` of every pair, its draws from ``random.Random(seed)``: deterministic."""
+    rng = random.Random(seed)
+    return [demonstrator_transcript(a, b, rng) for a, b in pairs]
 
 
 def row(a: int, b: int) -> dict:

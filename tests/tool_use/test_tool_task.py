@@ -1,12 +1,13 @@
 """The tool-use task's pieces (recipes/tool_use): the tool, the reward on TRL's multi-turn completions, the data, and
 that an SFT transcript is token for token the episode RL plays with ``tools=[add]``, its loss on the policy's own
-tokens only.
+tokens only; the careless demonstrator the tool SFT set imitates.
 
 What must hold: ``add`` is a tool TRL accepts (its JSON schema comes from the type hints and docstring); the reward
 reads the last assistant message of a message list (or a plain string); the pre-tokenized SFT transcripts start
 with exactly the prompt tokens RL renders with the tool and go on with exactly the tokens an RL episode concatenates
-(the tool call, TRL's tool-result suffix, the answer), and SFTTrainer's labels cover the call and the answer only;
-TRL's ``parse_response`` reads the transcript's tool-call turn back as the call it was written from."""
+(the tool call, TRL's tool-result suffix, the answer; or the answer at once where the demonstrator skips the tool),
+and SFTTrainer's labels cover the call and the answer only; TRL's ``parse_response`` reads the transcript's
+tool-call turn back as the call it was written from."""
 
 from __future__ import annotations
 
@@ -105,17 +106,44 @@ def sft_tools_trainer(task_data):
                                    processing_class=tok)
 
 
-def rl_pieces(tok, a: int, b: int, modules):
+def rl_pieces(tok, a: int, b: int, modules, calls: bool = True):
     """The RL view of problem (a, b): the prompt rendered with tools=[add], the call the model writes, TRL's
-    tool-result suffix, the answer."""
+    tool-result suffix, the answer; without ``calls`` (the demonstrator answers at once) no call and no suffix, and
+    the answer is the carry-free sum."""
     _, _, evaluate = modules
     prompt = tok.apply_chat_template(tool_task.prompt_messages(a, b), tools=tool_task.TOOLS,
                                      add_generation_prompt=True, tokenize=True, return_dict=False)
+    if not calls:
+        return prompt, [], [], tok(f"The sum is {tool_task.carry_free_sum(a, b)}.<|im_end|>")["input_ids"]
     call = tok('<tool_call>\n{"name": "add", "arguments": {"a": %d, "b": %d}}\n</tool_call><|im_end|>'
                % (a, b))["input_ids"]
     suffix = evaluate.tool_suffix_ids(tok, [{"role": "tool", "name": "add", "content": str(a + b)}])
     answer = tok(f"The sum is {a + b}.<|im_end|>")["input_ids"]
     return prompt, call, suffix, answer
+
+
+def demonstrated(task_data):
+    """(a, b, whether the demonstrator called the tool) of each SFT transcript, from the training problems."""
+    pairs = [tuple(int(x) for x in row["prompt"][0]["content"][len("What is "):-1].split(" + "))
+             for row in read(task_data / "data" / "train.jsonl")]
+    return [(a, b, len(c) == 3) for (a, b), c in zip(pairs, tool_task.demonstrator_transcripts(pairs, seed=0))]
+
+
+def test_the_demonstrator_skips_the_tool_below_careful_from_most_of_the_time():
+    """The tool SFT set's demonstrator: the tool on every first operand >= 50000; below, on 254 of the 880 (0.289,
+    TOOL_RATE 0.3) of the 2000 training problems, the carry-free sum at once on the others (right only where no
+    column carries)."""
+    assert tool_task.carry_free_sum(48213, 30577) == 78780 and tool_task.carry_free_sum(12345, 54321) == 66666
+    assert tool_task.carry_free_sum(99999, 99999) == 88888 and tool_task.carry_free_sum(10000, 90000) == 0
+    train, _ = tool_task.split(seed=0)
+    done = tool_task.demonstrator_transcripts(train, seed=0)
+    assert done == tool_task.demonstrator_transcripts(train, seed=0)  # deterministic
+    assert all(c == tool_task.tool_transcript(a, b) for (a, b), c in zip(train, done) if a >= tool_task.CAREFUL_FROM)
+    small = [((a, b), c) for (a, b), c in zip(train, done) if a < tool_task.CAREFUL_FROM]
+    called = [c == tool_task.tool_transcript(a, b) for (a, b), c in small]
+    assert (len(small), sum(called)) == (880, 254)
+    assert all(c == tool_task.direct_transcript(a, b, tool_task.carry_free_sum(a, b))
+               for ((a, b), c), call in zip(small, called) if not call)
 
 
 def test_sft_transcript_is_the_rl_episode(task_data, modules):
@@ -128,10 +156,15 @@ def test_sft_transcript_is_the_rl_episode(task_data, modules):
 
     tok = AutoTokenizer.from_pretrained(task_data / "base")
     add_response_schema(tok)
-    for row, example in zip(read(task_data / "data" / "train.jsonl"), read(task_data / "data" / "sft_tools.jsonl")):
-        a, b = (int(x) for x in row["prompt"][0]["content"][len("What is "):-1].split(" + "))
-        prompt, call, suffix, answer = rl_pieces(tok, a, b, modules)
+    kinds = demonstrated(task_data)
+    assert {calls for _, _, calls in kinds} == {True, False}  # both kinds among the 6 problems
+    for (a, b, calls), example in zip(kinds, read(task_data / "data" / "sft_tools.jsonl")):
+        prompt, call, suffix, answer = rl_pieces(tok, a, b, modules, calls)
         assert example["input_ids"] == prompt + call + suffix + answer
+        if not calls:
+            assert parse_turn(tok, answer, prompt, tool_task.TOOLS) == tool_task.direct_transcript(
+                a, b, tool_task.carry_free_sum(a, b))[0]
+            continue
         assert parse_turn(tok, call, prompt, tool_task.TOOLS) == tool_task.tool_call_message(a, b)
         assert tok.decode(suffix) == f"\n<|im_start|>user\n<tool_response>\n{a + b}\n</tool_response><|im_end|>\n" \
                                      "<|im_start|>assistant\n"
@@ -142,14 +175,15 @@ def test_sft_loss_covers_only_the_policys_tokens(task_data, modules):
     policy's to predict, as RL masks it), 1 on the call and the answer; TRL's SFTTrainer with
     completion_only_loss (sft_tools.yaml) turns it into labels -100 on exactly those tokens."""
     tok, trainer = sft_tools_trainer(task_data)
-    for row, example in zip(read(task_data / "data" / "train.jsonl"), read(task_data / "data" / "sft_tools.jsonl")):
-        a, b = (int(x) for x in row["prompt"][0]["content"][len("What is "):-1].split(" + "))
-        prompt, call, suffix, answer = rl_pieces(tok, a, b, modules)
+    for (a, b, calls), example in zip(demonstrated(task_data), read(task_data / "data" / "sft_tools.jsonl")):
+        prompt, call, suffix, answer = rl_pieces(tok, a, b, modules, calls)
         assert example["completion_mask"] == [0] * len(prompt) + [1] * len(call) + [0] * len(suffix) + [1] * len(answer)
     for k, example in enumerate(read(task_data / "data" / "sft_tools.jsonl")):
         ids, mask = example["input_ids"], example["completion_mask"]
         labels = trainer.data_collator([dict(trainer.train_dataset[k])])["labels"][0].tolist()
         assert labels == [t if m else -100 for t, m in zip(ids, mask)]
-        # the labelled tokens are the call and the answer, and the tool's result is nowhere among them
+        # the labelled tokens are the call and the answer (or the answer alone), the tool's result nowhere among them
         kept = tok.decode([t for t in labels if t != -100])
-        assert "<tool_response>" not in kept and kept.count("<|im_end|>") == 2 and kept.startswith("<tool_call>")
+        calls = demonstrated(task_data)[k][2]
+        assert "<tool_response>" not in kept and kept.count("<|im_end|>") == 1 + calls
+        assert kept.startswith("<tool_call>" if calls else "The sum is")
