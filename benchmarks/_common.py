@@ -1,7 +1,7 @@
 """Shared plumbing of the benchmark scripts: environment, machine description, alternating timed runs, peak RSS,
-child processes, the study scaffold (fresh work folder, seeds x variants, the RL trainer from an SFT model, quiet
-timed training with a held-out curve, logged series, a shipped recipe trained quietly), tables, figures and JSON results (written to
-benchmarks/results/, which git ignores).
+child processes, the study scaffold (command line, fresh work folder, seeds x variants, the RL trainer from an SFT
+model, quiet timed training with a held-out curve, logged series, a shipped recipe trained quietly), tables, figures
+and JSON results (written to benchmarks/results/, which git ignores).
 
 Not a test module and not part of the package: the scripts import it as a sibling (`from _common import ...`).
 """
@@ -182,6 +182,34 @@ def study_cells(seeds, variants: dict, only=None):
             if only is not None and name not in only:
                 continue
             yield seed, name, overrides
+
+
+def study_parser(doc: str, name: str, *, updates: tuple[int, int], seeds: int = 3, what: str = "variant",
+                 updates_flag: str = "--updates", unit: str = "RL"):
+    """The command line every seeds x variants study (benchmarks/<name>.py) shares, its sizes read back by
+    :func:`study_size`: `--quick`, the updates per run (option `updates_flag`, attribute ``updates``; `updates`: the
+    full and the quick study's), `--seeds` (per `what`: `seeds`, quick 1), `--only` (names of `what`s),
+    `--workdir` (benchmarks/results/<name>_runs) and `--out` (benchmarks/results/<name>.json). The script adds its
+    own options to the returned ``argparse.ArgumentParser``."""
+    import argparse
+
+    full, quick = updates
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help=f"{quick} updates, one seed")
+    p.add_argument(updates_flag, dest="updates", type=int, default=None,
+                   help=f"{unit} updates per run (default {full}, quick {quick})")
+    p.add_argument("--seeds", type=int, default=None, help=f"training seeds per {what} (default {seeds}, quick 1)")
+    p.add_argument("--only", nargs="*", default=None, help=f"run only these {what}s (names as in the table)")
+    p.add_argument("--workdir", default=str(RESULTS / f"{name}_runs"), help="where the runs are written")
+    p.add_argument("--out", default=None, help=f"result JSON (default benchmarks/results/{name}.json)")
+    return p
+
+
+def study_size(a, updates: tuple[int, int], seeds: int = 3) -> tuple[int, list[int]]:
+    """(updates per run, training seeds) of a study whose command line :func:`study_parser` read: those given, else
+    the full study's (`updates[0]`, `seeds` seeds) or with `--quick` the quick one's (`updates[1]`, one seed)."""
+    full, quick = updates
+    return a.updates or (quick if a.quick else full), list(range(a.seeds or (1 if a.quick else seeds)))
 
 
 def quiet_timed(fn, log_path):

@@ -18,18 +18,15 @@ Writes benchmarks/results/gold_critic_free.json and benchmarks/figures/gold_crit
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import (RESULTS, fresh_workdir, load_average, print_table, pyplot_into, save_figure, setup_env,
-                     study_cells, write_result)  # noqa: E402
-from gold_reward import (FIGURES, NOISE, _mean, _slug, measured_ppo_run, ppo_overrides, proxy_setup,  # noqa: E402
-                         seed_ends)
+from _common import load_average, print_table, pyplot_into, save_figure, study_parser, study_size  # noqa: E402
+from gold_reward import FIGURES, ProxyStudy, _mean, seed_ends  # noqa: E402
 
+UPDATES = (48, 24)  # PPO updates per run: the study's, --quick's
 K = 4
 ESTIMATORS = {
     "GAE (value model)": {},
@@ -44,44 +41,18 @@ LOGGED = ("objective/kl", "objective/scores", "objective/frac_groups_equal_score
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="24 updates, one seed")
-    p.add_argument("--ppo-updates", type=int, default=None, help="PPO updates per run (default 48, quick 24)")
-    p.add_argument("--seeds", type=int, default=None, help="training seeds per estimator (default 3, quick 1)")
+    p = study_parser(__doc__, "gold_critic_free", updates=UPDATES, what="estimator", updates_flag="--ppo-updates",
+                     unit="PPO")
     p.add_argument("--samples-per-prompt", type=int, default=4, help="evaluation samples per prompt (96 prompts)")
-    p.add_argument("--only", nargs="*", default=None, help="run only these estimators (names as in the table)")
     p.add_argument("--smoke", action="store_true", help="tiny data, pairs and SFT/reward steps (the test's sizes)")
-    p.add_argument("--workdir", default=str(RESULTS / "gold_critic_free_runs"), help="where the runs are written")
     p.add_argument("--figures", default=str(FIGURES), help="where the PNG figure goes ('' for none)")
-    p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/gold_critic_free.json)")
     a = p.parse_args(argv)
-    updates = a.ppo_updates or (24 if a.quick else 48)
-    seeds = list(range(a.seeds or (1 if a.quick else 3)))
-
-    setup_env(threads=1)
-    work = fresh_workdir(a.workdir)
-    started = time.perf_counter()
-    data, reward_dir, evaluator = proxy_setup(work, a.samples_per_prompt, smoke=a.smoke)
-    sft_point = {"step": 0, **evaluator.evaluate(work / "sft")}
-
-    common = ppo_overrides(work, data, reward_dir, updates, checkpoints=4)
-    runs = {}
-    for seed, name, overrides in study_cells(seeds, ESTIMATORS, a.only):
-        run = runs.setdefault(name, {"overrides": overrides, "seeds": []})
-        out = work / f"{_slug(name).replace('(', '').replace(')', '').replace('=', '')}-seed{seed}"
-        record, logged = measured_ppo_run({**common, **overrides, "output_dir": out, "seed": seed}, evaluator,
-                                          sft_point, LOGGED)
-        run["seeds"].append({**record, "logged": {k: logged[k] for k in LOGGED[:3]}})
-        write_result("gold_critic_free", {"updates": updates, "seeds": seeds}, {"sft": sft_point, "runs": runs},
-                     out=a.out)  # after every run: a partial study is kept
-
-    total = time.perf_counter() - started
-    report(sft_point, runs)
-    settings = {"quick": a.quick, "smoke": a.smoke, "ppo_updates": updates, "seeds": seeds, "k": K, "noise": NOISE,
-                "samples_per_prompt": a.samples_per_prompt, "seconds": {"total": total}}
-    write_result("gold_critic_free", settings, {"sft": sft_point, "runs": runs}, out=a.out)
+    study = ProxyStudy(a, "gold_critic_free", *study_size(a, UPDATES))
+    study.run(ESTIMATORS, LOGGED, kept=3)
+    report(study.sft_point, study.runs)
+    total = study.finish(K)
     if a.figures:
-        draw_figure(Path(a.figures), sft_point, runs)
+        draw_figure(Path(a.figures), study.sft_point, study.runs)
     print(f"total {total:.0f} s; load average now {load_average()}")
     return 0
 

@@ -36,7 +36,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _common import (REPO, RESULTS, AnonPeakSampler, fresh_workdir, load_average, print_table, pyplot_into, quiet_timed,
-                     save_figure, seconds_per_update, setup_env, write_result)  # noqa: E402
+                     save_figure, seconds_per_update, setup_env, study_cells, write_result)  # noqa: E402
 
 GOLD = REPO / "recipes" / "gold"
 sys.path.insert(0, str(GOLD))
@@ -112,6 +112,51 @@ def proxy_setup(work: Path, samples_per_prompt: int, smoke: bool = False):
     evaluator = gold_eval.GoldEvaluator(AutoTokenizer.from_pretrained(work / "sft"), sft=work / "sft",
                                         reward_model=reward_dir, heldout=heldout, samples_per_prompt=samples_per_prompt)
     return data, reward_dir, evaluator
+
+
+class ProxyStudy:
+    """A PPO study against the gold task's proxy reward model, seeds x variants (gold_critic_free.py, objectives.py):
+    the quiet environment, ``a.workdir`` emptied, :func:`proxy_setup` in it (``a.samples_per_prompt``, ``a.smoke``)
+    and the SFT model evaluated when it starts; :meth:`run` trains and evaluates the variants, :meth:`finish` writes
+    the result ``benchmarks/results/<name>.json`` (or ``a.out``)."""
+
+    def __init__(self, a, name: str, updates: int, seeds: list[int]):
+        self.a, self.name, self.updates, self.seeds = a, name, updates, seeds
+        setup_env(threads=1)
+        self.work = fresh_workdir(a.workdir)
+        self.started = time.perf_counter()
+        data, reward_dir, self.evaluator = proxy_setup(self.work, a.samples_per_prompt, smoke=a.smoke)
+        self.sft_point = {"step": 0, **self.evaluator.evaluate(self.work / "sft")}
+        #: the recipe overrides every run shares: runs of ``updates`` updates, 4 checkpoints each
+        self.overrides = ppo_overrides(self.work, data, reward_dir, updates, checkpoints=4)
+        self.runs: dict[str, dict] = {}
+
+    def run(self, variants: dict, logged_keys, kept: int, *, context=None, extra=None) -> None:
+        """Every (seed, variant) of ``variants`` (name -> overrides; ``a.only`` picks) as a :func:`measured_ppo_run`
+        inside ``context(name)`` (if given), recorded in :attr:`runs` with the series of the first ``kept``
+        ``logged_keys`` and ``extra(logged series)``; the result is written after every run (a cut-short study is
+        kept)."""
+        for seed, name, overrides in study_cells(self.seeds, variants, self.a.only):
+            run = self.runs.setdefault(name, {"overrides": overrides, "seeds": []})
+            out = self.work / f"{_slug(name)}-seed{seed}".translate(str.maketrans("", "", "()=,/.:"))
+            record, logged = measured_ppo_run({**self.overrides, **overrides, "output_dir": out, "seed": seed},
+                                              self.evaluator, self.sft_point, logged_keys,
+                                              context=context(name) if context else None)
+            run["seeds"].append({**record, **(extra(logged) if extra else {}),
+                                 "logged": {k: logged[k] for k in logged_keys[:kept]}})
+            self.write({"updates": self.updates, "seeds": self.seeds})
+
+    def finish(self, k: int) -> float:
+        """Write the result with the study's settings (its sizes, the samples per prompt ``k`` of the group
+        estimators, the label noise, the total seconds); returns the seconds since the study started."""
+        total = time.perf_counter() - self.started
+        a = self.a
+        self.write({"quick": a.quick, "smoke": a.smoke, "ppo_updates": self.updates, "seeds": self.seeds, "k": k,
+                    "noise": NOISE, "samples_per_prompt": a.samples_per_prompt, "seconds": {"total": total}})
+        return total
+
+    def write(self, settings: dict) -> None:
+        write_result(self.name, settings, {"sft": self.sft_point, "runs": self.runs}, out=self.a.out)
 
 
 def train(recipe: str, overrides: dict) -> tuple[object, float]:

@@ -46,17 +46,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (  # noqa: E402
-    child_result,
-    peak_rss_mb,
-    print_table,
-    reset_peak_rss,
-    rss_mb,
-    run_child,
-    setup_env,
-    trim_heap,
-    write_result,
-)
+from _common import (child_result, peak_rss_mb, print_table, reset_peak_rss, rss_mb, run_child, setup_env, trim_heap,
+                     write_result)  # noqa: E402
 
 QWEN_VOCAB = 151_936
 MIB = 2**20

@@ -37,20 +37,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (  # noqa: E402
-    alternate,
-    child_result,
-    freeze_gc,
-    median,
-    peak_rss_mb,
-    print_table,
-    ratios,
-    reset_peak_rss,
-    rss_mb,
-    run_child,
-    setup_env,
-    write_result,
-)
+from _common import (alternate, child_result, freeze_gc, median, peak_rss_mb, print_table, ratios, reset_peak_rss,
+                     rss_mb, run_child, setup_env, write_result)  # noqa: E402
 
 CONFIGS = {
     "trl": ("trl", {}),

@@ -45,19 +45,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (  # noqa: E402
-    AnonPeakSampler,
-    child_result,
-    peak_rss_mb,
-    print_table,
-    reset_peak_rss,
-    rss_mb,
-    rss_parts_mb,
-    trim_heap,
-    run_child,
-    setup_env,
-    write_result,
-)
+from _common import (AnonPeakSampler, child_result, peak_rss_mb, print_table, reset_peak_rss, rss_mb, rss_parts_mb,
+                     run_child, setup_env, trim_heap, write_result)  # noqa: E402
 
 # name -> (ModelConfig fields, reference)
 VARIANTS = {

@@ -44,21 +44,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
-    alternate,
-    child_result,
-    load_average,
-    median,
-    peak_rss_mb,
-    print_table,
-    ratios,
-    reset_peak_rss,
-    rss_mb,
-    run_child,
-    setup_env,
-    trim_heap,
-    write_result,
-)
+from _common import (alternate, child_result, load_average, median, peak_rss_mb, print_table, ratios, reset_peak_rss,
+                     rss_mb, run_child, setup_env, trim_heap, write_result)  # noqa: E402
 
 PAD, EOS = 0, 1
 WORKLOADS = {"uneven": dict(response_length=192, stop=True), "fixed": dict(response_length=96, stop=False)}

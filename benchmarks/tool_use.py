@@ -25,7 +25,6 @@ Writes benchmarks/results/tool_use.json (or --out).
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import statistics
 import sys
@@ -34,8 +33,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import (REPO, RESULTS, fresh_workdir, load_average, logged, print_table, quiet_timed,  # noqa: E402
-                     rl_trainer_from_sft, setup_env, study_cells, train_recipe, write_result)
+from _common import (REPO, fresh_workdir, load_average, logged, print_table, quiet_timed,  # noqa: E402
+                     rl_trainer_from_sft, setup_env, study_cells, study_parser, study_size, train_recipe, write_result)
 
 TASK = REPO / "recipes" / "tool_use"
 sys.path.insert(0, str(TASK))
@@ -43,6 +42,7 @@ sys.path.insert(0, str(TASK))
 K = 4
 EPISODES_PER_UPDATE = 32
 RL_UPDATES = 30
+UPDATES = (RL_UPDATES, 5)  # RL updates per run: the study's, --quick's
 ESTIMATORS = {
     "GAE (value model)": {"advantage_estimator": "gae", "lam": 1.0},  # lam: below
     f"RLOO k={K}": {"advantage_estimator": "rloo", "num_samples_per_prompt": K},
@@ -159,31 +159,24 @@ def guess_study(work: Path, *, updates: int, seed: int, sft_steps: int | None = 
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="5 updates, one seed")
-    p.add_argument("--updates", type=int, default=None, help=f"RL updates per run (default {RL_UPDATES}, quick 5)")
-    p.add_argument("--seeds", type=int, default=None, help="training seeds per variant (default 3, quick 1)")
-    p.add_argument("--only", nargs="*", default=None, help="run only these variants (names as in the table)")
+    p = study_parser(__doc__, "tool_use", updates=UPDATES)
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="PPOConfig overrides (YAML values)")
     p.add_argument("--sft-dir", default=None, help="reuse a finished run's folder (data/, sft_tools/, sft_no_tools/)")
     p.add_argument("--sft-steps", type=int, default=None, help="SFT steps (default: the recipes')")
     p.add_argument("--train", type=int, default=None, help="training problems (default: make_data's)")
     p.add_argument("--heldout", type=int, default=None, help="held-out problems (default: make_data's)")
     p.add_argument("--eval-problems", type=int, default=None, help="evaluate on the first N held-out problems")
-    p.add_argument("--workdir", default=str(RESULTS / "tool_use_runs"), help="where data and models are written")
     p.add_argument("--guess", type=int, default=0, metavar="UPDATES",
                    help="also the guessing-game environment case: GRPO updates after its SFT (0: not run)")
     p.add_argument("--guess-eval-samples", type=int, default=32,
                    help="games per secret sampled at temperature 0.5 before and after the game's RL (default 32)")
     p.add_argument("--guess-sft-steps", type=int, default=None, help="its SFT steps (default: sft_guess.yaml's)")
-    p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/tool_use.json)")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    updates = a.updates or (5 if a.quick else RL_UPDATES)
-    seeds = list(range(a.seeds or (1 if a.quick else 3)))
+    updates, seeds = study_size(a, UPDATES)
     setup_env(threads=1)
     import yaml
     from evaluate import read_jsonl

@@ -25,7 +25,6 @@ Writes benchmarks/results/verifiable.json and benchmarks/figures/verifiable.png.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 import time
@@ -33,14 +32,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import (REPO, RESULTS, fresh_workdir, load_average, logged, print_table, pyplot_into,  # noqa: E402
-                     rl_trainer_from_sft, save_figure, setup_env, study_cells, train_recipe, train_with_curve,
-                     write_result)
+from _common import (REPO, fresh_workdir, load_average, logged, print_table, pyplot_into,  # noqa: E402
+                     rl_trainer_from_sft, save_figure, setup_env, study_cells, study_parser, study_size, train_recipe,
+                     train_with_curve, write_result)
 
 TASK = REPO / "recipes" / "verifiable"
 sys.path.insert(0, str(TASK))
 FIGURES = HERE / "figures"
 
+UPDATES = (100, 30)  # RL updates per run: the study's, --quick's
 K = 4
 COMPLETIONS_PER_UPDATE = 64
 ESTIMATORS = {
@@ -102,21 +102,14 @@ def make_rl_trainer(sft_dir: Path, train_rows: list[dict], out: Path, *, updates
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="30 updates, one seed")
-    p.add_argument("--updates", type=int, default=None, help="RL updates per run (default 100, quick 30)")
-    p.add_argument("--seeds", type=int, default=None, help="training seeds per estimator (default 3, quick 1)")
-    p.add_argument("--only", nargs="*", default=None, help="run only these estimators (names as in the table)")
+    p = study_parser(__doc__, "verifiable", updates=UPDATES, what="estimator")
     p.add_argument("--lr", type=float, default=None, help="RL learning rate (default: RL_SETTINGS)")
     p.add_argument("--kl-coef", type=float, default=None, help="KL coefficient (default: RL_SETTINGS)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="other PPOConfig overrides (YAML values)")
     p.add_argument("--sft-dir", default=None, help="reuse this SFT model (and its data folder beside it)")
-    p.add_argument("--workdir", default=str(RESULTS / "verifiable_runs"), help="where data and models are written")
     p.add_argument("--figures", default=str(FIGURES), help="where the PNG figure goes ('' for none)")
-    p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/verifiable.json)")
     a = p.parse_args(argv)
-    updates = a.updates or (30 if a.quick else 100)
-    seeds = list(range(a.seeds or (1 if a.quick else 3)))
+    updates, seeds = study_size(a, UPDATES)
     evals = 4  # accuracy measured every updates/evals updates
 
     setup_env(threads=1)

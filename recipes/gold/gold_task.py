@@ -49,8 +49,6 @@ MAX_GOLD = 3.0
 #: Room for the longest answer the writers produce (count 8 + 2 words) plus the end-of-sequence token.
 RESPONSE_LENGTH = 11
 
-SPECIAL_TOKENS = ("<pad>", "</s>", "<s>", "<unk>")
-
 
 def vocabulary() -> list[str]:
     """Every word of the language, in a fixed order (the tokenizer's ids follow it)."""
@@ -141,22 +139,12 @@ def sft_examples(n: int, seed: int) -> list[dict]:
 
 
 def build_tokenizer():
-    """A word-level tokenizer over :func:`vocabulary` (one token per word), deterministic, with pad/eos/bos/unk.
+    """A word-level tokenizer over :func:`vocabulary` (one token per word), deterministic, with pad/eos/bos/unk
+    (:func:`trl_ext.testing.word_level_tokenizer`: decoded text keeps its spaces and ``tokenizer(prompt + completion)``
+    equals ``tokenizer(prompt) + tokenizer(completion)``)."""
+    from trl_ext.testing import word_level_tokenizer
 
-    Metaspace pre-tokenizer and decoder as in :mod:`trl_ext.testing`, so decoded text keeps its spaces and
-    ``tokenizer(prompt + completion)`` equals ``tokenizer(prompt) + tokenizer(completion)``.
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    for word in vocabulary():
-        vocab["\u2581" + word] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", bos_token="<s>",
-                                   unk_token="<unk>", model_max_length=64)
+    return word_level_tokenizer(vocabulary(), model_max_length=64)
 
 
 def build_base_model(tokenizer, seed: int = 0, hidden_size: int = 64, num_layers: int = 2):

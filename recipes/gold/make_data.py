@@ -39,7 +39,7 @@ def make_data(out: str | Path, *, sft_examples: int = 4000, test_examples: int =
     write_jsonl(data / "prompts.jsonl", [{"prompt": p} for p in gold_task.all_prompts()])
     # ptx text as SFT saw it, ending with the end-of-sequence token: without it, every next-token target of the
     # ptx loss is a word, and PPO-ptx teaches the policy never to stop.
-    eos = gold_task.SPECIAL_TOKENS[1]
+    eos = gold_task.build_tokenizer().eos_token
     write_jsonl(data / "ptx.jsonl", [{"text": r["prompt"] + r["completion"] + eos} for r in train])
     return out
 

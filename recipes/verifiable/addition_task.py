@@ -19,9 +19,9 @@ imitates it: right on every sum without a units carry, and greedy picks the forg
 the warm start gets about 0.55-0.6 of the held-out sums right greedily whatever the seed, and samples the right
 carry about a fifth of the time, which is what RL with the exact-match reward then learns to prefer.
 
-The tokenizer is word-level over the digits, ``+`` and ``=`` (built here as ``recipes/gold/gold_task.py`` builds the
-gold task's; ``trl_ext.testing``'s BPE tokenizer knows digits only as words): ``tokenizer(prompt + completion)``
-equals ``tokenizer(prompt) + tokenizer(completion)``.
+The tokenizer is word-level over the digits, ``+`` and ``=`` (``trl_ext.testing.word_level_tokenizer``, as the gold
+task's; ``trl_ext.testing``'s BPE tokenizer knows digits only as words): ``tokenizer(prompt + completion)`` equals
+``tokenizer(prompt) + tokenizer(completion)``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-SPECIAL_TOKENS = ("<pad>", "</s>", "<s>", "<unk>")
 WORDS = tuple(str(d) for d in range(10)) + ("+", "=")
 #: The longest answer (3 digits) + the end-of-sequence token + one token of room.
 RESPONSE_LENGTH = 5
@@ -90,19 +89,11 @@ def split(seed: int = 0, heldout: int = HELDOUT, train: int = TRAIN,
 
 
 def build_tokenizer():
-    """A word-level tokenizer over :data:`WORDS` (one token per digit/symbol) with pad/eos/bos/unk; Metaspace
-    pre-tokenizer and decoder as in :mod:`trl_ext.testing`, so decoded text keeps its spaces."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    """A word-level tokenizer over :data:`WORDS` (one token per digit/symbol) with pad/eos/bos/unk
+    (:func:`trl_ext.testing.word_level_tokenizer`: decoded text keeps its spaces)."""
+    from trl_ext.testing import word_level_tokenizer
 
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    for word in WORDS:
-        vocab["\u2581" + word] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", bos_token="<s>",
-                                   unk_token="<unk>", model_max_length=16)
+    return word_level_tokenizer(WORDS, model_max_length=16)
 
 
 def write_base_model(directory: str | Path, seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Path:

@@ -22,6 +22,7 @@ import json
 import os
 
 from ..errors import UserInputError
+from .score import padded_batch
 
 __all__ = ["generation_settings", "generate_samples"]
 
@@ -78,15 +79,10 @@ def generate_samples(model, tokenizer, prompt_ids: list[list[int]], settings: di
     with torch.no_grad():
         for start in range(0, len(prompt_ids), batch_size):
             chunk = prompt_ids[start:start + batch_size]
-            width = max(len(ids) for ids in chunk)
-            input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-            attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for i, ids in enumerate(chunk):
-                input_ids[i, width - len(ids):] = torch.tensor(ids)
-                attention_mask[i, width - len(ids):] = 1
+            input_ids, attention_mask = padded_batch(chunk, pad, left=True)
             generated = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
                                        generation_config=config)
-            responses = generated[:, width:].cpu().tolist()
+            responses = generated[:, input_ids.shape[1]:].cpu().tolist()
             for i in range(len(chunk)):
                 per_prompt = []
                 for response in responses[i * num_samples:(i + 1) * num_samples]:

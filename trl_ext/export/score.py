@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..errors import UserInputError
 
-__all__ = ["load_reward_model", "score_token_ids", "score_rows", "preference_metrics", "data_kind",
+__all__ = ["load_reward_model", "score_token_ids", "padded_batch", "score_rows", "preference_metrics", "data_kind",
            "score_with_reward_funcs"]
 
 RESPONSE_COLUMNS = ("response", "completion")
@@ -53,16 +53,25 @@ def score_token_ids(model, sequences: list[list[int]], pad_token_id: int, *, bat
     device = next(model.parameters()).device
     with torch.no_grad():
         for start in range(0, len(sequences), batch_size):
-            chunk = sequences[start:start + batch_size]
-            width = max(len(ids) for ids in chunk)
-            input_ids = torch.full((len(chunk), width), pad_token_id, dtype=torch.long)
-            attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for i, ids in enumerate(chunk):
-                input_ids[i, :len(ids)] = torch.tensor(ids)
-                attention_mask[i, :len(ids)] = 1
+            input_ids, attention_mask = padded_batch(sequences[start:start + batch_size], pad_token_id, left=False)
             logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits
             scores += logits[:, 0].float().cpu().tolist()
     return scores
+
+
+def padded_batch(sequences: list[list[int]], pad_token_id: int, *, left: bool):
+    """``(input_ids, attention_mask)`` of token id lists padded to the longest with ``pad_token_id``, on the left
+    (``left``: prompts to generate from, ``trl-ext sample``) or on the right (sequences to score)."""
+    import torch
+
+    width = max(len(ids) for ids in sequences)
+    input_ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, ids in enumerate(sequences):
+        cols = slice(width - len(ids), width) if left else slice(0, len(ids))
+        input_ids[i, cols] = torch.tensor(ids)
+        attention_mask[i, cols] = 1
+    return input_ids, attention_mask
 
 
 def data_kind(columns: list[str], name: str) -> str:

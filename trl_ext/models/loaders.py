@@ -278,14 +278,9 @@ def load_policy(
             check_lora_targets(skeleton, lora_config)
     model = AutoModelForCausalLM.from_pretrained(plan.path, **plan.init_kwargs(model_args))
     set_pad_token(tokenizer, model)
-    return _finish(
-        model,
-        model_args,
-        lora_config,
-        gradient_checkpointing=gradient_checkpointing,
-        gradient_checkpointing_kwargs=gradient_checkpointing_kwargs,
-        upcast_non_quantized=upcast_non_quantized,
-    )
+    return _finish(model, model_args, lora_config, gradient_checkpointing=gradient_checkpointing,
+                   gradient_checkpointing_kwargs=gradient_checkpointing_kwargs,
+                   upcast_non_quantized=upcast_non_quantized)
 
 
 def _is_classifier_checkpoint(config) -> bool:
@@ -441,11 +436,6 @@ def load_scalar_model(
     set_pad_token(tokenizer, model)
     if lora_config is not None and head not in ("score", "classifier"):  # peft's SEQ_CLS saves those two itself
         lora_config = lora_config_for(model_args, task_type="SEQ_CLS", modules_to_save=[head])
-    return _finish(
-        model,
-        model_args,
-        lora_config,
-        gradient_checkpointing=gradient_checkpointing,
-        gradient_checkpointing_kwargs=gradient_checkpointing_kwargs,
-        upcast_non_quantized=upcast_non_quantized,
-    )
+    return _finish(model, model_args, lora_config, gradient_checkpointing=gradient_checkpointing,
+                   gradient_checkpointing_kwargs=gradient_checkpointing_kwargs,
+                   upcast_non_quantized=upcast_non_quantized)

@@ -28,12 +28,8 @@ class DPOConfig(EngineOnCPUArgsMixin, NonFinitePolicyArgs, _TRLDPOConfig):
             cannot be combined with another label-smoothing loss type while `label_smoothing > 0` (they would need
             different meanings of the one value).
 
-        > Parameters that control NaN/inf losses and gradients (full description:
-        > :class:`trl_ext.runtime.nonfinite.NonFinitePolicyArgs`)
-
         nonfinite_policy (`str`, *optional*, defaults to `"stop"`):
-            `"stop"` (error, CLI exit code 3) or `"skip"` (no optimizer or scheduler step, counted) for a NaN/inf
-            loss or gradient.
+            NaN/inf loss or gradient: `"stop"` or `"skip"` the step (in full: :mod:`trl_ext.runtime.nonfinite`).
         max_consecutive_nonfinite_skips (`int`, *optional*, defaults to `10`):
             With `"skip"`: consecutive skipped steps allowed before training stops.
     """

@@ -33,12 +33,10 @@ class RewardConfig(EngineOnCPUArgsMixin, NonFinitePolicyArgs, _TRLRewardConfig):
             A score head without a bias (Llama, Qwen, Mistral, ...) is given one; the saved model then loads with
             `trust_remote_code=True` (see the README).
 
-        > Parameters that control NaN/inf losses and gradients (full description:
-        > :class:`trl_ext.runtime.nonfinite.NonFinitePolicyArgs`)
+        > Parameters that control NaN/inf losses and gradients
 
         nonfinite_policy (`str`, *optional*, defaults to `"stop"`):
-            `"stop"` (error, CLI exit code 3) or `"skip"` (no optimizer or scheduler step, counted) for a NaN/inf
-            loss or gradient.
+            NaN/inf loss or gradient: `"stop"` or `"skip"` the step (in full: :mod:`trl_ext.runtime.nonfinite`).
         max_consecutive_nonfinite_skips (`int`, *optional*, defaults to `10`):
             With `"skip"`: consecutive skipped steps allowed before training stops.
     """

@@ -15,12 +15,8 @@ class SFTConfig(NonFinitePolicyArgs, _TRLSFTConfig):
     r"""Configuration for [`trl_ext.SFTTrainer`]: every field of TRL's `SFTConfig` with TRL's defaults, plus:
 
     Parameters:
-        > Parameters that control NaN/inf losses and gradients (full description:
-        > :class:`trl_ext.runtime.nonfinite.NonFinitePolicyArgs`)
-
         nonfinite_policy (`str`, *optional*, defaults to `"stop"`):
-            `"stop"` (error, CLI exit code 3) or `"skip"` (no optimizer or scheduler step, counted) for a NaN/inf
-            loss or gradient.
+            NaN/inf loss or gradient: `"stop"` or `"skip"` the step (in full: :mod:`trl_ext.runtime.nonfinite`).
         max_consecutive_nonfinite_skips (`int`, *optional*, defaults to `10`):
             With `"skip"`: consecutive skipped steps allowed before training stops.
     """

@@ -72,6 +72,28 @@ def build_tokenizer(vocab_size: int = 512, seed: int = 0):
     return wrapped
 
 
+#: The special tokens of :func:`word_level_tokenizer`, ids 0 to 3.
+WORD_SPECIAL_TOKENS = ("<pad>", "</s>", "<s>", "<unk>")
+
+
+def word_level_tokenizer(words, model_max_length: int):
+    """A word-level tokenizer, one token per word of ``words`` (ids in their order after :data:`WORD_SPECIAL_TOKENS`),
+    with pad/eos/bos/unk and :func:`build_tokenizer`'s Metaspace pre-tokenizer and decoder, so decoded text keeps its
+    spaces and ``tokenizer(prompt + completion)`` equals ``tokenizer(prompt) + tokenizer(completion)``: the tokenizer
+    of the synthetic tasks (``recipes/gold``, ``recipes/verifiable``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(WORD_SPECIAL_TOKENS)}
+    for word in words:
+        vocab["\u2581" + word] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", bos_token="<s>",
+                                   unk_token="<unk>", model_max_length=model_max_length)
+
+
 def tiny_llama_config(tokenizer, *, hidden_size: int = 64, num_layers: int = 2, **overrides):
     """A ~100k-parameter Llama config matched to ``tokenizer``."""
     from transformers import LlamaConfig
