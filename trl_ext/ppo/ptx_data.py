@@ -54,6 +54,8 @@ class PtxStream(EpochStream):
     ``state_dict()`` is ``{"epoch", "batches_in_epoch"}``; ``load_state_dict`` fast-forwards to it.
     """
 
+    name = "ptx_dataset (the pretraining mix)"
+
     def __init__(self, dataset, tokenizer, batch_size: int, seed: int, num_replicas: int = 1, rank: int = 0):
         super().__init__()
         self.sampler = DistributedSampler(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)

@@ -220,6 +220,11 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         self.reward_scoring = attach_reward_scorer(self, reward_list)  # reward_funcs (None without): the scorer
         self.critic = build_critic(args, self.accelerator)  # with or without a value model (the budgets below ask it)
         group_prompts(self)  # num_samples_per_prompt > 1: local_batch_size / k prompts per update (same RNG after)
+        if len(self.dataloader) == 0:  # it drops its incomplete batch: an epoch without one would never end
+            raise UserInputError(
+                f"train_dataset has {len(self.train_dataset)} rows, fewer than one batch of "
+                f"{self.local_dataloader_batch_size} prompts per process (the incomplete batch is dropped): use more "
+                "prompts or a smaller per_device_train_batch_size / gradient_accumulation_steps")
         if args.local_rollout_forward_batch_size == AUTO:  # the largest chunk that fits args.max_memory_gib
             self.rollout_chunk_choice = resolve_auto_rollout_chunk(self)
         self.rollout_engine = build_rollout_engine(self)  # None: generate; else continuous batching (auto: a rule)

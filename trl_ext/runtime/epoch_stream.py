@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from ..errors import UserInputError
+
 
 class EpochStream:
     """Yields a DataLoader's batches epoch after epoch and counts ``epoch`` and ``batches_in_epoch``.
 
     Subclasses say how an epoch's iterator is opened (:meth:`open_epoch`): that is where their RNG handling lives,
-    and after ``load_state_dict`` it must skip the ``batches_in_epoch`` batches already taken.
+    and after ``load_state_dict`` it must skip the ``batches_in_epoch`` batches already taken. A DataLoader whose
+    epoch holds no batch (fewer rows than one batch, the incomplete batch dropped) is refused at the first ``next()``
+    instead of looping for ever; ``name`` says which data it is.
     """
+
+    name = "the dataset"
 
     def __init__(self):
         self.epoch = 0
@@ -25,6 +31,10 @@ class EpochStream:
             try:
                 batch = next(self._iterator)
             except StopIteration:
+                if self.batches_in_epoch == 0:
+                    raise UserInputError(
+                        f"{self.name} gives no batch: it has fewer rows than one batch per process (the last, "
+                        "incomplete batch is dropped); use more rows or a smaller batch") from None
                 self._iterator = None
                 self.epoch += 1
                 self.batches_in_epoch = 0

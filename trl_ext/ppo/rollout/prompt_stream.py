@@ -21,6 +21,8 @@ class PromptStream(EpochStream):
     Same RNG consumption as TRL's generator: the epoch's iterator starts at the first ``next()`` of the epoch.
     """
 
+    name = "train_dataset (the PPO prompts)"
+
     def __init__(self, dataloader):
         super().__init__()
         self.dataloader = dataloader
