@@ -14,7 +14,8 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
    Then ``check_finite("objective/scores", ...)`` and ``clip_scores`` (``reward_clip``); ``sample_and_score(data)``
    runs steps 2-3 so, for the update's batch and for each dynamic-sampling round (``resample_groups``). Losses
    and gradients are checked once per optimizer step, before it (``optimizer_step``, :mod:`trl_ext.runtime.nonfinite`).
-4. ``compute_rewards(rollout, kl_coef)``: per-token reward ``-kl_coef * KL`` plus the score at the last token.
+4. ``compute_rewards(rollout, kl_coef)``: per-token reward ``-kl_coef * KL`` plus the score at the last token (and
+   environments' per-turn rewards at their turns' last tokens).
 5. ``compute_advantages(rollout)``: the run's critic (``self.critic``, :mod:`trl_ext.ppo.objective.critic`): GAE
    and whitening with a value model; with a critic-free ``advantage_estimator`` (RLOO, GRPO, REINFORCE++) the
    estimator instead (no value model; ``num_samples_per_prompt`` samples of each prompt, repeated by
@@ -37,7 +38,8 @@ values, advantages, value loss, metrics, checkpoints and memory budgets do with 
 (:class:`~trl_ext.ppo.rollout.dynamic_sampling.DynamicSampling`), ``ptx``
 (:class:`~trl_ext.ppo.ptx_data.PretrainingMix`), ``completions_log``
 (:class:`~trl_ext.ppo.completions_log.CompletionsLog`), ``evaluation`` (:class:`~trl_ext.ppo.evaluation.Evaluation`),
-``multi_turn`` (:class:`~trl_ext.ppo.episodes.multi_turn.MultiTurnRollout`, with ``tools``/``environment_factory``).
+``multi_turn`` (:class:`~trl_ext.ppo.episodes.multi_turn.MultiTurnRollout`, with ``tools``/``environment_factory``),
+``turn_rewards`` (:class:`~trl_ext.ppo.episodes.turn_rewards.TurnRewards`, environments with ``get_turn_reward``).
 Per-step values (the update's KL coefficient, a mini-batch's token normaliser) travel as arguments, not on the
 ``Rollout``. The sampling and scoring steps are in :mod:`trl_ext.ppo.rollout.steps`, the parent's fixes in
 :mod:`trl_ext.ppo.base.parent_fixes`.
@@ -71,6 +73,7 @@ from .checkpointing import VALUE_MODEL_DIR, PPOCheckpointMixin, ppo_state_file
 from .completions_log import CompletionsLog
 from .episodes.multi_turn import MultiTurnRollout
 from .episodes.toolbox import Toolbox
+from .episodes.turn_rewards import TurnRewards
 from .evaluation import EvaluateMixin, Evaluation
 from .config import PPOConfig
 from .config_rules import check_trainer_inputs
@@ -132,6 +135,8 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
             TRL GRPOTrainer's environments: a callable returning an object whose public methods are tools, with
             `reset(**row)` (its text, if any, appended to the last user message) and optionally `get_reward()` (an
             extra reward of weight 1 named after the class); a dict chooses one per row by an `environment` column.
+            trl-ext's addition: an optional `get_turn_reward()`, the reward of each turn whose tool calls ran
+            (:mod:`trl_ext.ppo.episodes.turn_rewards`).
 
     `value_model` is None with a critic-free `args.advantage_estimator` (:mod:`trl_ext.ppo.objective.critic`).
     `reward_model` and `value_model` may be [`trl_ext.models.shared_base.SharedBaseScalarModel`]s made by
@@ -241,6 +246,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         self.dynamic_sampling = (DynamicSampling(args, self.accelerator, processing_class.pad_token_id)
                                  if args.dynamic_sampling else None)
         self.multi_turn = MultiTurnRollout(toolbox, args, processing_class) if toolbox is not None else None
+        self.turn_rewards = TurnRewards.build(toolbox, self.accelerator)  # environments' get_turn_reward (or None)
         self.evaluation = Evaluation.build(self)  # eval_strategy "steps": eval_dataset generated on and scored
         if self.multi_turn is not None:
             self.multi_turn.check_launch(self)
@@ -437,8 +443,9 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         return repeat_prompts(next(self.prompt_iterator), self.args.num_samples_per_prompt)
 
     def compute_rewards(self, rollout: Rollout, kl_coef: float) -> None:
-        """Per-token rewards: `-kl_coef * KL_t` on every token, plus the score on the last one (then optional
-        whitening). KL_t: `args.kl_estimator` (:func:`trl_ext.ppo.objective.objectives.kl_penalty`; default k1, as TRL).
+        """Per-token rewards: `-kl_coef * KL_t` on every token, plus the score on the last one and, with environments
+        that give them, each per-turn reward on the last token of its turn (then optional whitening). KL_t:
+        `args.kl_estimator` (:func:`trl_ext.ppo.objective.objectives.kl_penalty`; default k1, as TRL).
         """
         args = self.args
         kl = kl_penalty(rollout.logprobs, rollout.ref_logprobs, self.objective.reward_kl_estimator)
@@ -448,6 +455,8 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         sequence_lengths_p1 = rollout.sequence_lengths + 1
         actual_end = torch.where(sequence_lengths_p1 < rewards.size(1), sequence_lengths_p1, rollout.sequence_lengths)
         rewards[actual_start, actual_end] += rollout.scores
+        if self.turn_rewards is not None:  # environments' per-turn rewards, on the last token of the turn each scores
+            rewards = self.turn_rewards.add(rollout, rewards)
         if args.whiten_rewards:
             rewards = masked_whiten(rewards, mask=~rollout.padding_mask_p1, shift_mean=False)
             rewards = torch.masked_fill(rewards, rollout.padding_mask_p1, 0)

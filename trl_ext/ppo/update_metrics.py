@@ -54,6 +54,8 @@ class UpdateMetricsMixin:
             metrics.update(self.reward_scoring.metrics(rollout))
         if rollout.episodes is not None:  # tools: tools/*, episodes/* (trl_ext.ppo.episodes.multi_turn)
             metrics.update(rollout.episodes.metrics(gather))
+        if self.turn_rewards is not None:  # environments' per-turn rewards: episodes/turn_reward_mean
+            metrics.update(self.turn_rewards.metrics(rollout))
         metrics.update(timings)
         if self.decode_graphs is not None:  # rollout_cuda_graphs: rollout/cuda_graph_replays, eager_decode_steps
             metrics.update(self.decode_graphs.metrics())
