@@ -39,7 +39,9 @@ values, advantages, value loss, metrics, checkpoints and memory budgets do with 
 (:class:`~trl_ext.ppo.ptx_data.PretrainingMix`), ``completions_log``
 (:class:`~trl_ext.ppo.completions_log.CompletionsLog`), ``evaluation`` (:class:`~trl_ext.ppo.evaluation.Evaluation`),
 ``multi_turn`` (:class:`~trl_ext.ppo.episodes.multi_turn.MultiTurnRollout`, with ``tools``/``environment_factory``),
-``turn_rewards`` (:class:`~trl_ext.ppo.episodes.turn_rewards.TurnRewards`, environments with ``get_turn_reward``).
+``turn_rewards`` (:class:`~trl_ext.ppo.episodes.turn_rewards.TurnRewards`, environments with ``get_turn_reward``),
+``critic_warmup`` (:class:`~trl_ext.ppo.objective.critic_warmup.CriticWarmup`: the first updates train the value
+model alone).
 Per-step values (the update's KL coefficient, a mini-batch's token normaliser) travel as arguments, not on the
 ``Rollout``. The sampling and scoring steps are in :mod:`trl_ext.ppo.rollout.steps`, the parent's fixes in
 :mod:`trl_ext.ppo.base.parent_fixes`.
@@ -78,6 +80,7 @@ from .evaluation import EvaluateMixin, Evaluation
 from .config import PPOConfig
 from .config_rules import check_trainer_inputs
 from .objective.critic import build_critic, check_value_model, group_prompts, repeat_prompts
+from .objective.critic_warmup import CriticWarmup
 from .rollout.dynamic_sampling import DynamicSampling
 from .objective.kl_controllers import KLController, build_kl_controller
 from .objective.masked_stats import masked_whiten
@@ -224,6 +227,8 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         # Nothing below may touch the global torch/numpy RNGs: the parent left them exactly where its train() expects.
         self.reward_scoring = attach_reward_scorer(self, reward_list)  # reward_funcs (None without): the scorer
         self.critic = build_critic(args, self.accelerator)  # with or without a value model (the budgets below ask it)
+        # critic_warmup: the first updates train the value model alone (None when 0)
+        self.critic_warmup = CriticWarmup.build(args, self.accelerator.unwrap_model(self.model))
         group_prompts(self)  # num_samples_per_prompt > 1: local_batch_size / k prompts per update (same RNG after)
         if args.local_rollout_forward_batch_size == AUTO:  # the largest chunk that fits args.max_memory_gib
             self.rollout_chunk_choice = resolve_auto_rollout_chunk(self)
@@ -422,7 +427,10 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
 
     def optimizer_step(self) -> bool:
         """`optimizer.step()` after checking the step's losses and gradients (one host sync per optimizer step) and
-        clipping the gradients to `max_grad_norm` (`self.grad_clip`)."""
+        clipping the gradients to `max_grad_norm` (`self.grad_clip`); during `critic_warmup` the policy's gradients
+        are dropped first (the step skips it)."""
+        if self.critic_warmup is not None:
+            self.critic_warmup.hold()
         return guarded_optimizer_step(self.step_guard, self.optimizer, self.accelerator, self.stop_on_nonfinite,
                                       before_step=self.grad_clip)
 
@@ -475,8 +483,16 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
 
     def optimize(self, rollout: Rollout) -> UpdateStats:
         """`num_ppo_epochs` passes over the rollout, each in a fresh `np.random.permutation`, one optimizer step per
-        mini-batch, forward/backward by micro-batch (:func:`trl_ext.ppo.optimize_loop.run_ppo_epochs`)."""
+        mini-batch, forward/backward by micro-batch (:func:`trl_ext.ppo.optimize_loop.run_ppo_epochs`). During
+        ``critic_warmup``'s updates only the value model trains (``self.critic_warmup``)."""
+        if self.critic_warmup is not None:
+            self.critic_warmup.begin(self.state.global_step)
         return run_ppo_epochs(self, rollout)
+
+    @property
+    def policy_held(self) -> bool:
+        """True during ``critic_warmup``'s updates: no policy step (nor ptx batch) in this update's optimisation."""
+        return self.critic_warmup is not None and self.critic_warmup.holding
 
     def compute_micro_batch_loss(
         self, model, rollout: Rollout, micro_batch_inds, ptx_batch: dict | None = None, *,
@@ -498,13 +514,16 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         kl_coef = float(self.kl_ctl.value) if kl_coef is None else kl_coef
         obj = rollout_objective(self.objective, rollout, micro_batch_inds, new_logprobs, logits, kl_coef,
                                 token_normalizer)
-        loss = obj.policy.loss + args.vf_coef * vf.loss
+        value_term = args.vf_coef * vf.loss
+        loss = obj.policy.loss + value_term
         if obj.penalty is not None:  # kl_coef * KL (kl_in="loss") - entropy_coef * entropy
             loss = loss + obj.penalty
         ptx_loss = None
         if ptx_batch is not None:
             ptx_loss = self.compute_ptx_loss(ptx_batch)
             loss = loss + args.ptx_coef * ptx_loss
+        if self.critic_warmup is not None:  # critic_warmup: the value term alone while the policy is held
+            loss = self.critic_warmup.loss(loss, value_term)
         return MicroBatchOutput(loss=loss, policy=obj.policy, value=vf, logits=logits, ptx_loss=ptx_loss,
                                 kl_loss=obj.kl_loss, entropy=obj.entropy, entropy_loss=obj.entropy_loss)
 

@@ -50,6 +50,8 @@ class UpdateMetricsMixin:
             metrics["loss/ptx_avg"] = gather(torch.stack(stats.ptx_losses).mean()).mean().item()
         metrics.update(objective_metrics(rollout, stats, self.objective, self.accelerator))
         self.critic.metrics(metrics, rollout, stats)  # critic-free: the value-model metrics replaced
+        if self.critic_warmup is not None:  # critic_warmup: critic/warmup, 1 while the policy is held
+            metrics.update(self.critic_warmup.metrics())
         if self.reward_scoring is not None:  # reward_funcs: rewards/*, reward, completions/*
             metrics.update(self.reward_scoring.metrics(rollout))
         if rollout.episodes is not None:  # tools: tools/*, episodes/* (trl_ext.ppo.episodes.multi_turn)
