@@ -86,22 +86,27 @@ def models(tool_models):
     return tool_models, AutoTokenizer.from_pretrained(tool_models / "tok")
 
 
+def scripted_turns(tok, queries, max_new_tokens) -> torch.Tensor:
+    """The query+responses of the turns :data:`PLANS` write: the first turn of batch row k guesses ``PLANS[k][0]``; a
+    later turn finds its plan by the guesses its prefix holds and writes the next one, or the answer after the last."""
+    texts = []
+    for k, query in enumerate(queries):
+        made = [int(n) for n in re.findall(r'"number": (\d+)', tok.decode(query[query != tok.pad_token_id]))]
+        plan = PLANS[k] if not made else next(p for p in PLANS if p[: len(made)] == made)
+        texts.append(call(plan[len(made)]) if len(made) < len(plan) else ANSWER)
+    ids = [tok(text, add_special_tokens=False)["input_ids"][:max_new_tokens] for text in texts]
+    responses = queries.new_full((len(ids), max(map(len, ids))), tok.pad_token_id)
+    for k, row in enumerate(ids):
+        responses[k, : len(row)] = torch.tensor(row)
+    return torch.cat((queries, responses), 1)
+
+
 def scripted_sample_turn(ppo):
-    """A ``sample_turn`` that writes :data:`PLANS`: the first turn of batch row k guesses ``PLANS[k][0]``; a later
-    turn finds its plan by the guesses its prefix holds and writes the next one, or the answer after the last."""
+    """A ``sample_turn`` that writes :data:`PLANS` (:func:`scripted_turns`), its log-probs the policy's."""
     tok = ppo.processing_class
 
     def sample_turn(policy, queries, max_new_tokens, on_chunk=None):
-        texts = []
-        for k, query in enumerate(queries):
-            made = [int(n) for n in re.findall(r'"number": (\d+)', tok.decode(query[query != tok.pad_token_id]))]
-            plan = PLANS[k] if not made else next(p for p in PLANS if p[: len(made)] == made)
-            texts.append(call(plan[len(made)]) if len(made) < len(plan) else ANSWER)
-        ids = [tok(text, add_special_tokens=False)["input_ids"][:max_new_tokens] for text in texts]
-        responses = queries.new_full((len(ids), max(map(len, ids))), tok.pad_token_id)
-        for k, row in enumerate(ids):
-            responses[k, : len(row)] = torch.tensor(row)
-        query_responses = torch.cat((queries, responses), 1)
+        query_responses = scripted_turns(tok, queries, max_new_tokens)
         return query_responses, teacher_forced_logprobs(policy, query_responses, queries.shape[1], tok.pad_token_id,
                                                         ppo.args.temperature, 2)
 
@@ -132,10 +137,10 @@ def trainer(models, tmp_path, environment, rows=None, **overrides):
     return ppo
 
 
-def turn_ends(tok, ppo, plan) -> list[int]:
+def turn_ends(tok, loop, plan) -> list[int]:
     """The position, after the prompt, of the last token of each guessing turn of ``plan`` (its EOS), by counting
-    each turn's tokens and each tool result's (TRL's suffix)."""
-    box, game, position, ends = ppo.multi_turn.toolbox, Game(), 0, []
+    each turn's tokens and each tool result's (TRL's suffix, rendered by ``loop``'s toolbox)."""
+    box, game, position, ends = loop.toolbox, Game(), 0, []
     game.reset()
     for number in plan:
         position += len(tok(call(number), add_special_tokens=False)["input_ids"])
@@ -152,7 +157,7 @@ def test_each_turn_reward_lands_on_the_last_token_of_the_turn_it_scores(models, 
     for i, plan in enumerate(PLANS):
         episode = rollout.episodes.episodes[i]
         assert [m["content"] for m in episode.messages if m["role"] == "tool"][-1] == "correct"
-        ends = turn_ends(tok, ppo, plan)
+        ends = turn_ends(tok, ppo.multi_turn, plan)
         expected = [(end, reward) for end, reward in zip(ends, TURN_REWARDS[i]) if reward is not None]
         assert episode.turn_rewards == expected
         assert all(rollout.responses[i, end] == tok.eos_token_id and rollout.observation_mask[i, end + 1]
@@ -168,6 +173,38 @@ def test_each_turn_reward_lands_on_the_last_token_of_the_turn_it_scores(models, 
         expected_rewards += row
         torch.testing.assert_close(rollout.rewards[i], expected_rewards, rtol=0, atol=1e-6)
     assert rollout.scores.tolist() == [1.0, 1.0]  # the final reward is get_reward's alone
+
+
+def play(tok, response_length, max_iterations):
+    """:data:`PLANS` through the turn loop alone (no trainer): the episodes."""
+    from types import SimpleNamespace
+
+    from trl_ext.ppo.episodes.multi_turn import MultiTurnRollout
+    from trl_ext.ppo.episodes.toolbox import Toolbox
+
+    args = SimpleNamespace(response_length=response_length, max_tool_calling_iterations=max_iterations,
+                           tool_timeout_s=None, tool_num_workers=0)
+    loop = MultiTurnRollout(Toolbox(None, HotCold, tok), args, tok)
+    data = loop.begin({"input_ids": torch.zeros(2, 1, dtype=torch.long), "prompt": [PROMPT, PROMPT],
+                       "secret": [SECRET, SECRET]})
+
+    def sample(queries, max_new_tokens):
+        query_responses = scripted_turns(tok, queries, max_new_tokens)
+        return query_responses, torch.zeros(query_responses[:, queries.shape[1]:].shape)
+
+    return loop.run(data["input_ids"], sample)[2].episodes, loop
+
+
+def test_turns_whose_calls_did_not_run_get_no_reward_and_a_dropped_result_keeps_its_turns(models):
+    tok = models[1]
+    episodes, loop = play(tok, 400, 2)  # the third guesses are written, but the rounds have run out
+    ends = [turn_ends(tok, loop, plan) for plan in PLANS]
+    assert [e.truncated for e in episodes] == ["iterations"] * 2
+    assert [e.turn_rewards for e in episodes] == [[(ends[0][1], 0.5)], [(ends[1][1], -0.5)]]
+    # row 0's last result ("correct") does not fit: dropped, the episode ends there, and its turn keeps its reward
+    episodes, _ = play(tok, ends[0][2] + 1, 4)
+    assert episodes[0].truncated == "length" and len(episodes[0].ids) == ends[0][2] + 1
+    assert episodes[0].turn_rewards == [(ends[0][1], 0.5), (ends[0][2], 1.0)]
 
 
 def test_gae_returns_of_the_scripted_episodes_by_hand(models, tmp_path):
