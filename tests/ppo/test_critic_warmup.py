@@ -93,3 +93,27 @@ def test_the_rules_of_critic_warmup(tmp_path):
                                              r"advantage_estimator to 'gae'$"):
         trl_ext.PPOConfig(**config_kwargs(tmp_path, critic_warmup=2, advantage_estimator="rloo",
                                           num_samples_per_prompt=2))
+
+
+def test_the_held_parameters_are_the_policys_alone_also_on_a_shared_base(tiny_models):
+    """With a separate value model every trainable parameter of the policy is held; on a shared base the value adapter
+    lives in the policy's model and still trains: only the policy's own adapter is held."""
+    from types import SimpleNamespace
+
+    from peft import LoraConfig, get_peft_model
+
+    from trl_ext.models.shared_base import add_scalar_adapter
+    from trl_ext.ppo.objective.critic_warmup import policy_only_parameters
+
+    policy, value, _ = load_models(tiny_models)
+    held = policy_only_parameters(SimpleNamespace(policy=policy, value_model=value))
+    assert [id(p) for p in held] == [id(p) for p in policy.parameters() if p.requires_grad]
+    lora = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    policy = get_peft_model(policy, lora)
+    value = add_scalar_adapter(policy, "value", lora_config=lora, trainable=True)
+    held = {id(p) for p in policy_only_parameters(SimpleNamespace(policy=policy, value_model=value))}
+    names = {name for name, p in policy.named_parameters() if id(p) in held}
+    assert names and all(".default." in name for name in names)
+    assert names == {name for name, p in policy.named_parameters() if ".default." in name and p.requires_grad}
+    assert not held & {id(p) for p in value.parameters()}  # the value head trains
+    assert any(".value." in name and p.requires_grad for name, p in policy.named_parameters())  # and its adapter
