@@ -105,6 +105,7 @@ RANGES: dict[str, str] = {
     "ptx_max_length": "[1, inf)",
     "reward_clip": "(0, inf)",
     "num_samples_per_prompt": "[1, inf)",
+    "critic_warmup": "[0, inf)",
     "max_memory_gib": "(0, inf)",
     "reward_timeout_s": "(0, inf)",
     "max_tool_calling_iterations": "[1, inf)",  # trl_ext.ppo.episodes.config

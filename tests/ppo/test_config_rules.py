@@ -49,6 +49,7 @@ CASES = [
     (dict(entropy_coef=-0.01), "entropy_coef"),
     (dict(max_sampling_rounds=0), "max_sampling_rounds"),
     (dict(num_samples_per_prompt=0), "num_samples_per_prompt"),
+    (dict(critic_warmup=-1), "critic_warmup"),
     (dict(kl_target=0.0), "kl_target"),
     (dict(kl_horizon=0), "kl_horizon"),
     (dict(ptx_coef=-1.0), "ptx_coef"),
@@ -89,6 +90,7 @@ CASES = [
     (dict(advantage_estimator="rloo", num_samples_per_prompt=3), "num_samples_per_prompt"),
     (dict(kl_in="loss"), "kl_in"),
     (dict(advantage_estimator="reinforce_pp", whiten_rewards=True), "whiten_rewards"),
+    (dict(advantage_estimator="grpo", num_samples_per_prompt=2, critic_warmup=2), "critic_warmup"),
     (dict(advantage_estimator="grpo", num_samples_per_prompt=2, policy_loss="cispo", dual_clip=3.0), "dual_clip"),
     (dict(delta=1.1), "delta"),
     (dict(use_bias_correction_kl=True), "use_bias_correction_kl"),
@@ -128,7 +130,7 @@ def test_the_table_holds_every_rule_and_the_issues_examples():
     assert {"num_mini_batches", "whiten_rewards", "stop_token", "num_train_epochs", "local_rollout_forward_batch_size",
             "num_samples_per_prompt", "kl_in", "dual_clip", "delta", "use_bias_correction_kl",
             "mask_truncated_completions", "dynamic_sampling", "reward_timeout_s", "rollout_cuda_graphs",
-            "generation_kwargs", "repetition_penalty"} <= named
+            "generation_kwargs", "repetition_penalty", "critic_warmup"} <= named
     from trl_ext.config_rules import key_specs
     from trl_ext.ppo.base import ParentPPOConfig
 

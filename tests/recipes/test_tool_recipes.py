@@ -58,6 +58,13 @@ class Guess:
         return float(self.target)
 
 
+class Warmer(Guess):
+    """Per-turn rewards too (trl-ext's get_turn_reward): not a tool."""
+
+    def get_turn_reward(self):
+        return None
+
+
 class Quiet:
     """An environment without get_reward: the rewards come from elsewhere."""
 
@@ -189,6 +196,9 @@ def test_check_prints_the_tools_and_environment_it_checked(recipe_dir, tool_mode
     assert rc == 0, err
     assert "# environment: Quiet (reset; tools: look; reward: none)" in out
     assert "# reward functions: answer_reward" in out
+    rc, out, err = cli(capsys, "check", path, "--environment_factory", "my_tools.py:Warmer")
+    assert rc == 0, err
+    assert "# environment: Warmer (reset; tools: guess; reward: get_reward, get_turn_reward)" in out
     rc, out, err = cli(capsys, "check", path, "--tools", "my_tools.py:add", "my_tools.py:untyped")  # replaces the list
     assert rc == 2 and "recipe: key 'tools' entry 2 'my_tools.py:untyped': the chat template cannot" in err, err
 

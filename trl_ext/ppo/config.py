@@ -129,6 +129,13 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
             `kl_controller` sets `kl_coef` either way, from the rollout's `objective/kl`.
         grpo_scale_by_std (`bool`, *optional*, defaults to `True`):
             `grpo` only: divide by the group's std. `False` is Dr. GRPO (Liu et al. 2025): `A_i = r_i - mean`.
+        critic_warmup (`int`, *optional*, defaults to `0`):
+            verl's key: for the first `critic_warmup` updates only the value model trains, so that GAE starts from
+            a value model fitted to the policy's returns; the policy is held (its loss terms get no gradient, no
+            optimizer step and no separate ptx step touch its parameters). Rollouts, metrics, the KL controller and
+            the learning-rate schedule run as in every update. Logged as `critic/warmup` (1 for a held update, else
+            0). `0`: off. Needs a value model (`advantage_estimator` `"gae"`). Code:
+            :mod:`trl_ext.ppo.objective.critic_warmup`.
 
         > Policy objective (formulas: :mod:`trl_ext.ppo.objective.objectives`; TRL `GRPOConfig` names: `docs/ppo.md`). Every
         > key works with every `advantage_estimator`, GAE included; the defaults are the objective above.
@@ -264,6 +271,7 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
     num_samples_per_prompt: int = 1
     kl_in: Optional[KLIn] = None
     grpo_scale_by_std: bool = True
+    critic_warmup: int = 0
 
     loss_aggregation: LossAggregation = "token_mean"
     cliprange_low: Optional[float] = None

@@ -123,7 +123,8 @@ def check_sampling(args) -> None:
 
 
 def check_advantage_estimator(args) -> None:
-    """The critic-free keys: combinations that make sense (before any model is loaded); sets the default kl_in."""
+    """The critic-free keys and the critic's (``critic_warmup``): combinations that make sense (before any model is
+    loaded); sets the default kl_in."""
     estimator, k = args.advantage_estimator, args.num_samples_per_prompt
     local_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps
     if local_batch % k:
@@ -143,6 +144,11 @@ def check_advantage_estimator(args) -> None:
     if args.critic_free and args.whiten_rewards:
         raise UserInputError(
             f"whiten_rewards: applies to advantage_estimator 'gae' only, not {estimator!r}; set it to false"
+        )
+    if args.critic_free and args.critic_warmup:
+        raise UserInputError(
+            f"critic_warmup: {args.critic_warmup} updates train the value model alone, and advantage_estimator "
+            f"{estimator!r} has none; set critic_warmup to 0, or advantage_estimator to 'gae'"
         )
 
 

@@ -121,7 +121,8 @@ def micro_batch_backward(trainer, rollout, inds, weights, j, kl_coef, factor, *,
     if trainer.is_deepspeed_enabled:
         model.set_gradient_accumulation_boundary(last)
     with contextlib.nullcontext() if last else accelerator.no_sync(model):
-        ptx_batch = trainer.next_ptx_batch() if trainer.ptx is not None and trainer.ptx.mode == "joint" else None
+        joint_ptx = trainer.ptx is not None and trainer.ptx.mode == "joint" and not trainer.policy_held
+        ptx_batch = trainer.next_ptx_batch() if joint_ptx else None
         out = trainer.compute_micro_batch_loss(model, rollout, inds, ptx_batch, kl_coef=kl_coef,
                                                token_normalizer=weights.token_normalizer)
         loss = weighted_loss(out, weights, j, args)
@@ -132,11 +133,11 @@ def micro_batch_backward(trainer, rollout, inds, weights, j, kl_coef, factor, *,
 
 def step_mini_batch(trainer, stats: UpdateStats) -> None:
     """The mini-batch's optimizer step (``trainer.optimizer_step``: checked, clipped), then, with
-    ``ptx_mode="separate"``, the separate ptx step."""
+    ``ptx_mode="separate"``, the separate ptx step (none while ``critic_warmup`` holds the policy)."""
     if trainer.optimizer_step():
         trainer._optimizer_stepped = True
     trainer.optimizer.zero_grad()
-    if trainer.ptx is not None and trainer.ptx.mode == "separate":
+    if trainer.ptx is not None and trainer.ptx.mode == "separate" and not trainer.policy_held:
         stats.ptx_losses.append(trainer.ptx_step())
 
 

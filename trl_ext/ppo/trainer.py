@@ -14,7 +14,8 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
    Then ``check_finite("objective/scores", ...)`` and ``clip_scores`` (``reward_clip``); ``sample_and_score(data)``
    runs steps 2-3 so, for the update's batch and for each dynamic-sampling round (``resample_groups``). Losses
    and gradients are checked once per optimizer step, before it (``optimizer_step``, :mod:`trl_ext.runtime.nonfinite`).
-4. ``compute_rewards(rollout, kl_coef)``: per-token reward ``-kl_coef * KL`` plus the score at the last token.
+4. ``compute_rewards(rollout, kl_coef)``: per-token reward ``-kl_coef * KL`` plus the score at the last token (and
+   environments' per-turn rewards at their turns' last tokens).
 5. ``compute_advantages(rollout)``: the run's critic (``self.critic``, :mod:`trl_ext.ppo.objective.critic`): GAE
    and whitening with a value model; with a critic-free ``advantage_estimator`` (RLOO, GRPO, REINFORCE++) the
    estimator instead (no value model; ``num_samples_per_prompt`` samples of each prompt, repeated by
@@ -37,7 +38,10 @@ values, advantages, value loss, metrics, checkpoints and memory budgets do with 
 (:class:`~trl_ext.ppo.rollout.dynamic_sampling.DynamicSampling`), ``ptx``
 (:class:`~trl_ext.ppo.ptx_data.PretrainingMix`), ``completions_log``
 (:class:`~trl_ext.ppo.completions_log.CompletionsLog`), ``evaluation`` (:class:`~trl_ext.ppo.evaluation.Evaluation`),
-``multi_turn`` (:class:`~trl_ext.ppo.episodes.multi_turn.MultiTurnRollout`, with ``tools``/``environment_factory``).
+``multi_turn`` (:class:`~trl_ext.ppo.episodes.multi_turn.MultiTurnRollout`, with ``tools``/``environment_factory``),
+``turn_rewards`` (:class:`~trl_ext.ppo.episodes.turn_rewards.TurnRewards`, environments with ``get_turn_reward``),
+``critic_warmup`` (:class:`~trl_ext.ppo.objective.critic_warmup.CriticWarmup`: the first updates train the value
+model alone).
 Per-step values (the update's KL coefficient, a mini-batch's token normaliser) travel as arguments, not on the
 ``Rollout``. The sampling and scoring steps are in :mod:`trl_ext.ppo.rollout.steps`, the parent's fixes in
 :mod:`trl_ext.ppo.base.parent_fixes`.
@@ -71,10 +75,12 @@ from .checkpointing import VALUE_MODEL_DIR, PPOCheckpointMixin, ppo_state_file
 from .completions_log import CompletionsLog
 from .episodes.multi_turn import MultiTurnRollout
 from .episodes.toolbox import Toolbox
+from .episodes.turn_rewards import TurnRewards
 from .evaluation import EvaluateMixin, Evaluation
 from .config import PPOConfig
 from .config_rules import check_trainer_inputs
 from .objective.critic import build_critic, check_value_model, group_prompts, repeat_prompts
+from .objective.critic_warmup import CriticWarmup
 from .rollout.dynamic_sampling import DynamicSampling
 from .objective.kl_controllers import KLController, build_kl_controller
 from .objective.masked_stats import masked_whiten
@@ -132,6 +138,8 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
             TRL GRPOTrainer's environments: a callable returning an object whose public methods are tools, with
             `reset(**row)` (its text, if any, appended to the last user message) and optionally `get_reward()` (an
             extra reward of weight 1 named after the class); a dict chooses one per row by an `environment` column.
+            trl-ext's addition: an optional `get_turn_reward()`, the reward of each turn whose tool calls ran
+            (:mod:`trl_ext.ppo.episodes.turn_rewards`).
 
     `value_model` is None with a critic-free `args.advantage_estimator` (:mod:`trl_ext.ppo.objective.critic`).
     `reward_model` and `value_model` may be [`trl_ext.models.shared_base.SharedBaseScalarModel`]s made by
@@ -219,6 +227,8 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         # Nothing below may touch the global torch/numpy RNGs: the parent left them exactly where its train() expects.
         self.reward_scoring = attach_reward_scorer(self, reward_list)  # reward_funcs (None without): the scorer
         self.critic = build_critic(args, self.accelerator)  # with or without a value model (the budgets below ask it)
+        # critic_warmup: the first updates train the value model alone (None when 0)
+        self.critic_warmup = CriticWarmup.build(args, self.accelerator.unwrap_model(self.model))
         group_prompts(self)  # num_samples_per_prompt > 1: local_batch_size / k prompts per update (same RNG after)
         if len(self.dataloader) == 0:  # it drops its incomplete batch: an epoch without one would never end
             raise UserInputError(
@@ -246,6 +256,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         self.dynamic_sampling = (DynamicSampling(args, self.accelerator, processing_class.pad_token_id)
                                  if args.dynamic_sampling else None)
         self.multi_turn = MultiTurnRollout(toolbox, args, processing_class) if toolbox is not None else None
+        self.turn_rewards = TurnRewards.build(toolbox, self.accelerator)  # environments' get_turn_reward (or None)
         self.evaluation = Evaluation.build(self)  # eval_strategy "steps": eval_dataset generated on and scored
         if self.multi_turn is not None:
             self.multi_turn.check_launch(self)
@@ -421,7 +432,10 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
 
     def optimizer_step(self) -> bool:
         """`optimizer.step()` after checking the step's losses and gradients (one host sync per optimizer step) and
-        clipping the gradients to `max_grad_norm` (`self.grad_clip`)."""
+        clipping the gradients to `max_grad_norm` (`self.grad_clip`); during `critic_warmup` the policy's gradients
+        are dropped first (the step skips it)."""
+        if self.critic_warmup is not None:
+            self.critic_warmup.hold()
         return guarded_optimizer_step(self.step_guard, self.optimizer, self.accelerator, self.stop_on_nonfinite,
                                       before_step=self.grad_clip)
 
@@ -442,8 +456,9 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         return repeat_prompts(next(self.prompt_iterator), self.args.num_samples_per_prompt)
 
     def compute_rewards(self, rollout: Rollout, kl_coef: float) -> None:
-        """Per-token rewards: `-kl_coef * KL_t` on every token, plus the score on the last one (then optional
-        whitening). KL_t: `args.kl_estimator` (:func:`trl_ext.ppo.objective.objectives.kl_penalty`; default k1, as TRL).
+        """Per-token rewards: `-kl_coef * KL_t` on every token, plus the score on the last one and, with environments
+        that give them, each per-turn reward on the last token of its turn (then optional whitening). KL_t:
+        `args.kl_estimator` (:func:`trl_ext.ppo.objective.objectives.kl_penalty`; default k1, as TRL).
         """
         args = self.args
         kl = kl_penalty(rollout.logprobs, rollout.ref_logprobs, self.objective.reward_kl_estimator)
@@ -453,6 +468,8 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         sequence_lengths_p1 = rollout.sequence_lengths + 1
         actual_end = torch.where(sequence_lengths_p1 < rewards.size(1), sequence_lengths_p1, rollout.sequence_lengths)
         rewards[actual_start, actual_end] += rollout.scores
+        if self.turn_rewards is not None:  # environments' per-turn rewards, on the last token of the turn each scores
+            rewards = self.turn_rewards.add(rollout, rewards)
         if args.whiten_rewards:
             rewards = masked_whiten(rewards, mask=~rollout.padding_mask_p1, shift_mean=False)
             rewards = torch.masked_fill(rewards, rollout.padding_mask_p1, 0)
@@ -471,8 +488,16 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
 
     def optimize(self, rollout: Rollout) -> UpdateStats:
         """`num_ppo_epochs` passes over the rollout, each in a fresh `np.random.permutation`, one optimizer step per
-        mini-batch, forward/backward by micro-batch (:func:`trl_ext.ppo.optimize_loop.run_ppo_epochs`)."""
+        mini-batch, forward/backward by micro-batch (:func:`trl_ext.ppo.optimize_loop.run_ppo_epochs`). During
+        ``critic_warmup``'s updates only the value model trains (``self.critic_warmup``)."""
+        if self.critic_warmup is not None:
+            self.critic_warmup.begin(self.state.global_step)
         return run_ppo_epochs(self, rollout)
+
+    @property
+    def policy_held(self) -> bool:
+        """True during ``critic_warmup``'s updates: no policy step (nor ptx batch) in this update's optimisation."""
+        return self.critic_warmup is not None and self.critic_warmup.holding
 
     def compute_micro_batch_loss(
         self, model, rollout: Rollout, micro_batch_inds, ptx_batch: dict | None = None, *,
@@ -494,13 +519,16 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         kl_coef = float(self.kl_ctl.value) if kl_coef is None else kl_coef
         obj = rollout_objective(self.objective, rollout, micro_batch_inds, new_logprobs, logits, kl_coef,
                                 token_normalizer)
-        loss = obj.policy.loss + args.vf_coef * vf.loss
+        value_term = args.vf_coef * vf.loss
+        loss = obj.policy.loss + value_term
         if obj.penalty is not None:  # kl_coef * KL (kl_in="loss") - entropy_coef * entropy
             loss = loss + obj.penalty
         ptx_loss = None
         if ptx_batch is not None:
             ptx_loss = self.compute_ptx_loss(ptx_batch)
             loss = loss + args.ptx_coef * ptx_loss
+        if self.critic_warmup is not None:  # critic_warmup: the value term alone while the policy is held
+            loss = self.critic_warmup.loss(loss, value_term)
         return MicroBatchOutput(loss=loss, policy=obj.policy, value=vf, logits=logits, ptx_loss=ptx_loss,
                                 kl_loss=obj.kl_loss, entropy=obj.entropy, entropy_loss=obj.entropy_loss)
 

@@ -50,10 +50,14 @@ class UpdateMetricsMixin:
             metrics["loss/ptx_avg"] = gather(torch.stack(stats.ptx_losses).mean()).mean().item()
         metrics.update(objective_metrics(rollout, stats, self.objective, self.accelerator))
         self.critic.metrics(metrics, rollout, stats)  # critic-free: the value-model metrics replaced
+        if self.critic_warmup is not None:  # critic_warmup: critic/warmup, 1 while the policy is held
+            metrics.update(self.critic_warmup.metrics())
         if self.reward_scoring is not None:  # reward_funcs: rewards/*, reward, completions/*
             metrics.update(self.reward_scoring.metrics(rollout))
         if rollout.episodes is not None:  # tools: tools/*, episodes/* (trl_ext.ppo.episodes.multi_turn)
             metrics.update(rollout.episodes.metrics(gather))
+        if self.turn_rewards is not None:  # environments' per-turn rewards: episodes/turn_reward_mean
+            metrics.update(self.turn_rewards.metrics(rollout))
         metrics.update(timings)
         if self.decode_graphs is not None:  # rollout_cuda_graphs: rollout/cuda_graph_replays, eager_decode_steps
             metrics.update(self.decode_graphs.metrics())

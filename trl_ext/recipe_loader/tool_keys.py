@@ -170,9 +170,10 @@ def resolve_tool_keys(ctx) -> ToolKeys:
         rewarded = callable(getattr(instance, "get_reward", None))
         if rewarded and cls not in out.environment_rewards:
             out.environment_rewards.append(cls)
+        rewards = [m for m in ("get_reward", "get_turn_reward") if callable(getattr(instance, m, None))]
         out.environment_lines.append(
             f"{'' if name is None else f'{name}: '}{cls} (reset; tools: "
-            f"{', '.join(m.__name__ for m in tools) or 'none'}; reward: {'get_reward' if rewarded else 'none'})")
+            f"{', '.join(m.__name__ for m in tools) or 'none'}; reward: {', '.join(rewards) or 'none'})")
     out.environment_factory = factories[None] if None in factories else factories
     if not methods and not out.tools:
         raise UserInputError("recipe: key 'environment_factory': its environments have no public method and the "

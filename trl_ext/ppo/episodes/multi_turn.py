@@ -10,7 +10,9 @@ Per update, on each process:
    Each turn is parsed with TRL's ``parse_response``; a turn with ``tool_calls`` has them run
    (:mod:`trl_ext.ppo.episodes.tool_calls`), the tool results rendered by the chat template (TRL's tool suffix: the
    results and the next assistant header) appended, and the episode's prefix (prompt + everything so far) sampled
-   again for the next turn, until no turn calls a tool or ``max_tool_calling_iterations`` rounds ran.
+   again for the next turn, until no turn calls a tool or ``max_tool_calling_iterations`` rounds ran. After each
+   round an environment with ``get_turn_reward`` gives the reward of the turn whose calls ran (kept in
+   :attr:`Episode.turn_rewards` at that turn's last token; :mod:`trl_ext.ppo.episodes.turn_rewards`).
 3. The episode is one sequence: the prompt (left-padded as before), then actions (sampled tokens, with their
    sampling log-probs) and observations (the tool suffixes: log-prob 0 here, masked out of every loss term by
    ``score_rollouts``). Its length is capped by ``response_length`` as TRL caps it by ``max_completion_length``: a
@@ -48,6 +50,9 @@ class Episode:
     truncated: str | None = None
     """``"length"`` (``response_length`` reached or a tool result did not fit), ``"iterations"`` (the last turn
     called tools after ``max_tool_calling_iterations`` rounds), or None."""
+    turn_rewards: list[tuple[int, float]] = field(default_factory=list)
+    """The environment's per-turn rewards (``get_turn_reward``): ``(position, reward)``, the position (in ``ids``)
+    of the last token of the turn the reward scores."""
 
     def append(self, ids: list[int], action: bool, logprobs: list[float] | None = None) -> None:
         self.ids += ids
@@ -218,6 +223,10 @@ class MultiTurnRollout:
         calls = {i: episodes[i].messages[-1]["tool_calls"] for i in active}
         results = self.executor.run(calls, {i: self.toolbox.tool_dict(i) for i in active}, batch.counts,
                                     on_timeout=self.toolbox.replace_environment)
+        for i in active:  # the environment's reward for the turn whose calls just ran: on that turn's last token
+            reward = self.toolbox.turn_reward(i)
+            if reward is not None:
+                episodes[i].turn_rewards.append((len(episodes[i].ids) - 1, reward))
         continuing = []
         for i in active:
             suffix = self.toolbox.tool_suffix_ids(results[i])

@@ -20,7 +20,8 @@ def play_episodes(processing_class, prompts: list[list[dict]], sample, *, respon
                   rows: list[dict] | None = None, tool_timeout_s: float | None = None,
                   chat_template_kwargs: dict | None = None) -> tuple[EpisodeBatch, list | None]:
     """Play ``prompts`` as :class:`trl_ext.PPOTrainer` with ``tools`` / ``environment_factory`` plays them:
-    ``(batch, environments)``, the episodes and each row's environment (None without ``environment_factory``).
+    ``(batch, environments)``, the episodes (with their environments' per-turn rewards, ``Episode.turn_rewards``) and
+    each row's environment (None without ``environment_factory``).
 
     ``sample(queries, max_new_tokens) -> (query_responses, logprobs)`` samples one turn after each left-padded query
     (the trainer's :meth:`sample_turn` contract); ``rows``: each prompt's other dataset columns (``reset(**row)``

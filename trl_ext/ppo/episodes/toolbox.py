@@ -3,10 +3,14 @@
 * ``tools``: typed, docstring'd Python functions (sync or ``async def``); the model sees their JSON schema in the
   prompt (``apply_chat_template(..., tools=...)``) and calls them by name.
 * ``environment_factory``: a callable returning an environment, or ``{name: callable}`` with an ``environment``
-  column choosing one per row. An environment's public methods are tools (besides ``reset`` and ``get_reward``);
-  ``reset(**row)`` starts an episode and may return text appended to the last user message; an optional
-  ``get_reward()`` owns the reward: an extra reward source of weight 1 named after the class (rows of another class
-  score None). One instance per episode, pooled and reset across updates (built once, reset often).
+  column choosing one per row. An environment's public methods are tools (besides ``reset``, ``get_reward`` and
+  ``get_turn_reward``); ``reset(**row)`` starts an episode and may return text appended to the last user message; an
+  optional ``get_reward()`` owns the reward: an extra reward source of weight 1 named after the class (rows of another
+  class score None). One instance per episode, pooled and reset across updates (built once, reset often).
+* trl-ext's addition: an optional ``get_turn_reward()`` (sync or ``async def``), called by the turn loop once after
+  each round of the episode's tool calls, returns the reward of the turn just played (a float) or None (none); it
+  lands on that turn's last token (:mod:`trl_ext.ppo.episodes.turn_rewards`). An environment without it plays and
+  scores exactly as under TRL.
 * Reward functions get ``environments=`` (the episodes' instances) when the run has environments.
 * The chat template must render a tool-calling conversation (TRL's ``supports_tool_calling``); tool calls are parsed
   with TRL's ``parse_response`` after ``add_response_schema``; a template that is not prefix-preserving is replaced,
@@ -17,20 +21,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import numbers
 
 from ...errors import UserInputError
 from .tool_rules import (check_tool_args, check_tool_callable, check_tool_dataset, check_tool_stop_token,
                          check_tool_template)
 
-__all__ = ["Toolbox", "environment_methods", "parse_turn", "tool_suffix_ids"]
+__all__ = ["NOT_TOOLS", "Toolbox", "environment_methods", "parse_turn", "tool_suffix_ids"]
+
+NOT_TOOLS = ("reset", "get_reward", "get_turn_reward")
+"""An environment's public methods that are not tools: TRL's two and trl-ext's per-turn reward."""
 
 
 def environment_methods(instance) -> list:
-    """The tool methods of an environment instance: public functions of its class but ``reset``/``get_reward``
-    (listed on the class, as TRL does: ``getmembers`` on the instance would evaluate properties)."""
+    """The tool methods of an environment instance: public functions of its class but :data:`NOT_TOOLS` (listed on
+    the class, as TRL does: ``getmembers`` on the instance would evaluate properties)."""
     return [getattr(instance, name) for name, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)
-            if name not in ("reset", "get_reward") and not name.startswith("_")]
+            if name not in NOT_TOOLS and not name.startswith("_")]
 
 
 def parse_turn(tokenizer, ids: list[int], prefix: list[int], tools: list) -> dict:
@@ -81,6 +90,8 @@ class Toolbox:
         self.env_tools: dict = {}
         self.pool: dict = {}
         self.reward_types: list[type] = []
+        self.turn_reward_types: list[type] = []
+        """The environment classes with ``get_turn_reward`` (per-turn rewards), in ``environment_factory``'s order."""
         self.tools = list(tools)  # the union over environments: where only their presence matters
         for name, factory in (self.factories or {}).items():
             if not callable(factory):
@@ -96,6 +107,8 @@ class Toolbox:
             self.tools += [m for m in methods if m not in self.tools]
             if callable(getattr(instance, "get_reward", None)) and type(instance) not in self.reward_types:
                 self.reward_types.append(type(instance))
+            if callable(getattr(instance, "get_turn_reward", None)) and type(instance) not in self.turn_reward_types:
+                self.turn_reward_types.append(type(instance))
         self.processing_class = processing_class
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.chat_template = self._check_template(processing_class)
@@ -162,6 +175,21 @@ class Toolbox:
             funcs.append(get_reward)
             names.append(env_type.__name__)
         return funcs, names
+
+    def turn_reward(self, row: int) -> float | None:
+        """Row ``row``'s environment's reward for the turn just played: its ``get_turn_reward()`` (awaited when
+        ``async def``) as a float, or None (no such method, no environment, or it returned None)."""
+        env = self.environments[row] if self.environments is not None else None
+        method = getattr(env, "get_turn_reward", None)
+        if not callable(method):
+            return None
+        value = asyncio.run(method()) if inspect.iscoroutinefunction(method) else method()
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise UserInputError(f"environment_factory: {type(env).__name__}.get_turn_reward returned {value!r}; it "
+                                 "must return a number (the reward of the turn just played) or None")
+        return float(value)
 
     # ------------------------------------------------------------------ one batch
 

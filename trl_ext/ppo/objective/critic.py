@@ -224,14 +224,19 @@ class CriticFree:
         `rloo`/`grpo`: one advantage per sequence from its group's rewards, `score - kl_coef * sum_t KL_t` with
         `kl_in="reward"` or the score alone with `kl_in="loss"`, on every response token, not whitened.
         `reinforce_pp[_baseline]`: per-token returns-to-go whitened over the global batch (every process's tokens).
+        With environments' per-turn rewards (`rollout.turn_rewards`), each episode's sum of them is added to its
+        score first (sequence-level, as the estimators score).
         `rollout.returns` is the advantages (no value target). Quantities for the metrics go to
         `rollout.estimator_stats`. ``kl_coef``: this update's KL coefficient.
         """
         k, estimator = self.group_size, self.estimator
         mask = ~rollout.padding_mask
         kl_coef = kl_coef if self.kl_in_reward else 0.0
+        scores = rollout.scores
+        if rollout.turn_rewards is not None:  # environments' per-turn rewards: sequence-level, their sum
+            scores = scores + rollout.turn_rewards.sum(1)
         if estimator in ("rloo", "grpo"):
-            rewards = rollout.scores - kl_coef * (rollout.kl * mask).sum(1)
+            rewards = scores - kl_coef * (rollout.kl * mask).sum(1)
             if estimator == "rloo":
                 per_sequence = rloo_advantages(rewards, k)
             else:
@@ -240,7 +245,7 @@ class CriticFree:
             rollout.estimator_stats["sequence_advantages"] = per_sequence
         else:
             group_size = k if estimator == "reinforce_pp_baseline" else None
-            advantages = reinforce_pp_advantages(rollout.scores, rollout.kl, kl_coef, mask, group_size,
+            advantages = reinforce_pp_advantages(scores, rollout.kl, kl_coef, mask, group_size,
                                                  _sum_over_processes(self.accelerator))
         rollout.advantages = advantages
         rollout.returns = advantages

@@ -51,6 +51,9 @@ class Rollout:
     """With ``reward_funcs``: every reward of every completion (:class:`trl_ext.rewards.scoring.RewardScores`)."""
     episodes: object | None = None
     """With ``tools``: the multi-turn episodes (:class:`trl_ext.ppo.episodes.multi_turn.EpisodeBatch`)."""
+    turn_rewards: torch.Tensor | None = None
+    """With environments that give per-turn rewards: ``(batch, T)``, each at the last token of the turn it scores
+    (set by ``compute_rewards``, :mod:`trl_ext.ppo.episodes.turn_rewards`); None when the update has none."""
 
     @property
     def observation_mask(self) -> torch.Tensor | None:
