@@ -4,8 +4,8 @@ GAE (a value model across the turns), RLOO and GRPO, measured by held-out exact 
 Task (recipes/tool_use/README.md): ``"What is 48213 + 90577?"``, sums of two five-digit numbers, which a tiny Llama
 (hidden 64, 2 layers) cannot add after a short SFT but can copy into an ``add(a, b)`` tool call and back out of the
 tool's result. The pipeline, in this process: data and base model (recipes/tool_use/make_data.py); two SFT warm
-starts on the same 2000 problems (recipes/tool_use/sft_tools.yaml: transcripts that call the tool;
-sft_no_tools.yaml: the answer at once); then RL from each SFT model with ``reward_funcs=[exact_match]``
+starts on the same 2000 problems (recipes/tool_use/sft_tools.yaml: a careless demonstrator's transcripts, the tool
+called on every first operand >= 50000 and on 30 % of the others; sft_no_tools.yaml: the answer at once); then RL from each SFT model with ``reward_funcs=[exact_match]``
 (recipes/tool_use/tool_task.py), with ``tools=[add]`` and ``max_tool_calling_iterations`` from the tool start and
 without tools from the no-tool start, for each estimator at the same number of episodes per update, seeds 0..2:
 

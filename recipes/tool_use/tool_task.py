@@ -11,8 +11,9 @@
 
 A tiny Llama cannot add five-digit numbers written most significant digit first after a short SFT (it must carry
 through five columns), but it can learn to copy digits: into the tool call, and from the tool's result into its
-answer. The two SFT recipes (``sft_tools.yaml``, ``sft_no_tools.yaml``) train on the same problems and stop early,
-so RL has room in both.
+answer. The two SFT recipes (``sft_tools.yaml``, ``sft_no_tools.yaml``) train on the same problems; the tool set
+imitates a careless demonstrator (:func:`demonstrator_transcript`) that skips the tool on most problems with a small
+first operand, so the start is a plateau and RL's room is the decision to call the tool.
 """
 
 from __future__ import annotations
