@@ -14,13 +14,13 @@ leave the greedy answers in the band."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 from recipe_modules import recipe_module
 
 TASK = Path(__file__).resolve().parents[2] / "recipes" / "verifiable"
+read = recipe_module("verifiable", "evaluate").read_jsonl  # the quickstart's own reader of its data files
 TRAIN, HELDOUT = 32, 32
 #: The reduced SFT: sft.yaml with these overrides (besides the paths and the seed).
 SFT_OVERRIDES = ["--max_steps", "150", "--per_device_train_batch_size", "16", "--learning_rate", "3e-3",
@@ -39,10 +39,6 @@ HELDOUT_MAX = 0.25
 #: |GRPO's mean logged reward (128 completions) - evaluate.py's sampled accuracy of the start (4 per prompt)|:
 #: measured at most 1/64 (README); several standard errors of the two estimates.
 SAMPLED_TOLERANCE = 0.1
-
-
-def read(path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")

@@ -37,6 +37,11 @@ def read(path) -> list[dict]:
     return [json.loads(line) for line in open(path)]
 
 
+def operands(row: dict) -> tuple[int, int]:
+    """``(a, b)`` read back from a row's prompt ``What is a + b?``."""
+    return tuple(int(x) for x in row["prompt"][0]["content"][len("What is "):-1].split(" + "))
+
+
 def test_add_is_a_tool_trl_accepts():
     from transformers.utils import get_json_schema
 
@@ -78,7 +83,7 @@ def test_data_files(task_data):
     assert [len(rows[n]) for n in rows] == [6, 3, 6, 6]
     for rl, with_tool, without in zip(rows["train"], rows["sft_tools"], rows["sft_no_tools"]):
         assert without["prompt"] == rl["prompt"]
-        a, b = (int(x) for x in rl["prompt"][0]["content"][len("What is "):-1].split(" + "))
+        a, b = operands(rl)
         assert rl["answer"] == str(a + b)
         assert tool_task.exact_match([without["completion"]], [rl["answer"]]) == [1.0]
         assert sorted(with_tool) == ["completion_mask", "input_ids"]  # pre-tokenized (tokens: the tests below)
@@ -124,8 +129,7 @@ def rl_pieces(tok, a: int, b: int, modules, calls: bool = True):
 
 def demonstrated(task_data):
     """(a, b, whether the demonstrator called the tool) of each SFT transcript, from the training problems."""
-    pairs = [tuple(int(x) for x in row["prompt"][0]["content"][len("What is "):-1].split(" + "))
-             for row in read(task_data / "data" / "train.jsonl")]
+    pairs = [operands(row) for row in read(task_data / "data" / "train.jsonl")]
     return [(a, b, len(c) == 3) for (a, b), c in zip(pairs, tool_task.demonstrator_transcripts(pairs, seed=0))]
 
 
