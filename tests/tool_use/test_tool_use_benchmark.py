@@ -139,3 +139,36 @@ def test_shipped_gae_recipe_trains_one_update_with_the_tool(bench, sft_work, tmp
     assert log["reward"] == log["rewards/exact_match/mean"]  # the only reward source
     assert "tools/call_frequency" in log and "episodes/turns_mean" in log and log["episodes/turns_mean"] >= 1
     assert trainer.args.lam == 1.0 and trainer.args.advantage_estimator == "gae"
+
+
+@pytest.mark.parametrize(("recipe_name", "base", "data", "held", "end"), [
+    ("sft_tools.yaml", "base", "sft_tools.jsonl", 1500, 2000),
+    ("sft_guess.yaml", "guess_base", "guess_sft.jsonl", 400, 600)])
+def test_shipped_sft_recipes_hold_the_learning_rate_then_decay_it_to_zero(sft_work, tmp_path, recipe_name, base, data,
+                                                                        held, end):
+    """The tool-use SFT recipes' warmup-stable-decay schedule as HF's Trainer builds it from the resolved config
+    (``create_scheduler``: type, warm-up steps, ``lr_scheduler_kwargs``): up over 50 steps, held at the peak to step
+    ``held``, then down to 0 at ``end`` (the recipes end settled, not mid-way through a change)."""
+    import torch
+    from transformers import get_scheduler
+
+    from trl_ext.recipe_loader import resolve_recipe
+
+    recipe = resolve_recipe(BENCH.parent / "recipes" / "tool_use" / recipe_name, [
+        "--model_name_or_path", str(sft_work / base), "--dataset_name", str(sft_work / "data" / data),
+        "--output_dir", str(tmp_path / "out")])
+    args = recipe.training_args
+    assert args.max_steps == end
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.learning_rate)
+    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.get_warmup_steps(end),
+                              num_training_steps=end, scheduler_specific_kwargs=args.lr_scheduler_kwargs)
+    lrs = []
+    for _ in range(end):
+        lrs.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    peak = args.learning_rate
+    assert lrs[0] == 0 and lrs[25] == pytest.approx(peak / 2) and lrs[49] < peak
+    assert lrs[50:held] == pytest.approx([peak] * (held - 50))
+    assert all(a > b for a, b in zip(lrs[held:], lrs[held + 1:])) and lrs[-1] < peak * 1e-4
+
