@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import guess_env
+import quiz_env
 import tool_task
 
 
@@ -148,6 +149,26 @@ def game_evaluation(model, tokenizer, *, samples: int = 16, temperature: float =
             "sampled": game_scores(model, tokenizer, secrets * samples, greedy=False, temperature=temperature)}
 
 
+def quiz_scores(model, tokenizer, rows: list[dict], *, greedy: bool = True, temperature: float = 1.0) -> dict:
+    """The counting quiz (quiz_env.py) played once per row (``numbers``) as RL plays it (a ``QuizEnv`` per quiz,
+    its ``answer`` the tool, at most ``ROUNDS`` rounds and ``RESPONSE_LENGTH`` tokens): ``{"reward": mean
+    share_right (the share of rounds right, the prize left out; the optimum is 1.0), "small": the share right of
+    the rounds below LARGE_FROM, "large": of the others, "finished": share of quizzes whose every round was
+    answered}``."""
+    was_training = model.training
+    model.eval()
+    _, envs = play(model, tokenizer, [r["prompt"] for r in rows], environment_factory=quiz_env.QuizEnv, rows=rows,
+                   greedy=greedy, temperature=temperature, max_tool_calling_iterations=quiz_env.ROUNDS,
+                   response_length=quiz_env.RESPONSE_LENGTH)
+    model.train(was_training)
+    rounds = [(n >= quiz_env.LARGE_FROM, k < len(e.right) and e.right[k])
+              for e in envs for k, n in enumerate(e.numbers)]
+    share = {size: [right for large, right in rounds if large == (size == "large")] for size in ("small", "large")}
+    return {"reward": sum(quiz_env.share_right(e) for e in envs) / len(envs),
+            **{size: sum(v) / max(len(v), 1) for size, v in share.items()},
+            "finished": sum(len(e.right) == len(e.numbers) for e in envs) / len(envs)}
+
+
 def read_jsonl(path) -> list[dict]:
     return [json.loads(line) for line in open(path)]
 
@@ -156,13 +177,17 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("models", nargs="+", help="model directories (tokenizer saved beside the model)")
     p.add_argument("--tools", action="store_true", help="offer the add tool (the tool-use recipes' setting)")
-    p.add_argument("--data", default="outputs/tool_use/data/heldout.jsonl")
+    p.add_argument("--data", default=None, help="the held-out file (default: outputs/tool_use/data/heldout.jsonl, "
+                   "with --quiz quiz_heldout.jsonl)")
     p.add_argument("--show", type=int, default=0, help="print the first N episodes")
     p.add_argument("--game", action="store_true", help="play the guessing game instead (guess_env.py): every "
                    "secret greedily, and --samples times sampled at --temperature")
+    p.add_argument("--quiz", action="store_true", help="play the counting quiz instead (quiz_env.py): every "
+                   "held-out quiz greedily (--data default: outputs/tool_use/data/quiz_heldout.jsonl)")
     p.add_argument("--samples", type=int, default=16)
     p.add_argument("--temperature", type=float, default=0.5)
     a = p.parse_args(argv)
+    a.data = a.data or f"outputs/tool_use/data/{'quiz_heldout' if a.quiz else 'heldout'}.jsonl"
     import transformers  # only the table: no progress bar per model load, no library warnings
 
     from trl_ext.runtime.quiet_console import quiet_console
@@ -172,6 +197,15 @@ def main(argv=None) -> int:
     transformers.logging.set_verbosity_error()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if a.quiz:
+        rows = read_jsonl(a.data)
+        print(f"{'model':40s} {'greedy reward':>13s} {'0-4 right':>10s} {'5-8 right':>10s}   ({len(rows)} held-out "
+              "quizzes; optimum 1.000)")
+        for path in a.models:
+            model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+            q = quiz_scores(model, tokenizer, rows)
+            print(f"{path:40s} {q['reward']:13.3f} {q['small']:10.3f} {q['large']:10.3f}")
+        return 0
     if a.game:
         print(f"{'model':40s} {'greedy reward':>13s} {'guesses':>8s} {'sampled reward':>15s} {'guesses':>8s} "
               f"{'found':>6s}   (8 secrets; sampled x{a.samples} at temperature {a.temperature})")

@@ -30,9 +30,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import guess_env
+import quiz_env
 import tool_task
 
 GUESS_SFT, GUESS_RL = 1000, 1000
+QUIZ_TRAIN, QUIZ_HELDOUT = 1000, 200
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -113,7 +115,24 @@ def make_data(out: str | Path, *, seed: int = 0, train: int = tool_task.TRAIN,
     guess_tokenizer = AutoTokenizer.from_pretrained(out / "guess_base")
     write_jsonl(out / "data" / "guess_sft.jsonl", guess_sft_rows(guess_tokenizer, min(train, GUESS_SFT), seed=seed))
     write_jsonl(out / "data" / "guess_train.jsonl", guess_env.rl_rows(min(train, GUESS_RL), seed=seed + 1))
+    write_quiz(out, seed=seed, train=min(train, QUIZ_TRAIN))
     return out
+
+
+def write_quiz(out: Path, *, seed: int = 0, train: int = 0) -> None:
+    """The counting quiz (quiz_env.py): ``quiz_base/``, ``data/quiz_sft.jsonl`` (the careless player's transcripts
+    of the training quizzes as :func:`episode_sft_row`s), ``data/quiz_train.jsonl`` and ``data/quiz_heldout.jsonl``
+    (``prompt``, ``numbers``: RL's rows and the held-out quizzes)."""
+    from transformers import AutoTokenizer
+
+    quiz_env.write_base_model(out / "quiz_base", seed=seed)
+    tokenizer = AutoTokenizer.from_pretrained(out / "quiz_base")
+    train_quizzes, heldout_quizzes = quiz_env.split(seed=seed, train=train, heldout=QUIZ_HELDOUT)
+    tools = quiz_env.environment_tools()
+    write_jsonl(out / "data" / "quiz_sft.jsonl", [episode_sft_row(tokenizer, r["prompt"], r["completion"], tools)
+                                                  for r in quiz_env.sft_rows(train_quizzes, seed=seed)])
+    write_jsonl(out / "data" / "quiz_train.jsonl", [quiz_env.row(q) for q in train_quizzes])
+    write_jsonl(out / "data" / "quiz_heldout.jsonl", [quiz_env.row(q) for q in heldout_quizzes])
 
 
 if __name__ == "__main__":

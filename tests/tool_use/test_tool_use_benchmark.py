@@ -143,7 +143,8 @@ def test_shipped_gae_recipe_trains_one_update_with_the_tool(bench, sft_work, tmp
 
 @pytest.mark.parametrize(("recipe_name", "base", "data", "held", "end"), [
     ("sft_tools.yaml", "base", "sft_tools.jsonl", 1500, 2000),
-    ("sft_guess.yaml", "guess_base", "guess_sft.jsonl", 400, 600)])
+    ("sft_guess.yaml", "guess_base", "guess_sft.jsonl", 400, 600),
+    ("sft_quiz.yaml", "quiz_base", "quiz_sft.jsonl", 950, 1200)])
 def test_shipped_sft_recipes_hold_the_learning_rate_then_decay_it_to_zero(sft_work, tmp_path, recipe_name, base, data,
                                                                         held, end):
     """The tool-use SFT recipes' warmup-stable-decay schedule as HF's Trainer builds it from the resolved config
