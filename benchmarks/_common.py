@@ -205,6 +205,23 @@ def study_parser(doc: str, name: str, *, updates: tuple[int, int], seeds: int = 
     return p
 
 
+def study_work(a, train_sft) -> tuple[Path, float]:
+    """(work folder, seconds of SFT) of a task study: the finished run's folder ``a.sft_dir`` as it is (0 s), else
+    ``a.workdir`` emptied and ``train_sft(work)`` run in it (it returns its seconds)."""
+    if a.sft_dir:
+        return Path(a.sft_dir), 0.0
+    work = fresh_workdir(a.workdir, create=True)
+    return work, train_sft(work)
+
+
+def key_values(pairs) -> dict:
+    """``--set KEY=VALUE ...`` as a dict, each value read as YAML (``3`` an int, ``true`` a bool, ``1.0e-4`` a
+    float; YAML reads ``1e-4`` as text)."""
+    import yaml
+
+    return {kv.split("=", 1)[0]: yaml.safe_load(kv.split("=", 1)[1]) for kv in pairs}
+
+
 def study_size(a, updates: tuple[int, int], seeds: int = 3) -> tuple[int, list[int]]:
     """(updates per run, training seeds) of a study whose command line :func:`study_parser` read: those given, else
     the full study's (`updates[0]`, `seeds` seeds) or with `--quick` the quick one's (`updates[1]`, one seed)."""

@@ -5,7 +5,8 @@ Task (recipes/tool_use/README.md): ``"What is 48213 + 90577?"``, sums of two fiv
 (hidden 64, 2 layers) cannot add after a short SFT but can copy into an ``add(a, b)`` tool call and back out of the
 tool's result. The pipeline, in this process: data and base model (recipes/tool_use/make_data.py); two SFT warm
 starts on the same 2000 problems (recipes/tool_use/sft_tools.yaml: a careless demonstrator's transcripts, the tool
-called on every first operand >= 50000 and on 30 % of the others; sft_no_tools.yaml: the answer at once); then RL from each SFT model with ``reward_funcs=[exact_match]``
+called on every first operand >= 50000 and on 30 % of the others; sft_no_tools.yaml: the answer at once); then RL
+from each SFT model with ``reward_funcs=[exact_match]``
 (recipes/tool_use/tool_task.py), with ``tools=[add]`` and ``max_tool_calling_iterations`` from the tool start and
 without tools from the no-tool start, for each estimator at the same number of episodes per update, seeds 0..2:
 
@@ -33,8 +34,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import (REPO, fresh_workdir, load_average, logged, print_table, quiet_timed,  # noqa: E402
-                     rl_trainer_from_sft, setup_env, study_cells, study_parser, study_size, train_recipe, write_result)
+from _common import (REPO, key_values, load_average, logged, print_table, quiet_timed,  # noqa: E402
+                     rl_trainer_from_sft, setup_env, study_cells, study_parser, study_size, study_work, train_recipe,
+                     write_result)
 
 TASK = REPO / "recipes" / "tool_use"
 sys.path.insert(0, str(TASK))
@@ -178,17 +180,12 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     updates, seeds = study_size(a, UPDATES)
     setup_env(threads=1)
-    import yaml
     from evaluate import read_jsonl
     from transformers import AutoTokenizer
 
     started = time.perf_counter()
-    if a.sft_dir:
-        work, sft_seconds = Path(a.sft_dir), 0.0
-    else:
-        work = fresh_workdir(a.workdir, create=True)
-        sft_seconds = sft(work, train=a.train, heldout=a.heldout, max_steps=a.sft_steps)
-    overrides = {kv.split("=", 1)[0]: yaml.safe_load(kv.split("=", 1)[1]) for kv in a.set}
+    work, sft_seconds = study_work(a, lambda w: sft(w, train=a.train, heldout=a.heldout, max_steps=a.sft_steps))
+    overrides = key_values(a.set)
     tokenizer = AutoTokenizer.from_pretrained(work / "sft_tools")
     heldout, train_rows = read_jsonl(work / "data" / "heldout.jsonl"), read_jsonl(work / "data" / "train.jsonl")
     heldout = heldout[:a.eval_problems]

@@ -34,9 +34,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import (REPO, fresh_workdir, load_average, logged, print_table, pyplot_into, quiet_timed,  # noqa: E402
-                     rl_trainer_from_sft, save_figure, setup_env, study_cells, study_parser, study_size, train_recipe,
-                     write_result)
+from _common import (REPO, key_values, load_average, logged, print_table, pyplot_into, quiet_timed,  # noqa: E402
+                     rl_trainer_from_sft, save_figure, setup_env, study_cells, study_parser, study_size, study_work,
+                     train_recipe, write_result)
 from tool_use import K, RL_SETTINGS  # noqa: E402
 
 TASK = REPO / "recipes" / "tool_use"
@@ -198,17 +198,12 @@ def main(argv=None) -> int:
     updates, seeds = study_size(a, UPDATES)
     seeds = a.seed_list if a.seed_list is not None else seeds
     setup_env(threads=1)
-    import yaml
     from evaluate import quiz_scores, read_jsonl
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     started = time.perf_counter()
-    if a.sft_dir:
-        work, sft_seconds = Path(a.sft_dir), 0.0
-    else:
-        work = fresh_workdir(a.workdir, create=True)
-        sft_seconds = sft(work, max_steps=a.sft_steps if not a.quick else 60)
-    overrides = {kv.split("=", 1)[0]: yaml.safe_load(kv.split("=", 1)[1]) for kv in a.set}
+    work, sft_seconds = study_work(a, lambda w: sft(w, max_steps=60 if a.quick else a.sft_steps))
+    overrides = key_values(a.set)
     heldout = read_jsonl(work / "data" / "quiz_heldout.jsonl")
     start = quiz_scores(AutoModelForCausalLM.from_pretrained(work / "sft_quiz"),
                         AutoTokenizer.from_pretrained(work / "sft_quiz"), heldout)

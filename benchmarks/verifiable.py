@@ -32,7 +32,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import (REPO, fresh_workdir, load_average, logged, print_table, pyplot_into,  # noqa: E402
+from _common import (REPO, fresh_workdir, key_values, load_average, logged, print_table, pyplot_into,  # noqa: E402
                      rl_trainer_from_sft, save_figure, setup_env, study_cells, study_parser, study_size, train_recipe,
                      train_with_curve, write_result)
 
@@ -120,9 +120,7 @@ def main(argv=None) -> int:
     work = fresh_workdir(a.workdir, create=True)
     sft_dir, sft_seconds, data = sft_or_reuse(work, a.sft_dir)
     overrides = {k: v for k, v in (("learning_rate", a.lr), ("kl_coef", a.kl_coef)) if v is not None}
-    import yaml
-
-    overrides.update({kv.split("=", 1)[0]: yaml.safe_load(kv.split("=", 1)[1]) for kv in a.set})
+    overrides.update(key_values(a.set))
     tokenizer = AutoTokenizer.from_pretrained(sft_dir)
     heldout = read_jsonl(data / "heldout.jsonl")
     train_rows = read_jsonl(data / "train.jsonl")

@@ -12,10 +12,9 @@ the recipe's logged reward is the mean of its environments' ``get_reward()``."""
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
+import episode_replay
 import pytest
-import torch
 from recipe_modules import recipe_module
 
 guess_env = recipe_module("tool_use", "guess_env")
@@ -60,29 +59,11 @@ def test_data_files(game_data):
     assert all(r["prompt"] == guess_env.prompt_messages() and 1 <= r["secret"] <= guess_env.HIGH for r in rl)
 
 
-def replay(tokenizer, example: dict, secret: int, response_length: int = guess_env.RESPONSE_LENGTH):
-    """An SFT game played by trl_ext's multi-turn rollout with ``environment_factory=GuessEnv``, the policy's turns
-    taken from the example (each "sampled" turn: the example's next run of completion_mask 1 after the prefix)."""
-    from trl_ext.ppo.episodes.multi_turn import MultiTurnRollout
-    from trl_ext.ppo.episodes.toolbox import Toolbox
-
-    toolbox = Toolbox(None, guess_env.GuessEnv, tokenizer)
-    args = SimpleNamespace(response_length=response_length, max_tool_calling_iterations=guess_env.MAX_GUESSES,
-                           tool_timeout_s=None, tool_num_workers=0)
-    rollout = MultiTurnRollout(toolbox, args, tokenizer)
-    ids, mask = example["input_ids"], example["completion_mask"]
-
-    def sample(queries, max_new_tokens):
-        prefix = [t for t in queries[0].tolist() if t != tokenizer.pad_token_id]
-        assert ids[:len(prefix)] == prefix  # the rollout's prefix is the SFT row's
-        end = next((j for j in range(len(prefix), len(ids)) if not mask[j]), len(ids))
-        turn = ids[len(prefix):end][:max_new_tokens]
-        return torch.cat((queries, torch.tensor([turn])), 1), torch.zeros(1, len(turn))
-
-    data = rollout.begin({"input_ids": torch.tensor([[tokenizer.pad_token_id]]),
-                          "prompt": [guess_env.prompt_messages()], "secret": [secret]})
-    _, _, batch = rollout.run(data["input_ids"], sample)
-    return rollout, batch.episodes[0], toolbox.environments[0]
+def replay(tokenizer, example: dict, secret: int):
+    """An SFT game played by trl_ext's multi-turn rollout with ``environment_factory=GuessEnv``."""
+    return episode_replay.replay(tokenizer, example, guess_env.GuessEnv, guess_env.prompt_messages(),
+                                 {"secret": secret}, max_tool_calling_iterations=guess_env.MAX_GUESSES,
+                                 response_length=guess_env.RESPONSE_LENGTH)
 
 
 def test_sft_game_is_the_rl_episode(game_data):

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import json
 import random
-from types import SimpleNamespace
 
+import episode_replay
 import pytest
-import torch
 from recipe_modules import recipe_module
 
 quiz_env = recipe_module("tool_use", "quiz_env")
@@ -91,28 +90,10 @@ def test_data_files(quiz_data):
 
 
 def replay(tokenizer, example: dict, numbers: list[int]):
-    """An SFT quiz played by trl_ext's multi-turn rollout with ``environment_factory=QuizTurnEnv``, the policy's
-    turns taken from the example."""
-    from trl_ext.ppo.episodes.multi_turn import MultiTurnRollout
-    from trl_ext.ppo.episodes.toolbox import Toolbox
-
-    toolbox = Toolbox(None, quiz_env.QuizTurnEnv, tokenizer)
-    args = SimpleNamespace(response_length=quiz_env.RESPONSE_LENGTH, max_tool_calling_iterations=quiz_env.ROUNDS,
-                           tool_timeout_s=None, tool_num_workers=0)
-    rollout = MultiTurnRollout(toolbox, args, tokenizer)
-    ids, mask = example["input_ids"], example["completion_mask"]
-
-    def sample(queries, max_new_tokens):
-        prefix = [t for t in queries[0].tolist() if t != tokenizer.pad_token_id]
-        assert ids[:len(prefix)] == prefix  # the rollout's prefix is the SFT row's
-        end = next((j for j in range(len(prefix), len(ids)) if not mask[j]), len(ids))
-        turn = ids[len(prefix):end][:max_new_tokens]
-        return torch.cat((queries, torch.tensor([turn])), 1), torch.zeros(1, len(turn))
-
-    data = rollout.begin({"input_ids": torch.tensor([[tokenizer.pad_token_id]]),
-                          "prompt": [quiz_env.prompt_messages()], "numbers": [numbers]})
-    _, _, batch = rollout.run(data["input_ids"], sample)
-    return rollout, batch.episodes[0], toolbox.environments[0]
+    """An SFT quiz played by trl_ext's multi-turn rollout with ``environment_factory=QuizTurnEnv``."""
+    return episode_replay.replay(tokenizer, example, quiz_env.QuizTurnEnv, quiz_env.prompt_messages(),
+                                 {"numbers": numbers}, max_tool_calling_iterations=quiz_env.ROUNDS,
+                                 response_length=quiz_env.RESPONSE_LENGTH)
 
 
 def test_sft_quiz_is_the_rl_episode_with_each_round_rewarded_on_its_turn(quiz_data):

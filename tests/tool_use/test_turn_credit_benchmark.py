@@ -10,24 +10,18 @@ on the per-turn rewards."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from benchmark_scripts import loaded_script
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 TINY = ["--updates", "1", "--figures", "", "--set", "per_device_train_batch_size=4",
         "local_rollout_forward_batch_size=4", "num_ppo_epochs=1"]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import turn_credit
-    finally:
-        sys.path.remove(str(BENCH))
-    return turn_credit
+    with loaded_script("turn_credit") as script:
+        yield script
 
 
 @pytest.fixture(scope="module")
