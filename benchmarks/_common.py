@@ -456,6 +456,14 @@ def child_result(result: dict) -> None:
 # ---------------------------------------------------------------- output
 
 
+def seed_spread(values) -> str:
+    """A study table's cell for one variant's per-seed results: ``"mean ± sd (a / b / c)"``, three decimals (sd 0
+    for a single seed)."""
+    values = list(values)
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):.3f} ± {sd:.3f} ({' / '.join(f'{v:.3f}' for v in values)})"
+
+
 def print_table(headers: list[str], rows: list[list]) -> None:
     """A GitHub-markdown table on stdout (paste-able into the benchmark README)."""
 

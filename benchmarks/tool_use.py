@@ -27,7 +27,6 @@ Writes benchmarks/results/tool_use.json (or --out).
 from __future__ import annotations
 
 import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -35,8 +34,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _common import (REPO, key_values, load_average, logged, print_table, quiet_timed,  # noqa: E402
-                     rl_trainer_from_sft, setup_env, study_cells, study_parser, study_size, study_work, train_recipe,
-                     write_result)
+                     rl_trainer_from_sft, seed_spread, setup_env, study_cells, study_parser, study_size, study_work,
+                     train_recipe, write_result)
 
 TASK = REPO / "recipes" / "tool_use"
 sys.path.insert(0, str(TASK))
@@ -247,9 +246,7 @@ def report(starts, runs) -> None:
              for t in starts]
     for name, run in runs.items():
         ends = [r["end"]["exact_match"] for r in run["seeds"]]
-        sd = statistics.stdev(ends) if len(ends) > 1 else 0.0
-        per_seed = " / ".join(f"{e:.3f}" for e in ends)
-        table.append([f"RL: {name}", len(ends), f"{_mean(ends):.3f} ± {sd:.3f} ({per_seed})",
+        table.append([f"RL: {name}", len(ends), seed_spread(ends),
                       f"{_mean(r['end']['tool_calls'] for r in run['seeds']):.2f}",
                       _mean(_mean(r["reward"][-5:]) for r in run["seeds"]), _mean(r["seconds"] for r in run["seeds"])])
     print_table(headers, table)

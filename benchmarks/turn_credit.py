@@ -27,7 +27,6 @@ Writes benchmarks/results/turn_credit.json (or --out).
 from __future__ import annotations
 
 import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -35,8 +34,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _common import (REPO, key_values, load_average, logged, print_table, pyplot_into, quiet_timed,  # noqa: E402
-                     rl_trainer_from_sft, save_figure, setup_env, study_cells, study_parser, study_size, study_work,
-                     train_recipe, write_result)
+                     rl_trainer_from_sft, save_figure, seed_spread, setup_env, study_cells, study_parser, study_size,
+                     study_work, train_recipe, write_result)
 from tool_use import K, RL_SETTINGS  # noqa: E402
 
 TASK = REPO / "recipes" / "tool_use"
@@ -114,8 +113,6 @@ def critic_errors(trainer, rows: list[dict], temperature: float) -> dict:
     import torch
     from evaluate import play
 
-    from trl_ext.models.scalar_heads import scalar_model_outputs
-
     policy, value_model, tok = trainer.model.policy, trainer.model.value_model, trainer.processing_class
     batch, envs = play(policy, tok, [r["prompt"] for r in rows], environment_factory=quiz_env.QuizTurnEnv, rows=rows,
                        greedy=False, temperature=temperature, max_tool_calling_iterations=quiz_env.ROUNDS,
@@ -123,9 +120,8 @@ def critic_errors(trainer, rows: list[dict], temperature: float) -> dict:
     per_turn = {}
     with torch.no_grad():
         for episode, env in zip(batch.episodes, envs):
-            ids = torch.tensor([episode.prompt_ids + episode.ids])
-            full, _, _ = scalar_model_outputs(value_model, ids, tok.pad_token_id, len(episode.prompt_ids))
-            values = full[0, len(episode.prompt_ids) - 1:-1, 0]  # TRL's: the value before each response token
+            ids = torch.tensor([episode.prompt_ids + episode.ids])  # the trainer's values: before each response token
+            values = trainer.critic.values(value_model, ids, tok.pad_token_id, len(episode.prompt_ids))[0]
             starts = [t for t, a in enumerate(episode.action) if a and (t == 0 or not episode.action[t - 1])]
             for k, t in enumerate(starts):
                 ret = sum(r for p, r in episode.turn_rewards if p >= t) + env.get_reward()
@@ -239,9 +235,7 @@ def report(start, runs) -> None:
     table = [["SFT", "-", f"{start['reward']:.3f}", f"{start['large']:.3f}", "-", "-"]]
     for name, run in runs.items():
         ends = [r["end"]["reward"] for r in run["seeds"]]
-        sd = statistics.stdev(ends) if len(ends) > 1 else 0.0
-        per_seed = " / ".join(f"{e:.3f}" for e in ends)
-        table.append([f"RL: {name}", len(ends), f"{_mean(ends):.3f} ± {sd:.3f} ({per_seed})",
+        table.append([f"RL: {name}", len(ends), seed_spread(ends),
                       f"{_mean(r['end']['large'] for r in run['seeds']):.3f}",
                       _mean(_mean(r["reward"][-5:]) for r in run["seeds"]), _mean(r["seconds"] for r in run["seeds"])])
     print_table(headers, table)

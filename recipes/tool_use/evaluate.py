@@ -163,9 +163,10 @@ def quiz_scores(model, tokenizer, rows: list[dict], *, greedy: bool = True, temp
     model.train(was_training)
     rounds = [(n >= quiz_env.LARGE_FROM, k < len(e.right) and e.right[k])
               for e in envs for k, n in enumerate(e.numbers)]
-    share = {size: [right for large, right in rounds if large == (size == "large")] for size in ("small", "large")}
+    small = [right for large, right in rounds if not large]
+    large = [right for large, right in rounds if large]
     return {"reward": sum(quiz_env.share_right(e) for e in envs) / len(envs),
-            **{size: sum(v) / max(len(v), 1) for size, v in share.items()},
+            "small": sum(small) / max(len(small), 1), "large": sum(large) / max(len(large), 1),
             "finished": sum(len(e.right) == len(e.numbers) for e in envs) / len(envs)}
 
 
@@ -199,8 +200,9 @@ def main(argv=None) -> int:
 
     if a.quiz:
         rows = read_jsonl(a.data)
-        print(f"{'model':40s} {'greedy reward':>13s} {'0-4 right':>10s} {'5-8 right':>10s}   ({len(rows)} held-out "
-              "quizzes; optimum 1.000)")
+        small, large = f"0-{quiz_env.LARGE_FROM - 1} right", f"{quiz_env.LARGE_FROM}-{quiz_env.HIGHEST} right"
+        print(f"{'model':40s} {'greedy reward':>13s} {small:>10s} {large:>10s}   ({len(rows)} held-out quizzes; "
+              "optimum 1.000)")
         for path in a.models:
             model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
             q = quiz_scores(model, tokenizer, rows)

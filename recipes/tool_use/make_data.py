@@ -17,6 +17,9 @@
   tokenizer and random tiny Llama (512 positions: a game is longer), 1000 SFT games pre-tokenized as RL's episodes
   (``input_ids``, ``completion_mask``: :func:`episode_sft_row`, the environment's answers masked) and 1000 RL rows
   (``prompt``, ``secret``, which ``GuessEnv.reset`` reads).
+* ``quiz_base/``, ``data/quiz_sft.jsonl``, ``data/quiz_train.jsonl``, ``data/quiz_heldout.jsonl``: the counting quiz
+  (quiz_env.py, :func:`write_quiz`): its tokenizer and random tiny Llama, the careless player's 1000 training
+  quizzes pre-tokenized as RL's episodes, the same quizzes as RL rows (``prompt``, ``numbers``) and 200 held-out ones.
 
 Deterministic given ``--seed``; held-out and training problems are disjoint.
 """

@@ -34,6 +34,7 @@ REPEAT_RATE = 0.7
 PRIZE, PRIZE_CHANCE = 1.0, 0.5
 INSTRUCTION = f"A quiz of {ROUNDS} rounds: answer each number with the number after it, with the answer tool."
 FINAL = "Done."
+OVER = "The quiz is over."
 
 
 def round_text(k: int, number: int) -> str:
@@ -65,11 +66,11 @@ class QuizEnv:
             The next round's number, or "The quiz is over." after the last round.
         """
         if self.round >= len(self.numbers):
-            return "The quiz is over."
+            return OVER
         self.right.append(number == self.numbers[self.round] + 1)
         self.round += 1
         if self.round == len(self.numbers):
-            return "The quiz is over."
+            return OVER
         return round_text(self.round + 1, self.numbers[self.round])
 
     def get_reward(self) -> float:
@@ -178,6 +179,6 @@ def write_base_model(directory, seed: int = 0):
 
     from trl_ext.testing.tools import build_tool_tokenizer
 
-    lines = [INSTRUCTION + " " + round_text(1, 3), round_text(2, 7), "The quiz is over.", FINAL,
+    lines = [INSTRUCTION + " " + round_text(1, 3), round_text(2, 7), OVER, FINAL,
              '{"name": "answer", "arguments": {"number": 3}}']
     return write(directory, seed=seed, tokenizer=build_tool_tokenizer(lines), max_positions=MAX_POSITIONS)
