@@ -106,6 +106,9 @@ RANGES: dict[str, str] = {
     "reward_clip": "(0, inf)",
     "num_samples_per_prompt": "[1, inf)",
     "critic_warmup": "[0, inf)",
+    "critic_learning_rate": "(0, inf)",
+    "critic_lam": "[0, 1]",
+    "length_adaptive_lam_alpha": "(0, inf)",
     "max_memory_gib": "(0, inf)",
     "reward_timeout_s": "(0, inf)",
     "max_tool_calling_iterations": "[1, inf)",  # trl_ext.ppo.episodes.config

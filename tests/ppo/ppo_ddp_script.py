@@ -289,8 +289,8 @@ def run_tools(root: Path, out: Path, use_cpu: bool = True, facts=None) -> dict:
     own, episodes = [], []
 
     class Recording(PPOTrainer):
-        def compute_advantages(self, rollout, kl_coef=None):
-            super().compute_advantages(rollout, kl_coef)
+        def compute_advantages(self, rollout):
+            super().compute_advantages(rollout)
             own.append(rollout.episodes.metrics(lambda t: t))
             episodes.append([e.messages for e in rollout.episodes.episodes])
 
@@ -300,7 +300,8 @@ def run_tools(root: Path, out: Path, use_cpu: bool = True, facts=None) -> dict:
                               for a, b in ADD_PAIRS])
     kwargs = config_kwargs(out, gradient_accumulation_steps=1, num_ppo_epochs=1, total_episodes=8, response_length=64,
                            temperature=0.3, num_sample_generations=0, missing_eos_penalty=None,
-                           kl_controller="adaptive", kl_target=0.01, kl_horizon=8, use_cpu=use_cpu)
+                           kl_controller="adaptive", kl_target=0.01, kl_horizon=8, use_cpu=use_cpu,
+                           critic_learning_rate=3e-3)  # the value model's own groups (also under DeepSpeed)
     trainer = Recording(
         args=PPOConfig(**kwargs), processing_class=tok, model=AutoModelForCausalLM.from_pretrained(root / "caller"),
         ref_model=None, reward_model=None, train_dataset=data,
@@ -315,6 +316,10 @@ def run_tools(root: Path, out: Path, use_cpu: bool = True, facts=None) -> dict:
     result["logged"] = [{k: v for k, v in e.items() if k.startswith(("tools/", "episodes/"))}
                         for e in trainer.state.log_history if "tools/call_frequency" in e]
     result["own"], result["episodes"] = own, episodes
+    # each group's rate before the schedule (which has decayed every group to 0 by the end)
+    result["learning_rates"] = sorted({group["initial_lr"] for group in trainer.optimizer.param_groups})
+    result["health"] = [{k: v for k, v in e.items() if k.startswith("critic/")}
+                        for e in trainer.state.log_history if "objective/kl" in e]
     return result
 
 

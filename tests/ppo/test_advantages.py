@@ -14,6 +14,7 @@ from trl_ext.ppo.objective.advantages import (
     reinforce_pp_advantages,
     rloo_advantages,
     sequence_advantages_to_tokens,
+    token_rewards,
 )
 from loss_references import kl_loss_k3
 
@@ -59,7 +60,7 @@ def test_gae_with_values_that_change_along_the_response():
 
 def test_reinforce_pp_puts_a_one_token_completions_score_on_that_token():
     """Row 1 counts one token: its score lands on token 0; rewards (no KL): [0, 0, 1] and [2, masked, masked]."""
-    adv = reinforce_pp_advantages(torch.tensor([1.0, 2.0]), torch.zeros(2, 3), 0.0,
+    adv = reinforce_pp(torch.tensor([1.0, 2.0]), torch.zeros(2, 3), 0.0,
                                   torch.tensor([[True, True, True], [True, False, False]]))
     w = _whitened([1.0, 1.0, 1.0, 2.0])
     assert adv[0].tolist() == pytest.approx(w[:3], abs=1e-5)
@@ -68,7 +69,7 @@ def test_reinforce_pp_puts_a_one_token_completions_score_on_that_token():
 
 def test_reinforce_pp_with_equal_returns_everywhere_is_zero_not_nan():
     """Every completion scores 1 and no KL: every return is 1, the variance 0, and the 1e-8 keeps the advantages 0."""
-    adv = reinforce_pp_advantages(torch.ones(2), torch.zeros(2, 2), 0.0, torch.ones(2, 2, dtype=torch.bool))
+    adv = reinforce_pp(torch.ones(2), torch.zeros(2, 2), 0.0, torch.ones(2, 2, dtype=torch.bool))
     assert adv.tolist() == [[0.0, 0.0], [0.0, 0.0]]
 
 
@@ -77,6 +78,14 @@ def test_group_estimators_refuse_ragged_groups():
         rloo_advantages(REWARDS, 3)
     with pytest.raises(ValueError, match="at least 2"):
         grpo_advantages(REWARDS, 1)
+
+
+def reinforce_pp(scores, kl, kl_coef, mask, group_size=None, reduce_sum=None):
+    """As the critic runs it: the score (minus its group's mean) on the last counted token, KL on every one."""
+    if group_size is not None:
+        scores = group_mean_baseline(scores, group_size)
+    rewards = token_rewards(kl, kl_coef, scores, (mask.sum(1) - 1).clamp(min=0), mask=mask)
+    return reinforce_pp_advantages(rewards, mask, reduce_sum)
 
 
 # REINFORCE++: two sequences of 3 tokens, the second with its last token masked (padding)
@@ -96,7 +105,7 @@ def test_reinforce_pp_returns_to_go_whitened():
     # rewards: row 0 [-0.01, -0.02, -0.03 + 1], row 1 [-0.05, -0.05 + 0, masked]; returns-to-go with gamma 1
     returns = [0.94, 0.95, 0.97, -0.10, -0.05]
     w = _whitened(returns)
-    adv = reinforce_pp_advantages(SCORES, KL, 0.1, MASK)
+    adv = reinforce_pp(SCORES, KL, 0.1, MASK)
     assert adv[0].tolist() == pytest.approx(w[:3], abs=1e-5)
     assert adv[1].tolist() == pytest.approx(w[3:] + [0.0], abs=1e-5)  # masked token: 0, its KL (9.9) unused
 
@@ -105,14 +114,14 @@ def test_reinforce_pp_baseline_subtracts_group_mean_first():
     # scores [1, 0] in one group of 2 -> [0.5, -0.5]; no KL in the reward (kl_in="loss")
     returns = [0.5, 0.5, 0.5, -0.5, -0.5]
     w = _whitened(returns)
-    adv = reinforce_pp_advantages(SCORES, KL, 0.0, MASK, group_size=2)
+    adv = reinforce_pp(SCORES, KL, 0.0, MASK, group_size=2)
     assert adv[0].tolist() == pytest.approx(w[:3], abs=1e-5)
     assert adv[1].tolist() == pytest.approx(w[3:] + [0.0], abs=1e-5)
 
 
 def test_reinforce_pp_whitening_is_global_across_processes():
     """Two "processes" holding one row each, whose moments are summed, get the one-process whole-batch result."""
-    whole = reinforce_pp_advantages(SCORES, KL, 0.1, MASK)
+    whole = reinforce_pp(SCORES, KL, 0.1, MASK)
     halves = [(SCORES[i : i + 1], KL[i : i + 1], MASK[i : i + 1]) for i in range(2)]
 
     def moments(s, k, m):  # what each process contributes: count, sum and sum of squares of its returns
@@ -123,9 +132,9 @@ def test_reinforce_pp_whitening_is_global_across_processes():
         return torch.stack([maskf.sum(), g.sum(), (g**2).sum()])
 
     total = moments(*halves[0]) + moments(*halves[1])
-    rows = [reinforce_pp_advantages(s, k, 0.1, m, reduce_sum=lambda _: total) for s, k, m in halves]
+    rows = [reinforce_pp(s, k, 0.1, m, reduce_sum=lambda _: total) for s, k, m in halves]
     assert torch.allclose(torch.cat(rows), whole, atol=1e-6)
-    local_only = reinforce_pp_advantages(*halves[0][:2], 0.1, halves[0][2])
+    local_only = reinforce_pp(*halves[0][:2], 0.1, halves[0][2])
     assert not torch.allclose(local_only, whole[:1])  # per-process whitening would differ
 
 

@@ -137,9 +137,13 @@ def test_groups_and_advantages_in_the_trainer(tiny_models, tok, data, tmp_path, 
         assert not torch.equal(rollout.queries[0], rollout.queries[2])
         mask = ~rollout.padding_mask
         kl_coef = trainer.args.kl_coef if trainer.args.kl_in == "reward" else 0.0  # the fixed controller's
-        if estimator.startswith("reinforce_pp"):
-            group_size = 2 if estimator == "reinforce_pp_baseline" else None
-            expected = reinforce_pp_advantages(rollout.scores, rollout.kl, kl_coef, mask, group_size=group_size)
+        if estimator.startswith("reinforce_pp"):  # the score (minus its group's mean) on the last counted token
+            scores = rollout.scores
+            if estimator == "reinforce_pp_baseline":
+                scores = scores - scores.view(-1, 2).mean(1).repeat_interleave(2)
+            rewards = -kl_coef * rollout.kl * mask
+            rewards[torch.arange(4), mask.sum(1) - 1] += scores
+            expected = reinforce_pp_advantages(rewards, mask)
         else:
             rewards = rollout.scores - kl_coef * (rollout.kl * mask).sum(1)
             fn = rloo_advantages if estimator == "rloo" else grpo_advantages

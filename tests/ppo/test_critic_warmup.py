@@ -88,9 +88,8 @@ def test_the_rules_of_critic_warmup(tmp_path):
 
     with pytest.raises(UserInputError, match=r"^critic_warmup: -1 is out of range \(valid: an integer >= 0\)$"):
         trl_ext.PPOConfig(**config_kwargs(tmp_path, critic_warmup=-1))
-    with pytest.raises(UserInputError, match=r"^critic_warmup: 2 updates train the value model alone, and "
-                                             r"advantage_estimator 'rloo' has none; set critic_warmup to 0, or "
-                                             r"advantage_estimator to 'gae'$"):
+    with pytest.raises(UserInputError, match=r"^critic_warmup: 2 sets the value model, and advantage_estimator "
+                                             r"'rloo' has none; remove it, or set advantage_estimator to 'gae'$"):
         trl_ext.PPOConfig(**config_kwargs(tmp_path, critic_warmup=2, advantage_estimator="rloo",
                                           num_samples_per_prompt=2))
 
@@ -103,7 +102,7 @@ def test_the_held_parameters_are_the_policys_alone_also_on_a_shared_base(tiny_mo
     from peft import LoraConfig, get_peft_model
 
     from trl_ext.models.shared_base import add_scalar_adapter
-    from trl_ext.ppo.objective.critic_warmup import policy_only_parameters
+    from trl_ext.ppo.objective.value_parameters import policy_only_parameters
 
     policy, value, _ = load_models(tiny_models)
     held = policy_only_parameters(SimpleNamespace(policy=policy, value_model=value))

@@ -105,6 +105,12 @@ def test_tools_under_ddp_identical_ranks_and_metrics_over_both_processes(launche
             if key not in ("tools/failure_frequency", "tools/timeout_frequency"):  # (0 calls failed: 0 / calls)
                 assert value == pytest.approx((own0[key] + own1[key]) / 2), key
         assert logged["tools/failure_frequency"] == own0["tools/failure_frequency"] == 0
+    # the value model's own rate (critic_learning_rate 3e-3 beside the policy's 1e-3), and its health over both
+    # processes' tokens (each rank's own would differ: rank 1's tool results differ), per turn too
+    assert ranks[0]["learning_rates"] == ranks[1]["learning_rates"] == [1e-3, 3e-3]
+    assert ranks[0]["health"] == ranks[1]["health"]
+    assert all({"critic/vf_explained_var", "critic/vf_explained_var/turn_1", "critic/value_rmse/turn_2"} <= set(h)
+               for h in ranks[0]["health"])
 
 
 def test_evaluation_under_ddp_gathers_every_eval_prompt_once(launched, tiny_models, tmp_path):

@@ -268,10 +268,13 @@ def test_with_tools_never_called_every_number_is_the_single_turn_runs(models, tm
     assert all(h["tools/call_frequency"] == 0 for h in with_tools.state.log_history if "tools/call_frequency" in h)
 
     def numbers(history):
-        return [{k: v for k, v in h.items() if not k.startswith(("tools/", "episodes/", "time/", "eps"))}
-                for h in history]
+        return [{k: v for k, v in h.items() if not k.startswith(("tools/", "episodes/", "time/", "eps"))
+                 and "/turn_" not in k} for h in history]
 
     assert numbers(with_tools.state.log_history) == numbers(without.state.log_history)
+    for h in with_tools.state.log_history:  # one turn: the critic's health of turn 1 is the whole episode's
+        if "critic/vf_explained_var" in h:
+            assert h["critic/vf_explained_var/turn_1"] == pytest.approx(h["critic/vf_explained_var"], rel=1e-9)
 
 
 

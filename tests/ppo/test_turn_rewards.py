@@ -207,13 +207,17 @@ def test_turns_whose_calls_did_not_run_get_no_reward_and_a_dropped_result_keeps_
     assert episodes[0].turn_rewards == [(ends[0][1], 0.5), (ends[0][2], 1.0)]
 
 
-def test_gae_returns_of_the_scripted_episodes_by_hand(models, tmp_path):
+@pytest.mark.parametrize("critic_lam", [None, 1.0])
+def test_gae_returns_of_the_scripted_episodes_by_hand(models, tmp_path, critic_lam):
     """gamma 0.9, lam 0.8: GAE over each episode's steps (its action tokens and the position after its last token, as
-    TRL's PPO), the observation spans skipped, computed here one step at a time in Python."""
-    ppo = trainer(models, tmp_path, HotCold)
+    TRL's PPO), the observation spans skipped, computed here one step at a time in Python; the value targets at
+    ``critic_lam`` (1.0: the discounted Monte-Carlo return over the steps). The critic's health per turn: each
+    turn's explained variance over its steps of both episodes."""
+    ppo = trainer(models, tmp_path, HotCold, critic_lam=critic_lam)
     rollout, kl_coef = first_rollout(ppo)
-    gamma, lam = 0.9, 0.8
+    gamma, lam = 0.9, 0.8 if critic_lam is None else critic_lam
     width = rollout.responses.shape[1]
+    by_turn = {}
     for i, episode in enumerate(rollout.episodes.episodes):
         n = len(episode.ids)
         steps = [t for t in range(n) if episode.action[t]] + ([n] if n < width else [])
@@ -230,6 +234,17 @@ def test_gae_returns_of_the_scripted_episodes_by_hand(models, tmp_path):
             returns[t] = advantage + value[t]
         assert all(position in steps for position, _ in episode.turn_rewards)  # each on a step of GAE's
         assert rollout.returns[i, steps].tolist() == pytest.approx([returns[t] for t in steps], abs=1e-5)
+        turn = 0
+        for k, t in enumerate(steps):
+            turn += k == 0 or steps[k - 1] != t - 1
+            by_turn.setdefault(turn, []).append((returns[t], value[t]))
+    health = {}
+    ppo.critic.metrics(health, rollout, None)
+    assert len(by_turn) >= 2
+    for turn, pairs in by_turn.items():
+        rets, errors = torch.tensor([r for r, _ in pairs]), torch.tensor([r - v for r, v in pairs])
+        expected = 1 - errors.var(unbiased=False) / rets.var(unbiased=False)
+        assert health[f"critic/vf_explained_var/turn_{turn}"] == pytest.approx(expected.item(), rel=1e-4)
 
 
 def test_turn_rewards_by_hand_on_a_span_of_observations():

@@ -136,6 +136,17 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
             the learning-rate schedule run as in every update. Logged as `critic/warmup` (1 for a held update, else
             0). `0`: off. Needs a value model (`advantage_estimator` `"gae"`). Code:
             :mod:`trl_ext.ppo.objective.critic_warmup`.
+        critic_learning_rate (`float`, *optional*):
+            The value model's learning rate (OpenRLHF's `--critic_learning_rate`, verl's `critic.optim.lr`): its
+            parameters form their own groups of the one optimizer, scheduled like the policy's. `None` (default):
+            `learning_rate`. Needs a value model.
+        critic_lam (`float`, *optional*):
+            Decoupled GAE (VAPO, arXiv 2504.05118): the lambda of the value model's targets, `R_t = A_t(critic_lam) +
+            V_t` (1.0: Monte-Carlo returns), while the policy's advantages keep `lam`. `None` (default): `lam`.
+            Needs a value model.
+        length_adaptive_lam_alpha (`float`, *optional*):
+            VAPO's length-adaptive lambda for the policy's advantages: `lam = 1 - 1 / (alpha * l)` per response of `l`
+            tokens (the paper's alpha: 0.05), instead of `lam`. `None` (default): off. Needs a value model.
 
         > Policy objective (formulas: :mod:`trl_ext.ppo.objective.objectives`; TRL `GRPOConfig` names: `docs/ppo.md`). Every
         > key works with every `advantage_estimator`, GAE included; the defaults are the objective above.
@@ -272,6 +283,9 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
     kl_in: Optional[KLIn] = None
     grpo_scale_by_std: bool = True
     critic_warmup: int = 0
+    critic_learning_rate: Optional[float] = None
+    critic_lam: Optional[float] = None
+    length_adaptive_lam_alpha: Optional[float] = None
 
     loss_aggregation: LossAggregation = "token_mean"
     cliprange_low: Optional[float] = None

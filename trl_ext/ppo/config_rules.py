@@ -145,11 +145,12 @@ def check_advantage_estimator(args) -> None:
         raise UserInputError(
             f"whiten_rewards: applies to advantage_estimator 'gae' only, not {estimator!r}; set it to false"
         )
-    if args.critic_free and args.critic_warmup:
-        raise UserInputError(
-            f"critic_warmup: {args.critic_warmup} updates train the value model alone, and advantage_estimator "
-            f"{estimator!r} has none; set critic_warmup to 0, or advantage_estimator to 'gae'"
-        )
+    if args.critic_free:
+        for key, off in (("critic_warmup", 0), ("critic_learning_rate", None), ("critic_lam", None),
+                         ("length_adaptive_lam_alpha", None)):
+            if getattr(args, key) != off:
+                raise UserInputError(f"{key}: {getattr(args, key)!r} sets the value model, and advantage_estimator "
+                                     f"{estimator!r} has none; remove it, or set advantage_estimator to 'gae'")
 
 
 def check_objective(args) -> None:

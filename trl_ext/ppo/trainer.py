@@ -81,9 +81,9 @@ from .config import PPOConfig
 from .config_rules import check_trainer_inputs
 from .objective.critic import build_critic, check_value_model, group_prompts, repeat_prompts
 from .objective.critic_warmup import CriticWarmup
+from .objective.value_parameters import with_critic_learning_rate
 from .rollout.dynamic_sampling import DynamicSampling
 from .objective.kl_controllers import KLController, build_kl_controller
-from .objective.masked_stats import masked_whiten
 from .objective.objectives import ObjectiveConfig, kl_penalty, rollout_objective
 from .rollout.prompt_stream import PromptStream
 from .grpo_compat.grpo_inputs import grpo_inputs
@@ -191,6 +191,10 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         ptx_dataset = check_trainer_inputs(args, ptx_dataset, kl_controller,  # the trainer's own arguments
                                            eval_dataset, multi_turn=bool(tools or environment_factory))
         value_model = check_value_model(args, value_model)  # critic-free: a stand-in without parameters
+        if args.critic_learning_rate is not None and optimizers[0] is not None:
+            raise UserInputError("critic_learning_rate: sets the value model's parameter groups of the optimizer the "
+                                 "trainer builds, and an optimizer was passed; set the rates in your optimizer's "
+                                 "groups instead, or pass none")
         toolbox = None
         if tools or environment_factory:  # multi-turn episodes (trl_ext/ppo/episodes): TRL's contract
             toolbox = Toolbox.for_trainer(tools, environment_factory, processing_class, args, train_dataset)
@@ -226,7 +230,8 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         self.objective = objective_for_micro_batches(ObjectiveConfig.from_args(args), args)
         # Nothing below may touch the global torch/numpy RNGs: the parent left them exactly where its train() expects.
         self.reward_scoring = attach_reward_scorer(self, reward_list)  # reward_funcs (None without): the scorer
-        self.critic = build_critic(args, self.accelerator)  # with or without a value model (the budgets below ask it)
+        # with or without a value model (the budgets below ask it)
+        self.critic = build_critic(args, self.accelerator, multi_turn=toolbox is not None)
         # critic_warmup: the first updates train the value model alone (None when 0)
         self.critic_warmup = CriticWarmup.build(args, self.accelerator.unwrap_model(self.model))
         group_prompts(self)  # num_samples_per_prompt > 1: local_batch_size / k prompts per update (same RNG after)
@@ -456,35 +461,29 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         return repeat_prompts(next(self.prompt_iterator), self.args.num_samples_per_prompt)
 
     def compute_rewards(self, rollout: Rollout, kl_coef: float) -> None:
-        """Per-token rewards: `-kl_coef * KL_t` on every token, plus the score on the last one and, with environments
-        that give them, each per-turn reward on the last token of its turn (then optional whitening). KL_t:
-        `args.kl_estimator` (:func:`trl_ext.ppo.objective.objectives.kl_penalty`; default k1, as TRL).
-        """
-        args = self.args
-        kl = kl_penalty(rollout.logprobs, rollout.ref_logprobs, self.objective.reward_kl_estimator)
-        non_score_reward = -kl_coef * kl
-        rewards = non_score_reward.clone()
-        actual_start = torch.arange(rewards.size(0), device=rewards.device)
-        sequence_lengths_p1 = rollout.sequence_lengths + 1
-        actual_end = torch.where(sequence_lengths_p1 < rewards.size(1), sequence_lengths_p1, rollout.sequence_lengths)
-        rewards[actual_start, actual_end] += rollout.scores
-        if self.turn_rewards is not None:  # environments' per-turn rewards, on the last token of the turn each scores
-            rewards = self.turn_rewards.add(rollout, rewards)
-        if args.whiten_rewards:
-            rewards = masked_whiten(rewards, mask=~rollout.padding_mask_p1, shift_mean=False)
-            rewards = torch.masked_fill(rewards, rollout.padding_mask_p1, 0)
-        rollout.kl, rollout.non_score_reward, rollout.rewards = kl, non_score_reward, rewards
+        """The per-token KL to the reference (`kl_estimator`; default k1, as TRL) and the environments' per-turn
+        rewards, then the critic's per-token reward at this update's `kl_coef` (``self.critic.rewards``)."""
+        rollout.kl = kl_penalty(rollout.logprobs, rollout.ref_logprobs, self.objective.reward_kl_estimator)
+        if self.turn_rewards is not None:
+            rollout.turn_rewards = self.turn_rewards.tensor(rollout, like=rollout.kl)
+        rollout.rewards = self.critic.rewards(rollout, kl_coef)
 
-    def compute_advantages(self, rollout: Rollout, kl_coef: float | None = None) -> None:
-        """Advantages and returns from the run's critic (``self.critic``): GAE, advantages whitened over the response
-        tokens; critic-free, the estimator with `kl_coef`, this update's KL coefficient (by default the controller's,
-        unchanged within an update)."""
-        kl_coef = float(self.kl_ctl.value) if kl_coef is None else kl_coef
-        self.critic.advantages(rollout, kl_coef)
+    def compute_advantages(self, rollout: Rollout) -> None:
+        """Advantages and value targets from the critic (``self.critic.advantages``): GAE with a value model, else the
+        critic-free estimator."""
+        self.critic.advantages(rollout)
         if self.reward_scoring is not None:  # reward_funcs: completions no reward scored
             self.reward_scoring.zero_unscorable(rollout)
 
     # ------------------------------------------------------------------ optimisation
+
+    def create_optimizer(self):
+        """HF's optimizer over policy and value model; with `critic_learning_rate`, the value model's parameters in
+        groups of their own at that rate (the LR schedule, built after, scales every group's own rate)."""
+        optimizer = super().create_optimizer()
+        if self.args.critic_learning_rate is not None:
+            with_critic_learning_rate(optimizer, self.model, self.args.critic_learning_rate)
+        return optimizer
 
     def optimize(self, rollout: Rollout) -> UpdateStats:
         """`num_ppo_epochs` passes over the rollout, each in a fresh `np.random.permutation`, one optimizer step per

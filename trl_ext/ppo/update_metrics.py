@@ -24,7 +24,7 @@ class UpdateMetricsMixin:
         mean_kl = rollout.kl.sum(1).mean()
         # Mask padding positions, filled with INVALID_LOGPROB, else they'd drag the entropy negative
         mean_entropy = ((-rollout.logprobs) * (~padding_mask).float()).sum(1).mean()
-        mean_non_score_reward = rollout.non_score_reward.sum(1).mean()
+        mean_non_score_reward = (-kl_coef * rollout.kl).sum(1).mean()  # the KL penalty (kl_in "loss": as a reward)
         rlhf_reward = mean_non_score_reward + rollout.scores.mean()
         metrics = {}
         metrics["eps"] = int(self.state.episode / (time.time() - self.start_time))

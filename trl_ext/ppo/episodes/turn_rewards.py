@@ -1,25 +1,8 @@
-"""Per-turn rewards of environments in :class:`trl_ext.PPOTrainer`: trl-ext's addition to TRL's environment contract.
-
-An environment may define ``get_turn_reward()`` (sync or ``async def``) besides TRL's ``reset`` and ``get_reward``.
-The turn loop (:mod:`trl_ext.ppo.episodes.multi_turn`) calls it once after each round of the episode's tool calls (all
-of a turn's calls ran) and keeps what it returns, a float or None (no reward for that turn), with the position of
-that turn's last token: the turn whose tool calls produced it. Turns whose calls never ran (the last turn when
-``max_tool_calling_iterations`` rounds ran out) and the final answer get none; ``get_reward()`` scores the end as
-before.
-
-:class:`TurnRewards` puts them into the update's rewards at ``compute_rewards`` (step 4 of the trainer):
-
-* GAE with a value model: a per-token reward on that token, added like the KL penalty and the final score, so GAE's
-  deltas and returns see it at the step it rewards (``r_t`` of :mod:`trl_ext.ppo.objective.action_gae`).
-* Critic-free estimators (RLOO, GRPO, REINFORCE++): sequence-level; the episode's sum is added to the sequence's score
-  before the estimator (:class:`trl_ext.ppo.objective.critic.CriticFree`).
-
-``objective/scores`` keeps its meaning (the final rewards); the per-turn rewards are logged as
-``episodes/turn_reward_mean``: the sum of an episode's per-turn rewards, averaged over the update's episodes (0 for an
-episode without any), and, with several environment classes that define the method,
-``episodes/turn_reward/<Class>/mean`` over that class's episodes. A run whose environments have no
-``get_turn_reward`` builds no :class:`TurnRewards` and computes exactly what it computes under TRL's contract; one
-whose turn rewards are all None adds nothing to the rewards either.
+"""Per-turn rewards: trl-ext's addition to TRL's environment contract. An environment's optional
+``get_turn_reward()`` is called after each round of its tool calls (:mod:`trl_ext.ppo.episodes.multi_turn`); each
+float lands on the last token of the turn it scores. The critic decides what to do with them
+(:mod:`trl_ext.ppo.objective.critic`: GAE sees each at its token, critic-free estimators their sum at the end).
+Logged as ``episodes/turn_reward_mean`` (and ``episodes/turn_reward/<Class>/mean`` with several classes).
 """
 
 from __future__ import annotations
@@ -47,7 +30,7 @@ def turn_reward_tensor(episodes, width: int, like: torch.Tensor) -> torch.Tensor
 
 class TurnRewards:
     """The run's per-turn rewards (module docstring), built once by the trainer when an environment class defines
-    ``get_turn_reward`` (:meth:`build`; None otherwise) and called at ``compute_rewards`` (:meth:`add`) and
+    ``get_turn_reward`` (:meth:`build`; None otherwise) and called at ``compute_rewards`` (:meth:`tensor`) and
     ``update_metrics`` (:meth:`metrics`).
 
     Args:
@@ -70,16 +53,15 @@ class TurnRewards:
             return None
         return cls(toolbox, accelerator.gather_for_metrics)
 
-    def add(self, rollout, rewards: torch.Tensor) -> torch.Tensor:
-        """``rewards`` ``(batch, T)`` with the episodes' per-turn rewards added at their tokens; sets
-        ``rollout.turn_rewards`` (None, and ``rewards`` returned as it is, when the update has none)."""
+    def tensor(self, rollout, like: torch.Tensor) -> torch.Tensor | None:
+        """The update's per-turn rewards ``(batch, T)`` at their tokens, in ``like``'s width, dtype and device; None
+        when no episode has one."""
         environments = self.toolbox.environments or []
         self.source_index = torch.tensor(
             [self.sources.index(type(e)) if type(e) in self.sources else -1 for e in environments],
-            dtype=torch.float32, device=rewards.device)
+            dtype=torch.float32, device=like.device)
         episodes = rollout.episodes.episodes if rollout.episodes is not None else []
-        rollout.turn_rewards = turn_reward_tensor(episodes, rewards.shape[1], rewards)
-        return rewards if rollout.turn_rewards is None else rewards + rollout.turn_rewards
+        return turn_reward_tensor(episodes, like.shape[1], like)
 
     def metrics(self, rollout) -> dict:
         """``episodes/turn_reward_mean`` and, with several classes, ``episodes/turn_reward/<Class>/mean``, over the

@@ -16,12 +16,12 @@ import torch
 
 
 def gae_advantages(
-    rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float
+    rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float | torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Advantages and returns, both ``(batch, T)``, from per-token ``rewards`` and ``values`` ``(batch, T)``.
-
-    Not whitened (the trainer whitens advantages over the non-padding tokens afterwards).
-    """
+    """Advantages and returns, both ``(batch, T)``, from per-token ``rewards`` and ``values`` ``(batch, T)``; ``lam``
+    a float or one per row ``(batch, 1)`` (:func:`length_adaptive_lam`). Not whitened."""
+    if torch.is_tensor(lam):
+        lam = lam.reshape(-1)
     lastgaelam = 0
     advantages_reversed = []
     gen_length = rewards.shape[1]
@@ -33,6 +33,30 @@ def gae_advantages(
     advantages = torch.stack(advantages_reversed[::-1], axis=1)
     returns = advantages + values
     return advantages, returns
+
+
+def token_rewards(kl: torch.Tensor, kl_coef: float, scores: torch.Tensor, score_index: torch.Tensor,
+                  turn_rewards: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The per-token reward every estimator starts from (Ziegler et al. 2019, eq. 2; TRL's PPO):
+    ``r_t = -kl_coef * KL_t``, plus each sequence's score at ``score_index`` and the environments' per-turn rewards
+    where they fall. ``kl`` ``(batch, T)`` (times ``mask`` when given), ``scores`` and ``score_index`` ``(batch,)``."""
+    penalty = -kl_coef * kl if mask is None else -kl_coef * kl * mask.to(kl.dtype)
+    rewards = penalty.clone()
+    rewards[torch.arange(rewards.size(0), device=rewards.device), score_index] += scores.to(rewards.dtype)
+    return rewards if turn_rewards is None else rewards + turn_rewards
+
+
+def lambda_returns(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
+    """The value targets ``R_t = A_t(lam) + V_t``: the TD(lambda) return (Sutton & Barto 2018, eq. 12.3; GAE paper
+    eq. 18). ``lam`` 1 gives the Monte-Carlo return ``sum_{s >= t} gamma^(s-t) r_s``, which no value enters
+    (VAPO's ``lambda_critic``, arXiv 2504.05118 sec. 4.1)."""
+    return gae_advantages(rewards, values, gamma, lam)[1]
+
+
+def length_adaptive_lam(lengths: torch.Tensor, alpha: float) -> torch.Tensor:
+    """VAPO's length-adaptive GAE lambda for the policy (arXiv 2504.05118, eq. 8): ``lam = 1 - 1 / (alpha * l)``
+    for a response of ``l`` counted tokens, ``(batch, 1)``, clamped to [0, 1] (the paper's alpha: 0.05)."""
+    return (1.0 - 1.0 / (alpha * lengths.clamp(min=1).to(torch.float32))).clamp(0.0, 1.0).unsqueeze(1)
 
 
 # ---------------------------------------------------------------------------------------------------- critic-free
@@ -92,38 +116,15 @@ def group_mean_baseline(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return (grouped - grouped.mean(1, keepdim=True)).reshape(-1)
 
 
-def reinforce_pp_advantages(
-    scores: torch.Tensor,
-    kl: torch.Tensor,
-    kl_coef: float,
-    mask: torch.Tensor,
-    group_size: int | None = None,
-    reduce_sum=None,
-) -> torch.Tensor:
+def reinforce_pp_advantages(rewards: torch.Tensor, mask: torch.Tensor, reduce_sum=None) -> torch.Tensor:
     """REINFORCE++ (Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models",
-    sec. 3; OpenRLHF's ``reinforce`` / ``reinforce_baseline`` estimators).
-
-    Per-token reward ``r_t = -kl_coef * KL_t`` on every response token, plus the sequence's score on its last counted
-    token; advantages are the returns-to-go with gamma 1, ``G_t = sum_{s >= t} r_s``, whitened over every counted
-    token of the GLOBAL batch: ``A_t = (G_t - mean) / sqrt(var + 1e-8)`` (unbiased variance, as ``masked_whiten``).
-    With ``group_size`` (REINFORCE++-baseline) the score first becomes ``score - mean(score_group)``.
-
-    Args:
-        scores: ``(batch,)`` sequence scores.
-        kl: ``(batch, T)`` per-token KL estimate (0 where ``mask`` is False is not required: it is masked here).
-        kl_coef: ``beta``; 0 when the KL goes into the loss instead.
-        mask: ``(batch, T)`` True on the response tokens that count (each row at least one).
-        group_size: subtract the group mean of the scores first (``None``: plain REINFORCE++).
-        reduce_sum: sums a tensor over all processes (``accelerator.reduce(t, "sum")``); ``None`` = one process.
-    Returns ``(batch, T)`` advantages, 0 where ``mask`` is False.
-    """
-    if group_size is not None:
-        scores = group_mean_baseline(scores, group_size)
-    maskf = mask.to(kl.dtype)
-    rewards = -kl_coef * kl * maskf
-    last = (maskf.sum(1).long() - 1).clamp(min=0)
-    rewards[torch.arange(rewards.shape[0], device=rewards.device), last] += scores.to(rewards.dtype)
-    returns = rewards.flip(1).cumsum(1).flip(1) * maskf
+    sec. 3; OpenRLHF's ``reinforce`` / ``reinforce_baseline`` estimators): the returns-to-go of the per-token
+    ``rewards`` with gamma 1, ``G_t = sum_{s >= t} r_s``, whitened over every counted token of the GLOBAL batch,
+    ``A_t = (G_t - mean) / sqrt(var + 1e-8)`` (unbiased variance, as ``masked_whiten``); 0 where ``mask`` is False.
+    ``rewards``: :func:`token_rewards` (REINFORCE++-baseline: the score minus its group's mean first).
+    ``reduce_sum`` sums a tensor over all processes (``accelerator.reduce(t, "sum")``); ``None``: one process."""
+    maskf = mask.to(rewards.dtype)
+    returns = (rewards * maskf).flip(1).cumsum(1).flip(1) * maskf
     moments = torch.stack([maskf.sum(), returns.sum(), (returns**2).sum()])
     if reduce_sum is not None:
         moments = reduce_sum(moments)

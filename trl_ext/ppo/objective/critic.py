@@ -1,26 +1,8 @@
-"""What a PPO run does with a critic and without one: one object, chosen once from the config by
-:func:`build_critic`, that :class:`trl_ext.PPOTrainer`'s steps, checkpoints and memory budgets ask.
-
-* :class:`ValueCritic` (``advantage_estimator="gae"``): values from the value model's head, the clipped value loss,
-  GAE advantages whitened over the response tokens, the value model saved in and restored from checkpoints, a value
-  model in the memory budget.
-* :class:`CriticFree` (every other estimator): no value forward (zero values), a zero value loss, the estimators of
-  :mod:`trl_ext.ppo.objective.advantages` on a scored rollout, no value model saved, no value model in the budget, and
-  :func:`critic_free_metrics` (group and estimator metrics; the value-model ones, `loss/value_avg` and `val/*`, go).
-* :class:`NoValueModel`: stands in for the value model (`value_model=None`): no parameters, no forward work, so the
-  parent's `PolicyAndValueWrapper` (one `accelerator.prepare`, one optimizer) holds the policy alone;
-  :func:`check_value_model` chooses between it and the caller's value model.
-* :func:`group_prompts`: the prompt DataLoader rebuilt to give `local_batch_size / k` prompts per update, and
-  :func:`repeat_prompts` repeating each prompt `k` times (the k samples of a prompt are consecutive rows of the
-  rollout: groups stay together through scoring and advantages; `optimize` then shuffles episodes freely).
-
-Both critics answer the same calls: ``has_value_model``, ``values``, ``advantages``, ``value_loss``,
-``save_value_model``, ``load_value_model`` and ``metrics``; a new estimator changes :class:`CriticFree` (or adds a
-critic here and a case to :func:`build_critic`), nothing in the trainer.
-
-The batch arithmetic is the parent's: `local_batch_size = per_device_train_batch_size * gradient_accumulation_steps`
-episodes per process and update (`batch_size` = that times the processes), sampled from `local_batch_size / k`
-prompts, `k` samples each.
+"""The run's critic, chosen once from the config by :func:`build_critic`: :class:`ValueCritic` (a value model, GAE;
+``advantage_estimator="gae"``) or :class:`CriticFree` (RLOO, GRPO, REINFORCE++). Each builds the update's per-token
+reward from explicit inputs (scores, KL, per-turn rewards, the update's ``kl_coef``) and its advantages from that
+reward; the trainer's ``compute_rewards`` and ``compute_advantages`` delegate here, so a new estimator touches this
+module alone. Also: the value model's stand-in when there is none, and the prompt grouping of ``k`` samples.
 """
 
 from __future__ import annotations
@@ -38,12 +20,16 @@ from ...runtime.checkpoints import load_weights_in_place
 from .action_gae import gae_over_steps
 from .advantages import (
     gae_advantages,
+    group_mean_baseline,
     grpo_advantages,
+    length_adaptive_lam,
     reinforce_pp_advantages,
     rloo_advantages,
     sequence_advantages_to_tokens,
+    token_rewards,
 )
 from .losses import ValueLoss, value_loss
+from .critic_health import critic_health
 from .masked_stats import masked_mean, masked_whiten
 
 __all__ = ["CriticFree", "NoValueModel", "ValueCritic", "build_critic", "check_value_model", "critic_free_metrics",
@@ -123,32 +109,41 @@ def repeat_prompts(batch: dict, k: int) -> dict:
     return {key: repeat(value) for key, value in batch.items()}
 
 
+MAX_HEALTH_TURNS = 16
+
+
 def _sum_over_processes(accelerator):
     if accelerator.num_processes == 1:
         return None
     return lambda tensor: accelerator.reduce(tensor, reduction="sum")
 
 
-def build_critic(args, accelerator):
+def build_critic(args, accelerator, multi_turn: bool = False):
     """The run's critic, built once from its config: :class:`CriticFree` for a critic-free ``advantage_estimator``
     (every one but ``gae``), else :class:`ValueCritic`."""
-    return CriticFree(args, accelerator) if args.critic_free else ValueCritic(args)
+    if args.critic_free:
+        return CriticFree(args, accelerator)
+    turns = None
+    if multi_turn:  # the health per turn: every round of tool calls and the answer, the first MAX_HEALTH_TURNS
+        rounds = args.max_tool_calling_iterations
+        turns = MAX_HEALTH_TURNS if rounds is None else min(rounds + 1, MAX_HEALTH_TURNS)
+    return ValueCritic(args, accelerator, turns=turns)
 
 
 class ValueCritic:
-    """GAE with a value model (``advantage_estimator="gae"``, TRL's PPO): the trainer's steps call :meth:`values`
-    (``compute_values``), :meth:`advantages` (``compute_advantages``), :meth:`value_loss` (the loss step),
-    :meth:`metrics` (``update_metrics``); checkpoints :meth:`save_value_model` and :meth:`load_value_model`.
-
-    Args:
-        args: the trainer's config (``gamma``, ``lam``, ``cliprange_value``, ``value_clip``), read at each call.
-    """
+    """GAE with a value model (TRL's PPO; ``advantage_estimator="gae"``), with the value model's own lambda
+    (``critic_lam``), VAPO's length-adaptive lambda for the policy, and the critic's health in the metrics."""
 
     has_value_model = True
-    """The run holds a value model: it is trained, saved, and counted in the memory budgets."""
 
-    def __init__(self, args):
-        self.args = args
+    def __init__(self, args, accelerator=None, turns: int | None = None):
+        self.gamma, self.lam = args.gamma, args.lam
+        self.critic_lam = args.lam if args.critic_lam is None else args.critic_lam
+        self.length_alpha = args.length_adaptive_lam_alpha
+        self.whiten_rewards = args.whiten_rewards
+        self.cliprange_value, self.value_clip = args.cliprange_value, args.value_clip
+        self.turns = turns  # a multi-turn run: the most turns of an episode (the health metrics per turn)
+        self.reduce_sum = _sum_over_processes(accelerator) if accelerator is not None else None
 
     @staticmethod
     def values(value_model, query_response: torch.Tensor, pad_token_id: int, context_length: int) -> torch.Tensor:
@@ -156,19 +151,37 @@ class ValueCritic:
         full_value, _, _ = scalar_model_outputs(value_model, query_response, pad_token_id, context_length)
         return full_value[:, context_length - 1 : -1].squeeze(-1)
 
-    def advantages(self, rollout, kl_coef: float) -> None:
-        """Set `rollout.advantages` (GAE, whitened over the response tokens, 0 on padding) and `rollout.returns`
-        from the rewards and values of a rollout; with tools, GAE over the policy's tokens only
-        (:mod:`trl_ext.ppo.objective.action_gae`). ``kl_coef`` is in the rewards already: unused here."""
-        args = self.args
-        if rollout.observation_mask is not None:  # tools: GAE over the action tokens
-            advantages, returns = gae_over_steps(rollout.rewards, rollout.values, ~rollout.padding_mask_p1,
-                                                 args.gamma, args.lam)
-        else:
-            advantages, returns = gae_advantages(rollout.rewards, rollout.values, args.gamma, args.lam)
+    def rewards(self, rollout, kl_coef: float) -> torch.Tensor:
+        """TRL's per-token reward: ``-kl_coef * KL_t``, the score one past the last response token (where GAE
+        bootstraps; on the last token when the response fills the width), each per-turn reward on its turn's last
+        token; then ``whiten_rewards``."""
+        lengths_p1 = rollout.sequence_lengths + 1
+        score_index = torch.where(lengths_p1 < rollout.kl.size(1), lengths_p1, rollout.sequence_lengths)
+        rewards = token_rewards(rollout.kl, kl_coef, rollout.scores, score_index, rollout.turn_rewards)
+        if self.whiten_rewards:
+            rewards = masked_whiten(rewards, mask=~rollout.padding_mask_p1, shift_mean=False)
+            rewards = torch.masked_fill(rewards, rollout.padding_mask_p1, 0)
+        return rewards
+
+    def advantages(self, rollout) -> None:
+        """`rollout.advantages` (GAE at `lam`, whitened over the response tokens, 0 on padding) and
+        `rollout.returns`, the value targets at `critic_lam`; with tools, GAE over the policy's tokens only
+        (:mod:`trl_ext.ppo.objective.action_gae`)."""
+        steps = ~rollout.padding_mask_p1 if rollout.observation_mask is not None else None
+        lam = self.lam
+        if self.length_alpha is not None:
+            lam = length_adaptive_lam((~rollout.padding_mask).sum(1), self.length_alpha)
+        advantages, returns = self._gae(rollout.rewards, rollout.values, lam, steps)
+        if torch.is_tensor(lam) or self.critic_lam != lam:  # decoupled GAE: the targets at their own lambda
+            returns = self._gae(rollout.rewards, rollout.values, self.critic_lam, steps)[1]
         advantages = masked_whiten(advantages, ~rollout.padding_mask)
         rollout.advantages = torch.masked_fill(advantages, rollout.padding_mask, 0)
         rollout.returns = returns
+
+    def _gae(self, rewards, values, lam, steps):
+        if steps is None:
+            return gae_advantages(rewards, values, self.gamma, lam)
+        return gae_over_steps(rewards, values, steps, self.gamma, lam)
 
     def value_loss(self, vpred_temp: torch.Tensor, rollout, micro_batch_inds, device) -> ValueLoss:
         """The value loss of one micro-batch (`value_clip` mode, `cliprange_value`) from the value head's output
@@ -177,7 +190,7 @@ class ValueCritic:
         context_length = rollout.context_length
         vpred = torch.masked_fill(vpred_temp[:, context_length - 1 : -1].squeeze(-1), padding_mask_p1, 0)
         return value_loss(vpred, rollout.values[micro_batch_inds], rollout.returns[micro_batch_inds],
-                          ~padding_mask_p1, self.args.cliprange_value, self.args.value_clip)
+                          ~padding_mask_p1, self.cliprange_value, self.value_clip)
 
     @staticmethod
     def save_value_model(value_model, directory: str) -> None:
@@ -190,7 +203,8 @@ class ValueCritic:
         load_weights_in_place(value_model, directory)
 
     def metrics(self, metrics: dict, rollout, stats) -> None:
-        """TRL's value-model metrics stay as they are."""
+        """TRL's value-model metrics, plus the critic's health (:func:`~.critic_health.critic_health`)."""
+        metrics.update(critic_health(rollout, self.reduce_sum, self.turns))
 
 
 class CriticFree:
@@ -218,35 +232,32 @@ class CriticFree:
         """Zeros `(batch, response_length)`: no value forward."""
         return torch.zeros(query_response[:, context_length:].shape, device=query_response.device)
 
-    def advantages(self, rollout, kl_coef: float) -> None:
-        """Set `rollout.advantages` `(batch, T)` (0 on padding) from the scores, KL and masks of a scored rollout.
-
-        `rloo`/`grpo`: one advantage per sequence from its group's rewards, `score - kl_coef * sum_t KL_t` with
-        `kl_in="reward"` or the score alone with `kl_in="loss"`, on every response token, not whitened.
-        `reinforce_pp[_baseline]`: per-token returns-to-go whitened over the global batch (every process's tokens).
-        With environments' per-turn rewards (`rollout.turn_rewards`), each episode's sum of them is added to its
-        score first (sequence-level, as the estimators score).
-        `rollout.returns` is the advantages (no value target). Quantities for the metrics go to
-        `rollout.estimator_stats`. ``kl_coef``: this update's KL coefficient.
-        """
-        k, estimator = self.group_size, self.estimator
+    def rewards(self, rollout, kl_coef: float) -> torch.Tensor:
+        """The estimators' per-token reward: ``-kl_coef * KL_t`` on the counted tokens (no KL with
+        ``kl_in="loss"``), and on the last one the score plus the episode's per-turn rewards (the estimators score
+        sequences); REINFORCE++-baseline subtracts its group's mean from that first."""
         mask = ~rollout.padding_mask
-        kl_coef = kl_coef if self.kl_in_reward else 0.0
-        scores = rollout.scores
-        if rollout.turn_rewards is not None:  # environments' per-turn rewards: sequence-level, their sum
-            scores = scores + rollout.turn_rewards.sum(1)
-        if estimator in ("rloo", "grpo"):
-            rewards = scores - kl_coef * (rollout.kl * mask).sum(1)
-            if estimator == "rloo":
-                per_sequence = rloo_advantages(rewards, k)
+        scores = rollout.scores if rollout.turn_rewards is None else rollout.scores + rollout.turn_rewards.sum(1)
+        if self.estimator == "reinforce_pp_baseline":
+            scores = group_mean_baseline(scores, self.group_size)
+        last = (mask.sum(1) - 1).clamp(min=0)
+        return token_rewards(rollout.kl, kl_coef if self.kl_in_reward else 0.0, scores, last, mask=mask)
+
+    def advantages(self, rollout) -> None:
+        """`rollout.advantages` `(batch, T)` (0 on padding) from `rollout.rewards`: `rloo`/`grpo` one advantage per
+        sequence from its group's reward sums, on every counted token, not whitened; `reinforce_pp[_baseline]`
+        returns-to-go whitened over every process's tokens. `rollout.returns` is the advantages (no value target)."""
+        mask = ~rollout.padding_mask
+        if self.estimator in ("rloo", "grpo"):
+            rewards = rollout.rewards.sum(1)
+            if self.estimator == "rloo":
+                per_sequence = rloo_advantages(rewards, self.group_size)
             else:
-                per_sequence = grpo_advantages(rewards, k, scale_by_std=self.scale_by_std)
+                per_sequence = grpo_advantages(rewards, self.group_size, scale_by_std=self.scale_by_std)
             advantages = sequence_advantages_to_tokens(per_sequence, mask)
             rollout.estimator_stats["sequence_advantages"] = per_sequence
         else:
-            group_size = k if estimator == "reinforce_pp_baseline" else None
-            advantages = reinforce_pp_advantages(scores, rollout.kl, kl_coef, mask, group_size,
-                                                 _sum_over_processes(self.accelerator))
+            advantages = reinforce_pp_advantages(rollout.rewards, mask, _sum_over_processes(self.accelerator))
         rollout.advantages = advantages
         rollout.returns = advantages
 

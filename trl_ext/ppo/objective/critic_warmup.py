@@ -23,17 +23,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["CriticWarmup", "policy_only_parameters"]
+from .value_parameters import policy_only_parameters
 
-
-def policy_only_parameters(wrapper) -> list[torch.nn.Parameter]:
-    """The trainable parameters of ``wrapper.policy`` that ``wrapper.value_model`` does not train: not among the value
-    model's own parameters, nor (a shared base) in its adapter on the policy's model."""
-    value_model = wrapper.value_model
-    value_ids = {id(p) for p in value_model.parameters()}
-    adapter = getattr(value_model, "adapter_name", None)
-    return [p for name, p in wrapper.policy.named_parameters()
-            if p.requires_grad and id(p) not in value_ids and (adapter is None or f".{adapter}." not in name)]
+__all__ = ["CriticWarmup"]
 
 
 class CriticWarmup:

@@ -16,7 +16,7 @@ class Rollout:
     ``generate_rollouts`` sets ``queries``, ``context_length``, ``query_responses``, ``responses``, ``logprobs``;
     ``score_rollouts`` sets ``postprocessed_responses``, ``ref_logprobs``, ``values``, ``scores``,
     ``sequence_lengths``, ``contain_eos_token``, ``padding_mask`` (True after the last response token) and
-    ``padding_mask_p1`` (same, one token later, for values); ``compute_rewards`` sets ``kl``, ``non_score_reward``,
+    ``padding_mask_p1`` (same, one token later, for values); ``compute_rewards`` sets ``kl``, ``turn_rewards`` and
     ``rewards``; ``compute_advantages`` sets ``advantages`` and ``returns``; ``clip_scores`` clips ``scores`` and sets
     ``scores_clipfrac`` when ``reward_clip`` is on. Per-step values (the update's KL coefficient, a mini-batch's
     token normaliser) are not kept here: the steps pass them as arguments.
@@ -36,7 +36,6 @@ class Rollout:
     padding_mask: torch.Tensor | None = None
     padding_mask_p1: torch.Tensor | None = None
     kl: torch.Tensor | None = None
-    non_score_reward: torch.Tensor | None = None
     rewards: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None

@@ -1,0 +1,60 @@
+"""The critic's health, logged every update: how much of the returns' variance the value model explains, and its
+error. A critic helps only while its explained variance is above 0 (EVPO, arXiv 2604.19485); verl logs the same
+quantity as ``critic/vf_explained_var``. In multi-turn episodes also per turn, so a critic that learned the first
+turns but not the last shows it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["critic_health", "explained_variance", "turn_index"]
+
+
+def turn_index(steps: torch.Tensor) -> torch.Tensor:
+    """``(batch, T)``: 1, 2, ... on the tokens of each row's first, second, ... run of ``steps`` (a turn of the
+    policy's tokens), 0 elsewhere."""
+    starts = steps & ~F.pad(steps, (1, 0), value=False)[:, :-1]
+    return torch.cumsum(starts.long(), 1) * steps
+
+
+def _moments(returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """count, sum and sum of squares of the returns and of the errors ``returns - values`` over ``mask``."""
+    m = mask.to(torch.float64)
+    r, e = returns.to(torch.float64) * m, (returns - values).to(torch.float64) * m
+    return torch.stack([m.sum(), r.sum(), (r * r).sum(), e.sum(), (e * e).sum()])
+
+
+def explained_variance(moments: torch.Tensor) -> tuple[float, float] | None:
+    """``(1 - Var(R - V) / Var(R), sqrt(mean((R - V)^2)))`` from :func:`_moments`; None for fewer than 2 tokens or
+    returns without spread."""
+    n, sum_r, sum_r2, sum_e, sum_e2 = moments.tolist()
+    var_r = sum_r2 / n - (sum_r / n) ** 2 if n >= 2 else 0.0
+    if var_r <= 1e-12:
+        return None
+    var_e = sum_e2 / n - (sum_e / n) ** 2
+    return 1.0 - var_e / var_r, (sum_e2 / n) ** 0.5
+
+
+def critic_health(rollout, reduce_sum=None, turns: int | None = None) -> dict:
+    """``critic/vf_explained_var`` and ``critic/value_rmse`` of the rollout's values (before this update's
+    optimisation) against its value targets, over every process's value tokens; with ``turns`` (a multi-turn run:
+    the most turns an episode may have) the same per turn, ``critic/vf_explained_var/turn_<k>``. A key is left out
+    when its returns have no spread (nothing to explain: the first updates of a run without rewards yet)."""
+    mask = ~rollout.padding_mask_p1
+    rows = [_moments(rollout.returns, rollout.values, mask)]
+    if turns is not None:
+        index = turn_index(mask)
+        rows += [_moments(rollout.returns, rollout.values, index == k) for k in range(1, turns + 1)]
+    moments = torch.stack(rows)
+    if reduce_sum is not None:
+        moments = reduce_sum(moments)
+    metrics = {}
+    for k, row in enumerate(moments):
+        health = explained_variance(row)
+        if health is None:
+            continue
+        suffix = f"/turn_{k}" if k else ""
+        metrics[f"critic/vf_explained_var{suffix}"], metrics[f"critic/value_rmse{suffix}"] = health
+    return metrics
