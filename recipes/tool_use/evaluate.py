@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import dice_quiz_env
 import guess_env
 import quiz_env
 import tool_task
@@ -149,23 +150,32 @@ def game_evaluation(model, tokenizer, *, samples: int = 16, temperature: float =
             "sampled": game_scores(model, tokenizer, secrets * samples, greedy=False, temperature=temperature)}
 
 
-def quiz_scores(model, tokenizer, rows: list[dict], *, greedy: bool = True, temperature: float = 1.0) -> dict:
-    """The counting quiz (quiz_env.py) played once per row (``numbers``) as RL plays it (a ``QuizEnv`` per quiz,
-    its ``answer`` the tool, at most ``ROUNDS`` rounds and ``RESPONSE_LENGTH`` tokens): ``{"reward": mean
-    share_right (the share of rounds right, the prize left out; the optimum is 1.0), "small": the share right of
-    the rounds below LARGE_FROM, "large": of the others, "finished": share of quizzes whose every round was
-    answered}``."""
-    was_training = model.training
+def quiz_scores(model, tokenizer, rows: list[dict], *, greedy: bool = True, temperature: float = 1.0,
+                environment=None) -> dict:
+    """The counting quiz played once per row (``numbers``) as RL plays it (an ``environment`` per quiz: quiz_env.py's
+    ``QuizEnv`` by default, or dice_quiz_env.py's ``DiceQuizEnv``, its dice rolled from seed 0 so that every model
+    meets the same; its ``answer`` the tool, one round per number, the quiz's response length): ``{"reward": mean
+    share of rounds right (prize and luck left out; the optimum is 1.0), "small": the share right of the rounds
+    below LARGE_FROM, "large": of the others, "finished": share of quizzes whose every round was answered}``."""
+    import random
+
+    environment = environment or quiz_env.QuizEnv
+    n = len(rows[0]["numbers"])
+    length = quiz_env.RESPONSE_LENGTH if environment is quiz_env.QuizEnv else dice_quiz_env.RESPONSE_LENGTH[n]
+    was_training, state = model.training, random.getstate()
     model.eval()
-    _, envs = play(model, tokenizer, [r["prompt"] for r in rows], environment_factory=quiz_env.QuizEnv, rows=rows,
-                   greedy=greedy, temperature=temperature, max_tool_calling_iterations=quiz_env.ROUNDS,
-                   response_length=quiz_env.RESPONSE_LENGTH)
-    model.train(was_training)
+    random.seed(0)
+    try:
+        _, envs = play(model, tokenizer, [r["prompt"] for r in rows], environment_factory=environment, rows=rows,
+                       greedy=greedy, temperature=temperature, max_tool_calling_iterations=n, response_length=length)
+    finally:
+        model.train(was_training)
+        random.setstate(state)
     rounds = [(n >= quiz_env.LARGE_FROM, k < len(e.right) and e.right[k])
               for e in envs for k, n in enumerate(e.numbers)]
     small = [right for large, right in rounds if not large]
     large = [right for large, right in rounds if large]
-    return {"reward": sum(quiz_env.share_right(e) for e in envs) / len(envs),
+    return {"reward": sum(sum(e.right) / len(e.numbers) for e in envs) / len(envs),
             "small": sum(small) / max(len(small), 1), "large": sum(large) / max(len(large), 1),
             "finished": sum(len(e.right) == len(e.numbers) for e in envs) / len(envs)}
 
@@ -185,10 +195,13 @@ def main(argv=None) -> int:
                    "secret greedily, and --samples times sampled at --temperature")
     p.add_argument("--quiz", action="store_true", help="play the counting quiz instead (quiz_env.py): every "
                    "held-out quiz greedily (--data default: outputs/tool_use/data/quiz_heldout.jsonl)")
+    p.add_argument("--dice", action="store_true", help="with --quiz: the quiz with a die on screen (dice_quiz_env.py; "
+                   "--data default: outputs/tool_use/data/dice_heldout4.jsonl)")
     p.add_argument("--samples", type=int, default=16)
     p.add_argument("--temperature", type=float, default=0.5)
     a = p.parse_args(argv)
-    a.data = a.data or f"outputs/tool_use/data/{'quiz_heldout' if a.quiz else 'heldout'}.jsonl"
+    heldout = "dice_heldout4" if a.dice else "quiz_heldout" if a.quiz else "heldout"
+    a.data = a.data or f"outputs/tool_use/data/{heldout}.jsonl"
     import transformers  # only the table: no progress bar per model load, no library warnings
 
     from trl_ext.runtime.quiet_console import quiet_console
@@ -205,7 +218,7 @@ def main(argv=None) -> int:
               "optimum 1.000)")
         for path in a.models:
             model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
-            q = quiz_scores(model, tokenizer, rows)
+            q = quiz_scores(model, tokenizer, rows, environment=dice_quiz_env.DiceQuizEnv if a.dice else None)
             print(f"{path:40s} {q['reward']:13.3f} {q['small']:10.3f} {q['large']:10.3f}")
         return 0
     if a.game:

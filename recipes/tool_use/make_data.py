@@ -20,6 +20,8 @@
 * ``quiz_base/``, ``data/quiz_sft.jsonl``, ``data/quiz_train.jsonl``, ``data/quiz_heldout.jsonl``: the counting quiz
   (quiz_env.py, :func:`write_quiz`): its tokenizer and random tiny Llama, the careless player's 1000 training
   quizzes pre-tokenized as RL's episodes, the same quizzes as RL rows (``prompt``, ``numbers``) and 200 held-out ones.
+* ``dice_base/``, ``data/dice_sft.jsonl``, ``data/dice_train{4,8}.jsonl``, ``data/dice_heldout{4,8}.jsonl``: the quiz
+  with a die on screen (dice_quiz_env.py, :func:`write_dice_quiz`): 4- and 8-round quizzes, the SFT set both mixed.
 
 Deterministic given ``--seed``; held-out and training problems are disjoint.
 """
@@ -32,6 +34,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import dice_quiz_env
 import guess_env
 import quiz_env
 import tool_task
@@ -119,6 +122,7 @@ def make_data(out: str | Path, *, seed: int = 0, train: int = tool_task.TRAIN,
     write_jsonl(out / "data" / "guess_sft.jsonl", guess_sft_rows(guess_tokenizer, min(train, GUESS_SFT), seed=seed))
     write_jsonl(out / "data" / "guess_train.jsonl", guess_env.rl_rows(min(train, GUESS_RL), seed=seed + 1))
     write_quiz(out, seed=seed, train=min(train, QUIZ_TRAIN))
+    write_dice_quiz(out, seed=seed, train=min(train, QUIZ_TRAIN))
     return out
 
 
@@ -136,6 +140,27 @@ def write_quiz(out: Path, *, seed: int = 0, train: int = 0) -> None:
                                                   for r in quiz_env.sft_rows(train_quizzes, seed=seed)])
     write_jsonl(out / "data" / "quiz_train.jsonl", [quiz_env.row(q) for q in train_quizzes])
     write_jsonl(out / "data" / "quiz_heldout.jsonl", [quiz_env.row(q) for q in heldout_quizzes])
+
+
+def write_dice_quiz(out: Path, *, seed: int = 0, train: int = 0) -> None:
+    """The quiz with a die on screen (dice_quiz_env.py): ``dice_base/``; for 4 and 8 rounds, ``data/dice_train{R}.jsonl``
+    and ``data/dice_heldout{R}.jsonl`` (RL's rows, the held-out quizzes); ``data/dice_sft.jsonl``: the careless
+    player's transcripts of both sets of training quizzes, shuffled together."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    dice_quiz_env.write_base_model(out / "dice_base", seed=seed)
+    tokenizer = AutoTokenizer.from_pretrained(out / "dice_base")
+    tools, sft = dice_quiz_env.environment_tools(), []
+    for rounds in (4, 8):
+        train_quizzes, heldout_quizzes = dice_quiz_env.split(rounds, seed=seed, train=train, heldout=QUIZ_HELDOUT)
+        sft += [episode_sft_row(tokenizer, r["prompt"], r["completion"], tools)
+                for r in dice_quiz_env.sft_rows(train_quizzes, seed=seed + rounds)]
+        write_jsonl(out / "data" / f"dice_train{rounds}.jsonl", [dice_quiz_env.row(q) for q in train_quizzes])
+        write_jsonl(out / "data" / f"dice_heldout{rounds}.jsonl", [dice_quiz_env.row(q) for q in heldout_quizzes])
+    random.Random(seed).shuffle(sft)
+    write_jsonl(out / "data" / "dice_sft.jsonl", sft)
 
 
 if __name__ == "__main__":

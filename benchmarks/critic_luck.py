@@ -1,0 +1,238 @@
+"""When a value model pays: GAE against RLOO and GRPO on a quiz whose luck is on screen before each answer.
+
+Task (recipes/tool_use/dice_quiz_env.py): the counting quiz of quiz_env.py (each round a number 0-8, right: the
+number after it), and each round a die 0-4 shown with the number; answering a round pays ``1/rounds`` if right plus
+``luck * (die - 2) / 2``. The die is drawn per episode, on screen before the answer, and no answer changes it: a value
+model can learn it and take it out of the round's advantage; RLOO's and GRPO's 4 samples of one quiz roll other dice,
+and their group mean cannot. The SFT start (recipes/tool_use/sft_dice.yaml) is the careless player of the quiz (right
+on 0-4, mostly repeating the number on 5-8), on 4- and 8-round quizzes. Every run: 32 episodes per update (GAE 32
+quizzes x 1, RLOO and GRPO 8 x 4), the quiz's RL settings (benchmarks/turn_credit.py ``QUIZ_RL``), seeds 0..4.
+
+Measured: the held-out quizzes greedily (the share of rounds right; dice rolled from seed 0, luck left out) after RL,
+the sampled share right of every update (the learning curve; the first update at 0.9 of the optimum), and for GAE
+the critic's health per turn (``critic/vf_explained_var/turn_<k>``, the mean of the last 5 updates).
+
+    python benchmarks/critic_luck.py --sft-dir outputs/tool_use --luck 0 0.5 1     # after make_data.py, sft_dice.yaml
+    python benchmarks/critic_luck.py --quick                                        # data, SFT, 3 updates, 1 seed
+
+Writes benchmarks/results/critic_luck.json (or --out); ``--merge`` joins result files of cells run in parallel.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _common import (key_values, load_average, logged, print_table, pyplot_into, quiet_timed,  # noqa: E402
+                     rl_trainer_from_sft, save_figure, seed_spread, setup_env, study_parser, study_work,
+                     train_recipe, write_result)
+from tool_use import K, RL_SETTINGS  # noqa: E402
+from turn_credit import QUIZ_RL, rounds_right_callback  # noqa: E402
+
+TASK = HERE.parent / "recipes" / "tool_use"
+sys.path.insert(0, str(TASK))
+
+UPDATES = (20, 3)
+SEEDS = 5
+LUCK = (0.0, 0.25, 0.5, 1.0)
+#: The value model's settings of the GAE row (docs/critic-guide.md): its own learning rate, Monte-Carlo targets
+#: (VAPO's decoupled lambda), and a policy lambda that keeps later rounds' dice out of a round's advantage.
+CRITIC = {"critic_learning_rate": 1e-3, "critic_lam": 1.0, "lam": 0.9}
+VARIANTS = {
+    "GAE, critic settings": {"advantage_estimator": "gae", **CRITIC},
+    "GAE, TRL's settings": {"advantage_estimator": "gae"},
+    f"RLOO k={K}": {"advantage_estimator": "rloo", "num_samples_per_prompt": K},
+    f"GRPO k={K} (KL in loss)": {"advantage_estimator": "grpo", "num_samples_per_prompt": K, "kl_in": "loss"},
+}
+REACHED = 0.9
+
+
+def sft(work: Path, *, max_steps: int | None = None, seed: int = 0, train: int = 1000) -> float:
+    """The dice quiz's data and base model (make_data.write_dice_quiz), then sft_dice.yaml into ``<work>/sft_dice``."""
+    from make_data import write_dice_quiz
+
+    write_dice_quiz(work, seed=seed, train=train)
+    return train_recipe(TASK / "sft_dice.yaml", work / "sft_dice.log", model_name_or_path=work / "dice_base",
+                        dataset_name=work / "data" / "dice_sft.jsonl", output_dir=work / "sft_dice",
+                        max_steps=max_steps)
+
+
+def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rounds: int, updates: int, seed: int,
+             overrides: dict) -> dict:
+    """One RL run from ``<work>/sft_dice``: its settings, seconds, per-update curves, held-out scores after, and
+    the critic's health."""
+    from datasets import Dataset
+    from dice_quiz_env import RESPONSE_LENGTH, DiceQuizEnv, with_luck
+    from evaluate import quiz_scores, read_jsonl
+
+    settings = {**RL_SETTINGS, **QUIZ_RL, "response_length": RESPONSE_LENGTH[rounds],
+                "max_tool_calling_iterations": rounds, **variant, **overrides}
+    rows = read_jsonl(work / "data" / f"dice_train{rounds}.jsonl")
+    out = work / f"rl-{settings['advantage_estimator']}-luck{luck}-r{rounds}-seed{seed}"
+    trainer = rl_trainer_from_sft(work / "sft_dice", out, updates=updates, seed=seed, settings=settings,
+                                  dataset=lambda tokenizer: Dataset.from_list(rows),
+                                  value_model=settings["advantage_estimator"] == "gae", reward_funcs=None,
+                                  environment_factory=with_luck(luck))
+    rounds_right = rounds_right_callback(trainer)
+    trainer.add_callback(rounds_right)
+    _, seconds = quiet_timed(trainer.train, f"{out}.log")
+    end = quiz_scores(trainer.model.policy, trainer.processing_class, heldout, environment=DiceQuizEnv)
+    health = {}
+    for k in range(1, rounds + 2):
+        series = logged(trainer, f"critic/vf_explained_var/turn_{k}")
+        if series:
+            health[str(k)] = statistics.fmean(series[-5:])
+    result = {"seed": seed, "luck": luck, "rounds": rounds, "settings": settings, "seconds": seconds, "end": end,
+              "rounds_right": rounds_right.curve, "health": health,
+              "explained_var": logged(trainer, "critic/vf_explained_var"), "kl": logged(trainer, "objective/kl")}
+    del trainer
+    shutil.rmtree(out, ignore_errors=True)
+    return result
+
+
+def first_reached(curve: list[float], per_update: int) -> int | None:
+    """Episodes until the first update whose sampled share right reached :data:`REACHED` (None: never)."""
+    return next(((u + 1) * per_update for u, v in enumerate(curve) if v >= REACHED), None)
+
+
+def parse_args(argv):
+    p = study_parser(__doc__, "critic_luck", updates=UPDATES, seeds=SEEDS)
+    p.add_argument("--luck", type=float, nargs="*", default=list(LUCK), help="luck sizes (default: 0 0.25 0.5 1)")
+    p.add_argument("--rounds", type=int, default=4, choices=(4, 8), help="rounds per quiz (default 4)")
+    p.add_argument("--heldout", type=int, default=None, help="the first N held-out quizzes (default: all 200)")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="PPOConfig overrides (YAML values)")
+    p.add_argument("--sft-dir", default=None, help="reuse a folder with data/ and sft_dice/ (make_data, sft_dice)")
+    p.add_argument("--sft-steps", type=int, default=None, help="SFT steps (default: sft_dice.yaml's)")
+    p.add_argument("--seed-list", type=int, nargs="*", default=None, help="these training seeds instead of 0..N-1")
+    p.add_argument("--merge", nargs="*", default=None, metavar="JSON",
+                   help="no training: merge these result files (cells run in parallel) into one, table and figure")
+    p.add_argument("--figures", default=str(HERE / "figures"), help="where the PNG figure goes ('' for none)")
+    return p.parse_args(argv)
+
+
+def cell_key(name: str, luck: float, rounds: int) -> str:
+    return f"{name} | luck {luck:g} | {rounds} rounds"
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    if a.merge:
+        return merge(a.merge, a.out, a.figures)
+    updates = a.updates or (UPDATES[1] if a.quick else UPDATES[0])
+    seeds = a.seed_list if a.seed_list is not None else list(range(a.seeds or (1 if a.quick else SEEDS)))
+    setup_env(threads=1)
+    from evaluate import quiz_scores, read_jsonl
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    started = time.perf_counter()
+    work, sft_seconds = study_work(a, lambda w: sft(w, max_steps=60 if a.quick else a.sft_steps,
+                                                    train=64 if a.quick else 1000))
+    from dice_quiz_env import DiceQuizEnv
+
+    heldout = read_jsonl(work / "data" / f"dice_heldout{a.rounds}.jsonl")[:a.heldout or (16 if a.quick else None)]
+    start = quiz_scores(AutoModelForCausalLM.from_pretrained(work / "sft_dice"),
+                        AutoTokenizer.from_pretrained(work / "sft_dice"), heldout, environment=DiceQuizEnv)
+    print(f"after SFT ({sft_seconds:.0f} s), {a.rounds} rounds: {start}", flush=True)
+    overrides, runs = key_values(a.set), {}
+    for seed in seeds:
+        for luck in a.luck:
+            for name, variant in VARIANTS.items():
+                if a.only is not None and name not in a.only:
+                    continue
+                cell = run_cell(work, heldout, variant=variant, luck=luck, rounds=a.rounds, updates=updates,
+                                seed=seed, overrides=overrides)
+                runs.setdefault(cell_key(name, luck, a.rounds), {"seeds": []})["seeds"].append(cell)
+                print(f"{cell_key(name, luck, a.rounds)} seed {seed}: {cell['seconds']:.0f} s, held-out "
+                      f"{start['reward']:.3f} -> {cell['end']['reward']:.3f}, 0.9 after "
+                      f"{first_reached(cell['rounds_right'], cell['settings']['per_device_train_batch_size'])} "
+                      f"episodes; critic {cell['health']}", flush=True)
+                write_result("critic_luck", {"updates": updates, "seeds": seeds}, {"sft": start, "runs": runs},
+                             out=a.out)
+    report(start, runs)
+    if a.figures:
+        draw_figure(Path(a.figures), runs)
+    settings = {"quick": a.quick, "updates": updates, "seeds": seeds, "luck": a.luck, "rounds": a.rounds,
+                "heldout": len(heldout), "k": K, "rl": {**RL_SETTINGS, **QUIZ_RL}, "overrides": overrides,
+                "seconds": {"total": time.perf_counter() - started, "sft": sft_seconds}}
+    write_result("critic_luck", settings, {"sft": start, "runs": runs}, out=a.out)
+    print(f"load average now {load_average()}")
+    return 0
+
+
+def merge(paths, out, figures) -> int:
+    """Merge result files of the same study and SFT start (cells run in parallel) into ``out``: each cell's seeds in
+    seed order, the table and the figure."""
+    import json
+
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    starts, runs = {}, {}
+    for part in parts:
+        for name, run in part["results"]["runs"].items():
+            rounds = run["seeds"][0]["rounds"]
+            if starts.setdefault(rounds, part["results"]["sft"]) != part["results"]["sft"]:
+                raise SystemExit(f"{part['meta']['argv']}: another SFT start than the first file's; not merged")
+            runs.setdefault(name, {"seeds": []})["seeds"] += run["seeds"]
+    runs = {name: {"seeds": sorted(run["seeds"], key=lambda r: r["seed"])} for name, run in sorted(runs.items())}
+    for rounds, start in sorted(starts.items()):
+        report(start, {n: r for n, r in runs.items() if r["seeds"][0]["rounds"] == rounds})
+    write_result("critic_luck", {"merged": [str(p) for p in paths]}, {"sft": starts, "runs": runs}, out=out)
+    if figures:
+        draw_figure(Path(figures), runs)
+    return 0
+
+
+def _mean(xs) -> float:
+    xs = list(xs)
+    return statistics.fmean(xs) if xs else float("nan")
+
+
+def report(start, runs) -> None:
+    headers = ["start -> RL", "seeds", "held-out share right: mean ± sd (per seed)", "large rounds right",
+               f"episodes to {REACHED} (per seed)", "explained var., last 5 (turns)", "s per run"]
+    table = [["SFT", "-", f"{start['reward']:.3f}", f"{start['large']:.3f}", "-", "-", "-"]]
+    for name, run in runs.items():
+        seeds = run["seeds"]
+        reached = [first_reached(r["rounds_right"], r["settings"]["per_device_train_batch_size"]) for r in seeds]
+        health = " / ".join(f"{_mean(r['health'][k] for r in seeds):.2f}" for k in seeds[0]["health"]) or "-"
+        table.append([name, len(seeds), seed_spread(r["end"]["reward"] for r in seeds),
+                      f"{_mean(r['end']['large'] for r in seeds):.3f}",
+                      " / ".join("-" if e is None else str(e) for e in reached), health,
+                      _mean(r["seconds"] for r in seeds)])
+    print_table(headers, table)
+
+
+def draw_figure(folder: Path, runs) -> None:
+    """Held-out share right against the luck's size, one line per estimator (mean over seeds, each seed a dot), one
+    panel per number of rounds."""
+    plt = pyplot_into(folder)
+    if plt is None:
+        return
+    by_rounds: dict[int, dict[str, dict[float, list[float]]]] = {}
+    for key, run in runs.items():
+        name = key.split(" | ")[0]
+        for r in run["seeds"]:
+            by_rounds.setdefault(r["rounds"], {}).setdefault(name, {}).setdefault(r["luck"], []).append(
+                r["end"]["reward"])
+    fig, axes = plt.subplots(1, len(by_rounds), figsize=(6.5 * len(by_rounds), 4.2), squeeze=False)
+    colors = plt.get_cmap("tab10")
+    for ax, (rounds, names) in zip(axes[0], sorted(by_rounds.items())):
+        for i, (name, lucks) in enumerate(sorted(names.items())):
+            xs = sorted(lucks)
+            ax.plot(xs, [_mean(lucks[x]) for x in xs], color=colors(i), marker="o", label=name)
+            for x in xs:
+                ax.scatter([x] * len(lucks[x]), lucks[x], color=colors(i), s=8, alpha=0.5)
+        ax.set_xlabel("luck: the die's reward per round is luck * (die - 2) / 2")
+        ax.set_ylabel("held-out share of rounds right (greedy)")
+        ax.set_title(f"{rounds} rounds, equal episodes per update", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    save_figure(fig, folder / "critic_luck.png", dpi=80)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
