@@ -306,24 +306,24 @@ def train_recipe(recipe, log_path, **keys) -> float:
 
 
 def rl_trainer_from_sft(sft_dir, out, *, updates: int, seed: int, settings: dict, dataset, value_model: bool,
-                        **trainer_kwargs):
+                        value_dir=None, **trainer_kwargs):
     """The RL trainer of a task study (benchmarks/verifiable.py, tool_use.py): a ``trl_ext.PPOTrainer`` from the SFT
-    model in ``sft_dir``. Its tokenizer pads on the left; the policy is loaded after ``torch.manual_seed(seed)``, the
+    model in ``sft_dir``. Its tokenizer pads on the left; the policy is loaded after ``transformers.set_seed(seed)``, the
     reference is a copy of it, the value model (``value_model``: GAE) comes from the same checkpoint with a fresh
-    scalar head, and there is no reward model. ``settings``: PPOConfig keywords, ``updates`` x
-    ``per_device_train_batch_size`` episodes, logged every update, nothing saved. ``dataset(tokenizer)``: the train
+    scalar head (or from ``value_dir``, a pretrained one), and there is no reward model. ``settings``: PPOConfig
+    keywords, ``updates`` x ``per_device_train_batch_size`` episodes, logged every update, nothing saved. ``dataset(tokenizer)``: the train
     dataset. ``trainer_kwargs``: the rewards and tools (``reward_funcs``, ``tools``, ``environment_factory``)."""
     import copy
 
-    import torch
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, set_seed
 
     import trl_ext
 
     tokenizer = AutoTokenizer.from_pretrained(sft_dir, padding_side="left")
-    torch.manual_seed(seed)
+    set_seed(seed)  # Python's random (environments draw from it), numpy (the PPO epochs' order) and torch, as trl-ext train
     policy = AutoModelForCausalLM.from_pretrained(sft_dir)
-    value = AutoModelForSequenceClassification.from_pretrained(sft_dir, num_labels=1) if value_model else None
+    value = (AutoModelForSequenceClassification.from_pretrained(value_dir or sft_dir, num_labels=1) if value_model
+             else None)
     args = trl_ext.PPOConfig(output_dir=str(out), total_episodes=updates * settings["per_device_train_batch_size"],
                              seed=seed, use_cpu=True, report_to="none", logging_steps=1, save_strategy="no",
                              num_sample_generations=0, disable_tqdm=True, **settings)

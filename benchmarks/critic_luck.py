@@ -20,6 +20,7 @@ Writes benchmarks/results/critic_luck.json (or --out); ``--merge`` joins result 
 
 from __future__ import annotations
 
+import json
 import shutil
 import statistics
 import sys
@@ -32,7 +33,7 @@ from _common import (key_values, load_average, logged, print_table, pyplot_into,
                      rl_trainer_from_sft, save_figure, seed_spread, setup_env, study_parser, study_work,
                      train_recipe, write_result)
 from tool_use import K, RL_SETTINGS  # noqa: E402
-from turn_credit import QUIZ_RL, rounds_right_callback  # noqa: E402
+from turn_credit import CRITIC, QUIZ_RL, rounds_right_callback  # noqa: E402
 
 TASK = HERE.parent / "recipes" / "tool_use"
 sys.path.insert(0, str(TASK))
@@ -40,10 +41,11 @@ sys.path.insert(0, str(TASK))
 UPDATES = (20, 3)
 SEEDS = 5
 LUCK = (0.0, 0.25, 0.5, 1.0)
-#: The value model's settings of the GAE row (docs/critic-guide.md): its own learning rate, Monte-Carlo targets
-#: (VAPO's decoupled lambda), and a policy lambda that keeps later rounds' dice out of a round's advantage.
-CRITIC = {"critic_learning_rate": 1e-3, "critic_lam": 1.0, "lam": 0.9}
+#: Value pretraining (VAPO): updates of a value-only run (the policy held: ``critic_warmup`` for every update) on the
+#: SFT policy's episodes, done once per luck and horizon; every GAE seed with ``value_pretraining`` starts from it.
+PRETRAIN_UPDATES, PRETRAIN_SEED = 64, 1000
 VARIANTS = {
+    "GAE, pretrained value model": {"advantage_estimator": "gae", **CRITIC, "value_pretraining": PRETRAIN_UPDATES},
     "GAE, critic settings": {"advantage_estimator": "gae", **CRITIC},
     "GAE, TRL's settings": {"advantage_estimator": "gae"},
     f"RLOO k={K}": {"advantage_estimator": "rloo", "num_samples_per_prompt": K},
@@ -66,18 +68,16 @@ def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rou
              overrides: dict) -> dict:
     """One RL run from ``<work>/sft_dice``: its settings, seconds, per-update curves, held-out scores after, and
     the critic's health."""
-    from datasets import Dataset
-    from dice_quiz_env import RESPONSE_LENGTH, DiceQuizEnv, with_luck
-    from evaluate import quiz_scores, read_jsonl
+    from dice_quiz_env import RESPONSE_LENGTH, DiceQuizEnv
+    from evaluate import quiz_scores
 
+    variant = dict(variant)
+    pretraining = variant.pop("value_pretraining", 0)
     settings = {**RL_SETTINGS, **QUIZ_RL, "response_length": RESPONSE_LENGTH[rounds],
                 "max_tool_calling_iterations": rounds, **variant, **overrides}
-    rows = read_jsonl(work / "data" / f"dice_train{rounds}.jsonl")
-    out = work / f"rl-{settings['advantage_estimator']}-luck{luck}-r{rounds}-seed{seed}"
-    trainer = rl_trainer_from_sft(work / "sft_dice", out, updates=updates, seed=seed, settings=settings,
-                                  dataset=lambda tokenizer: Dataset.from_list(rows),
-                                  value_model=settings["advantage_estimator"] == "gae", reward_funcs=None,
-                                  environment_factory=with_luck(luck))
+    value_dir = pretrained_value(work, settings, luck, rounds, pretraining) if pretraining else None
+    out = work / f"rl-{settings['advantage_estimator']}{'-pre' if pretraining else ''}-luck{luck}-r{rounds}-seed{seed}"
+    trainer = dice_trainer(work, out, settings, luck, rounds, updates, seed, value_dir)
     rounds_right = rounds_right_callback(trainer)
     trainer.add_callback(rounds_right)
     _, seconds = quiet_timed(trainer.train, f"{out}.log")
@@ -87,12 +87,47 @@ def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rou
         series = logged(trainer, f"critic/vf_explained_var/turn_{k}")
         if series:
             health[str(k)] = statistics.fmean(series[-5:])
-    result = {"seed": seed, "luck": luck, "rounds": rounds, "settings": settings, "seconds": seconds, "end": end,
+    result = {"seed": seed, "luck": luck, "rounds": rounds, "settings": settings, "value_pretraining": pretraining,
+              "seconds": seconds, "end": end,
               "rounds_right": rounds_right.curve, "health": health,
               "explained_var": logged(trainer, "critic/vf_explained_var"), "kl": logged(trainer, "objective/kl")}
     del trainer
     shutil.rmtree(out, ignore_errors=True)
     return result
+
+
+def dice_trainer(work: Path, out: Path, settings: dict, luck: float, rounds: int, updates: int, seed: int,
+                 value_dir=None):
+    from datasets import Dataset
+    from dice_quiz_env import with_luck
+    from evaluate import read_jsonl
+
+    rows = read_jsonl(work / "data" / f"dice_train{rounds}.jsonl")
+    return rl_trainer_from_sft(work / "sft_dice", out, updates=updates, seed=seed, settings=settings,
+                               dataset=lambda tokenizer: Dataset.from_list(rows),
+                               value_model=settings["advantage_estimator"] == "gae", value_dir=value_dir,
+                               reward_funcs=None, environment_factory=with_luck(luck))
+
+
+def pretrained_value(work: Path, settings: dict, luck: float, rounds: int, updates: int) -> Path:
+    """The value model after ``updates`` updates of value pretraining (:data:`PRETRAIN_UPDATES`): ``critic_warmup``
+    for the whole run, the policy held at the SFT start, with the GAE row's settings; trained once per luck,
+    horizon and length into ``<work>/value-...`` (its explained variance per update beside it, ``health.json``)."""
+    import hashlib
+    import json
+
+    tag = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]  # other settings: another
+    folder = work / f"value-luck{luck}-r{rounds}-{updates}-{tag}"
+    if (folder / "config.json").is_file():
+        return folder
+    out = work / f"{folder.name}-run"
+    trainer = dice_trainer(work, out, {**settings, "critic_warmup": updates}, luck, rounds, updates, PRETRAIN_SEED)
+    _, seconds = quiet_timed(trainer.train, f"{out}.log")
+    trainer.model.value_model.save_pretrained(folder)
+    turns = {k: logged(trainer, f"critic/vf_explained_var/turn_{k}") for k in range(1, rounds + 2)}
+    (folder / "health.json").write_text(json.dumps({"seconds": seconds, "explained_var": turns}))
+    shutil.rmtree(out, ignore_errors=True)
+    return folder
 
 
 def first_reached(curve: list[float], per_update: int) -> int | None:
@@ -135,8 +170,13 @@ def main(argv=None) -> int:
     from dice_quiz_env import DiceQuizEnv
 
     heldout = read_jsonl(work / "data" / f"dice_heldout{a.rounds}.jsonl")[:a.heldout or (16 if a.quick else None)]
-    start = quiz_scores(AutoModelForCausalLM.from_pretrained(work / "sft_dice"),
-                        AutoTokenizer.from_pretrained(work / "sft_dice"), heldout, environment=DiceQuizEnv)
+    cached = work / f"sft_dice-heldout{a.rounds}-{len(heldout)}.json"  # the start's score, once per work folder
+    if cached.is_file():
+        start = json.loads(cached.read_text())
+    else:
+        start = quiz_scores(AutoModelForCausalLM.from_pretrained(work / "sft_dice"),
+                            AutoTokenizer.from_pretrained(work / "sft_dice"), heldout, environment=DiceQuizEnv)
+        cached.write_text(json.dumps(start))
     print(f"after SFT ({sft_seconds:.0f} s), {a.rounds} rounds: {start}", flush=True)
     overrides, runs = key_values(a.set), {}
     for seed in seeds:

@@ -45,7 +45,12 @@ UPDATES = (30, 3)
 #: The quiz's RL settings over the tool task's: its episode's budget and rounds, and lr 1e-4 (at the tool task's 3e-4,
 #: 3 of 12 GAE runs on per-turn rewards collapsed, none of RLOO's or GRPO's: benchmarks/README.md section 17).
 QUIZ_RL = {"response_length": 224, "max_tool_calling_iterations": 4, "learning_rate": 1e-4}
+#: The value model's own settings (docs/critic-guide.md; benchmarks/critic_luck.py uses them too): its own learning rate,
+#: Monte-Carlo targets (VAPO's decoupled lambda), a policy lambda that reaches less far.
+CRITIC = {"critic_learning_rate": 1e-3, "critic_lam": 1.0, "lam": 0.9}
 VARIANTS = {
+    "GAE, per-turn rewards, critic settings": {"advantage_estimator": "gae", **CRITIC, "critic_warmup": 5,
+                                               "environment": "QuizTurnEnv"},
     "GAE, per-turn rewards": {"advantage_estimator": "gae", "environment": "QuizTurnEnv"},
     "GAE, per-turn rewards, critic warm-up 3": {"advantage_estimator": "gae", "critic_warmup": 3,
                                                 "environment": "QuizTurnEnv"},

@@ -18,7 +18,7 @@ from quiz_env import HIGHEST, LARGE_FROM, OVER, careless_answer
 
 FACES = 5
 FINAL = "Done."
-LUCK = 0.5
+LUCK = 1.0  # the luck of the shipped recipes (gae_dice.yaml): where the value model pays (benchmarks README)
 #: Positions of the dice quiz's model: the prompt with the tool schema (~240 tokens) + an 8-round quiz + room.
 MAX_POSITIONS = 768
 #: Completion tokens of a quiz of ``rounds`` rounds (each answer about 19 tokens, each result about 16, the final
@@ -44,8 +44,8 @@ class DiceQuizEnv:
         self.numbers, self.dice, self.right, self.scored, self.fixed = [], [], [], 0, None
 
     def reset(self, numbers=(0,) * 4, dice=None, **kwargs) -> str:
-        """Start a quiz on the row's ``numbers`` and roll round 1's die (Python's ``random``, which the trainer's seed
-        sets; a row's ``dice`` column fixes them instead); the returned text is appended to the user message."""
+        """Start a quiz on the row's ``numbers`` and roll round 1's die (Python's ``random``, which ``trl-ext train`` seeds
+        from ``seed``; a row's ``dice`` column fixes them instead); the returned text is appended to the user message."""
         self.numbers, self.right, self.scored = [int(n) for n in numbers], [], 0
         self.fixed = None if dice is None else [int(d) for d in dice]
         self.dice = [self._roll(0)]

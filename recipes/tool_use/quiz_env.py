@@ -50,8 +50,8 @@ class QuizEnv:
         self.numbers, self.round, self.right, self.prize = [], 0, [], 0.0
 
     def reset(self, numbers=(0,) * ROUNDS, **kwargs) -> str:
-        """Start a quiz on the row's ``numbers`` and draw its prize (Python's ``random``, which the trainer's seed
-        sets); the returned text (round 1) is appended to the user message."""
+        """Start a quiz on the row's ``numbers`` and draw its prize (Python's ``random``, which ``trl-ext train`` seeds
+        from ``seed``); the returned text (round 1) is appended to the user message."""
         self.numbers, self.round, self.right = [int(n) for n in numbers], 0, []
         self.prize = PRIZE if random.random() < PRIZE_CHANCE else 0.0
         return " " + round_text(1, self.numbers[0])

@@ -69,3 +69,43 @@ def test_eight_rounds_and_the_merge(bench, sft_work, tmp_path):
     seeds = json.loads(merged.read_text())["results"]["runs"][bench.cell_key(name, 0, 8)]["seeds"]
     assert [s["seed"] for s in seeds] == [0, 1] and (tmp_path / "critic_luck.png").is_file()
     assert bench.first_reached([0.5, 0.95, 1.0], 32) == 64 and bench.first_reached([0.5], 32) is None
+
+
+def test_shipped_recipes_are_the_benchmarks_pretrained_gae_row(bench, sft_work, tmp_path):
+    """value_dice.yaml is the benchmark's value pretraining (the GAE row's settings, critic_warmup for every update)
+    and leaves its value model in value_model/; gae_dice.yaml is the row itself, starting from that value model
+    (its trained head kept: its first values are the pretrained model's, not a fresh head's zeros)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from trl_ext.recipe_loader import resolve_recipe
+    from trl_ext.recipe_loader.pipeline import run as run_recipe
+
+    data = ["--model_name_or_path", str(sft_work / "sft_dice"), "--dataset_name",
+            str(sft_work / "data" / "dice_train4.jsonl")]
+    tiny = ["--per_device_train_batch_size", "4", "--local_rollout_forward_batch_size", "4", "--num_ppo_epochs", "1",
+            "--disable_tqdm", "true"]
+    variant = dict(bench.VARIANTS["GAE, pretrained value model"])
+    pretraining = variant.pop("value_pretraining")
+    expected = {**bench.RL_SETTINGS, **bench.QUIZ_RL, **variant}
+    for name, extra in (("value_dice", {"critic_warmup": pretraining, "seed": bench.PRETRAIN_SEED}),
+                        ("gae_dice", {})):
+        recipe = resolve_recipe(bench.TASK / f"{name}.yaml", [*data, "--output_dir", str(tmp_path / name),
+                                                               "--value_model_path", str(sft_work / "sft_dice")])
+        assert recipe.environment_factory.luck == 1.0 and not recipe.reward_funcs
+        updates = pretraining if name == "value_dice" else bench.UPDATES[0]
+        keys = {**expected, **extra, "total_episodes": updates * bench.RL_SETTINGS["per_device_train_batch_size"]}
+        assert {key: getattr(recipe.training_args, key) for key in keys} == keys, name
+    pretrain = run_recipe(resolve_recipe(bench.TASK / "value_dice.yaml", [
+        *data, "--output_dir", str(tmp_path / "value"), "--total_episodes", "4", *tiny]))
+    assert [h["critic/warmup"] for h in pretrain.state.log_history if "critic/warmup" in h] == [1.0]
+    saved = AutoModelForSequenceClassification.from_pretrained(tmp_path / "value" / "value_model")
+    head = pretrain.accelerator.unwrap_model(pretrain.model).value_model.score.weight
+    assert torch.equal(saved.score.weight, head) and head.abs().sum() > 0
+    trainer = run_recipe(resolve_recipe(bench.TASK / "gae_dice.yaml", [
+        *data, "--value_model_path", str(tmp_path / "value" / "value_model"), "--output_dir", str(tmp_path / "gae"),
+        "--total_episodes", "4", *tiny]))
+    assert "critic/warmup" not in trainer.state.log_history[0]
+    loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "value" / "value_model")
+    assert not torch.equal(trainer.accelerator.unwrap_model(trainer.model).value_model.score.weight,
+                           torch.zeros_like(loaded.score.weight))

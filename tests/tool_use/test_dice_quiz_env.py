@@ -91,7 +91,7 @@ def test_data_files(dice_data):
 def test_sft_quiz_is_the_rl_episode_with_each_round_paid_on_its_turn(dice_data, rounds):
     """SFT quizzes replayed by the trainer's rollout with their dice: the same tokens, the action mask equal to
     completion_mask; each round's reward on the <|im_end|> closing its answer turn: 1/rounds if right plus its
-    luck (luck 0.5)."""
+    luck (the default luck, LUCK)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(dice_data / "dice_base")
@@ -111,5 +111,6 @@ def test_sft_quiz_is_the_rl_episode_with_each_round_paid_on_its_turn(dice_data, 
         ends = [j for j in range(len(episode.ids) - 1) if episode.action[j] and not episode.action[j + 1]]
         assert [p for p, _ in episode.turn_rewards] == ends and len(ends) == rounds
         given = [m["tool_calls"][0]["function"]["arguments"]["number"] for m in quiz["completion"] if "tool_calls" in m]
-        expected = [(g == n + 1) / rounds + 0.5 * (d - 2) / 2 for g, n, d in zip(given, rl_row["numbers"], quiz["dice"])]
+        expected = [(g == n + 1) / rounds + dice_quiz_env.LUCK * (d - 2) / 2
+                    for g, n, d in zip(given, rl_row["numbers"], quiz["dice"])]
         assert [r for _, r in episode.turn_rewards] == pytest.approx(expected)

@@ -39,6 +39,7 @@ def run(bench, sft_work, out, *extra):
 
 
 @pytest.mark.parametrize("name", ["GAE, per-turn rewards", "GAE, per-turn rewards, critic warm-up 3",
+                                  "GAE, per-turn rewards, critic settings",
                                   "GAE, end reward only", "RLOO k=4", "GRPO k=4 (KL in loss)"])
 def test_variant_runs_one_update(bench, sft_work, tmp_path, name):
     result = run(bench, sft_work, tmp_path / "result.json", "--only", name, "--seed-list", "1")
@@ -52,6 +53,7 @@ def test_variant_runs_one_update(bench, sft_work, tmp_path, name):
     # the value loss is logged only with a value model
     assert bool(cell["value_loss"]) == (variant["advantage_estimator"] == "gae")
     assert settings.get("critic_warmup", 0) == variant.get("critic_warmup", 0)
+    assert all(settings[k] == v for k, v in variant.items() if k != "environment")  # e.g. the critic settings
     if variant["advantage_estimator"] == "gae":  # what the critic learned, per turn (this 2-step SFT model plays
         turns = sorted(cell["critic"], key=int)   # fewer than the 4 answers and the final message)
         assert turns == [str(k) for k in range(1, len(turns) + 1)] and len(turns) <= 5

@@ -310,7 +310,7 @@ def train_ppo(recipe: Recipe):
                          eval_dataset=eval_ds, ptx_dataset=ptx, **extra)
     trainer.train(resume_from_checkpoint=_resume_arg(recipe))
     _finish(trainer, recipe, tokenizer)
-    if recipe.pipeline.shared_base and value_model is not None:  # the value adapter lives nowhere else: keep it
+    if value_model is not None:  # the trained value model (an adapter on a shared base lives nowhere else): kept
         from ..ppo.trainer import VALUE_MODEL_DIR
 
         value_model.save_pretrained(str(Path(args.output_dir) / VALUE_MODEL_DIR),

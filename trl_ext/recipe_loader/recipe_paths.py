@@ -44,7 +44,7 @@ def resolve_recipe_paths(merged: dict, cli: dict, recipe_path, keys) -> None:
 
 def maker_of(path: str, recipe_dir: Path) -> str | None:
     """The command that makes ``path``, when something in the recipe's folder does: a recipe there whose
-    ``output_dir`` is ``path`` (``trl-ext train RECIPE``), else a script there whose output folder (the default of
+    ``output_dir`` is ``path`` or holds it (``trl-ext train RECIPE``), else a script there whose output folder (the default of
     its ``--out`` argument or ``out*`` parameter) is ``path`` or holds it, the deepest such folder first
     (``python SCRIPT``)."""
     norm = Path(path).as_posix().rstrip("/")
@@ -53,7 +53,8 @@ def maker_of(path: str, recipe_dir: Path) -> str | None:
             out = (yaml.safe_load(recipe.read_text()) or {}).get("output_dir")
         except (OSError, yaml.YAMLError, AttributeError):
             continue
-        if isinstance(out, str) and Path(out).as_posix().rstrip("/") == norm:
+        out = Path(out).as_posix().rstrip("/") if isinstance(out, str) else None
+        if out is not None and (norm == out or norm.startswith(out + "/")):  # its folder, or inside it (value_model/)
             return f"trl-ext train {recipe.as_posix()}"
     best: tuple[int, Path] | None = None
     for script in sorted(recipe_dir.glob("*.py")):
