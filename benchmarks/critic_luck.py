@@ -5,8 +5,10 @@ number after it), and each round a die 0-4 shown with the number; answering a ro
 ``luck * (die - 2) / 2``. The die is drawn per episode, on screen before the answer, and no answer changes it: a value
 model can learn it and take it out of the round's advantage; RLOO's and GRPO's 4 samples of one quiz roll other dice,
 and their group mean cannot. The SFT start (recipes/tool_use/sft_dice.yaml) is the careless player of the quiz (right
-on 0-4, mostly repeating the number on 5-8), on 4- and 8-round quizzes. Every run: 32 episodes per update (GAE 32
-quizzes x 1, RLOO and GRPO 8 x 4), the quiz's RL settings (benchmarks/turn_credit.py ``QUIZ_RL``), seeds 0..4.
+on 0-4, mostly repeating the number on 5-8), on 4- and 8-round quizzes. Every run: 30 updates of 32 episodes (GAE 32
+quizzes x 1, RLOO and GRPO 8 x 4), the quiz's RL settings (benchmarks/turn_credit.py ``QUIZ_RL``) at lr 3e-4, seeds
+0..4. The GAE rows: the value model's settings (``CRITIC``, policy lambda 0.8) and, first, value pretraining: 64
+updates that train the value model alone on the SFT policy's episodes, once per luck and horizon.
 
 Measured: the held-out quizzes greedily (the share of rounds right; dice rolled from seed 0, luck left out) after RL,
 the sampled share right of every update (the learning curve; the first update at 0.9 of the optimum), and for GAE
@@ -20,6 +22,7 @@ Writes benchmarks/results/critic_luck.json (or --out); ``--merge`` joins result 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import statistics
@@ -38,15 +41,21 @@ from turn_credit import CRITIC, QUIZ_RL, rounds_right_callback  # noqa: E402
 TASK = HERE.parent / "recipes" / "tool_use"
 sys.path.insert(0, str(TASK))
 
-UPDATES = (20, 3)
+UPDATES = (30, 3)
 SEEDS = 5
 LUCK = (0.0, 0.25, 0.5, 1.0)
 #: Value pretraining (VAPO): updates of a value-only run (the policy held: ``critic_warmup`` for every update) on the
 #: SFT policy's episodes, done once per luck and horizon; every GAE seed with ``value_pretraining`` starts from it.
 PRETRAIN_UPDATES, PRETRAIN_SEED = 64, 1000
+#: The RL settings of this study over the quiz's: the tool task's learning rate (at the quiz's 1e-4 every estimator
+#: learns slowly in 20 updates; the critic-free rows at 1e-4 are in the README), and for GAE a policy lambda of 0.8
+#: (less of the next round's die in a round's advantage).
+DICE_RL = {"learning_rate": 3e-4}
+GAE = {"advantage_estimator": "gae", **CRITIC, "lam": 0.8}
 VARIANTS = {
-    "GAE, pretrained value model": {"advantage_estimator": "gae", **CRITIC, "value_pretraining": PRETRAIN_UPDATES},
-    "GAE, critic settings": {"advantage_estimator": "gae", **CRITIC},
+    "GAE, pretrained value model": {**GAE, "value_pretraining": True},  # PRETRAIN_UPDATES of it first
+    "GAE, critic settings": GAE,
+    "GAE, critic warm-up 10": {**GAE, "critic_warmup": 10},  # the pretraining inside the run's 30 updates
     "GAE, TRL's settings": {"advantage_estimator": "gae"},
     f"RLOO k={K}": {"advantage_estimator": "rloo", "num_samples_per_prompt": K},
     f"GRPO k={K} (KL in loss)": {"advantage_estimator": "grpo", "num_samples_per_prompt": K, "kl_in": "loss"},
@@ -65,15 +74,15 @@ def sft(work: Path, *, max_steps: int | None = None, seed: int = 0, train: int =
 
 
 def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rounds: int, updates: int, seed: int,
-             overrides: dict) -> dict:
+             overrides: dict, pretrain_updates: int = PRETRAIN_UPDATES, keep: bool = False) -> dict:
     """One RL run from ``<work>/sft_dice``: its settings, seconds, per-update curves, held-out scores after, and
     the critic's health."""
     from dice_quiz_env import RESPONSE_LENGTH, DiceQuizEnv
     from evaluate import quiz_scores
 
     variant = dict(variant)
-    pretraining = variant.pop("value_pretraining", 0)
-    settings = {**RL_SETTINGS, **QUIZ_RL, "response_length": RESPONSE_LENGTH[rounds],
+    pretraining = pretrain_updates if variant.pop("value_pretraining", 0) else 0
+    settings = {**RL_SETTINGS, **QUIZ_RL, **DICE_RL, "response_length": RESPONSE_LENGTH[rounds],
                 "max_tool_calling_iterations": rounds, **variant, **overrides}
     value_dir = pretrained_value(work, settings, luck, rounds, pretraining) if pretraining else None
     out = work / f"rl-{settings['advantage_estimator']}{'-pre' if pretraining else ''}-luck{luck}-r{rounds}-seed{seed}"
@@ -82,6 +91,9 @@ def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rou
     trainer.add_callback(rounds_right)
     _, seconds = quiet_timed(trainer.train, f"{out}.log")
     end = quiz_scores(trainer.model.policy, trainer.processing_class, heldout, environment=DiceQuizEnv)
+    if keep:
+        trainer.model.policy.save_pretrained(f"{out}-policy")
+        trainer.processing_class.save_pretrained(f"{out}-policy")
     health = {}
     for k in range(1, rounds + 2):
         series = logged(trainer, f"critic/vf_explained_var/turn_{k}")
@@ -113,13 +125,19 @@ def pretrained_value(work: Path, settings: dict, luck: float, rounds: int, updat
     """The value model after ``updates`` updates of value pretraining (:data:`PRETRAIN_UPDATES`): ``critic_warmup``
     for the whole run, the policy held at the SFT start, with the GAE row's settings; trained once per luck,
     horizon and length into ``<work>/value-...`` (its explained variance per update beside it, ``health.json``)."""
-    import hashlib
-    import json
+    from filelock import FileLock
 
-    tag = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]  # other settings: another
+    kept = {k: v for k, v in settings.items()  # what the policy alone uses leaves the value model's training alone
+            if k not in ("lam", "length_adaptive_lam_alpha", "learning_rate")}
+    tag = hashlib.sha1(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:8]  # other settings: another
     folder = work / f"value-luck{luck}-r{rounds}-{updates}-{tag}"
-    if (folder / "config.json").is_file():
-        return folder
+    with FileLock(f"{folder}.lock"):  # cells run in parallel: one of them pretrains, the others wait and reuse
+        if not (folder / "config.json").is_file():
+            _pretrain(work, folder, settings, luck, rounds, updates)
+    return folder
+
+
+def _pretrain(work: Path, folder: Path, settings: dict, luck: float, rounds: int, updates: int) -> None:
     out = work / f"{folder.name}-run"
     trainer = dice_trainer(work, out, {**settings, "critic_warmup": updates}, luck, rounds, updates, PRETRAIN_SEED)
     _, seconds = quiet_timed(trainer.train, f"{out}.log")
@@ -127,7 +145,6 @@ def pretrained_value(work: Path, settings: dict, luck: float, rounds: int, updat
     turns = {k: logged(trainer, f"critic/vf_explained_var/turn_{k}") for k in range(1, rounds + 2)}
     (folder / "health.json").write_text(json.dumps({"seconds": seconds, "explained_var": turns}))
     shutil.rmtree(out, ignore_errors=True)
-    return folder
 
 
 def first_reached(curve: list[float], per_update: int) -> int | None:
@@ -140,9 +157,12 @@ def parse_args(argv):
     p.add_argument("--luck", type=float, nargs="*", default=list(LUCK), help="luck sizes (default: 0 0.25 0.5 1)")
     p.add_argument("--rounds", type=int, default=4, choices=(4, 8), help="rounds per quiz (default 4)")
     p.add_argument("--heldout", type=int, default=None, help="the first N held-out quizzes (default: all 200)")
+    p.add_argument("--pretrain-updates", type=int, default=PRETRAIN_UPDATES,
+                   help=f"updates of value pretraining (default {PRETRAIN_UPDATES})")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="PPOConfig overrides (YAML values)")
     p.add_argument("--sft-dir", default=None, help="reuse a folder with data/ and sft_dice/ (make_data, sft_dice)")
     p.add_argument("--sft-steps", type=int, default=None, help="SFT steps (default: sft_dice.yaml's)")
+    p.add_argument("--keep", action="store_true", help="save each run's policy to <workdir>/rl-...-policy")
     p.add_argument("--seed-list", type=int, nargs="*", default=None, help="these training seeds instead of 0..N-1")
     p.add_argument("--merge", nargs="*", default=None, metavar="JSON",
                    help="no training: merge these result files (cells run in parallel) into one, table and figure")
@@ -185,7 +205,7 @@ def main(argv=None) -> int:
                 if a.only is not None and name not in a.only:
                     continue
                 cell = run_cell(work, heldout, variant=variant, luck=luck, rounds=a.rounds, updates=updates,
-                                seed=seed, overrides=overrides)
+                                seed=seed, overrides=overrides, pretrain_updates=a.pretrain_updates, keep=a.keep)
                 runs.setdefault(cell_key(name, luck, a.rounds), {"seeds": []})["seeds"].append(cell)
                 print(f"{cell_key(name, luck, a.rounds)} seed {seed}: {cell['seconds']:.0f} s, held-out "
                       f"{start['reward']:.3f} -> {cell['end']['reward']:.3f}, 0.9 after "
@@ -197,7 +217,7 @@ def main(argv=None) -> int:
     if a.figures:
         draw_figure(Path(a.figures), runs)
     settings = {"quick": a.quick, "updates": updates, "seeds": seeds, "luck": a.luck, "rounds": a.rounds,
-                "heldout": len(heldout), "k": K, "rl": {**RL_SETTINGS, **QUIZ_RL}, "overrides": overrides,
+                "heldout": len(heldout), "k": K, "rl": {**RL_SETTINGS, **QUIZ_RL, **DICE_RL}, "overrides": overrides,
                 "seconds": {"total": time.perf_counter() - started, "sft": sft_seconds}}
     write_result("critic_luck", settings, {"sft": start, "runs": runs}, out=a.out)
     print(f"load average now {load_average()}")
@@ -207,8 +227,6 @@ def main(argv=None) -> int:
 def merge(paths, out, figures) -> int:
     """Merge result files of the same study and SFT start (cells run in parallel) into ``out``: each cell's seeds in
     seed order, the table and the figure."""
-    import json
-
     parts = [json.loads(Path(p).read_text()) for p in paths]
     starts, runs = {}, {}
     for part in parts:

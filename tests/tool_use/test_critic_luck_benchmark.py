@@ -12,7 +12,7 @@ import json
 import pytest
 from benchmark_scripts import loaded_script
 
-TINY = ["--updates", "1", "--heldout", "4", "--figures", "", "--set", "per_device_train_batch_size=4",
+TINY = ["--updates", "1", "--pretrain-updates", "1", "--heldout", "4", "--figures", "", "--set", "per_device_train_batch_size=4",
         "local_rollout_forward_batch_size=4", "num_ppo_epochs=1"]
 
 
@@ -36,16 +36,22 @@ def run(bench, sft_work, out, *extra):
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("name", ["GAE, critic settings", "GAE, TRL's settings", "RLOO k=4",
-                                  "GRPO k=4 (KL in loss)"])
-def test_variant_runs_one_update(bench, sft_work, tmp_path, name):
-    result = run(bench, sft_work, tmp_path / "result.json", "--only", name, "--seed-list", "1", "--luck", "0.5")
-    variant = bench.VARIANTS[name]
-    (cell,) = result["results"]["runs"][bench.cell_key(name, 0.5, 4)]["seeds"]
+@pytest.fixture(scope="module")
+def every_variant(bench, sft_work, tmp_path_factory):
+    """Every variant, seed 1, luck 0.5, 4 rounds, one update each, in one run of the script."""
+    out = tmp_path_factory.mktemp("variants") / "result.json"
+    return out, run(bench, sft_work, out, "--only", *bench.VARIANTS, "--seed-list", "1", "--luck", "0.5")
+
+
+@pytest.mark.parametrize("name", ["GAE, pretrained value model", "GAE, critic settings", "GAE, critic warm-up 10",
+                                  "GAE, TRL's settings", "RLOO k=4", "GRPO k=4 (KL in loss)"])
+def test_variant_runs_one_update(bench, every_variant, name):
+    variant = dict(bench.VARIANTS[name])
+    pretraining = 1 if variant.pop("value_pretraining", 0) else 0  # --pretrain-updates 1
+    (cell,) = every_variant[1]["results"]["runs"][bench.cell_key(name, 0.5, 4)]["seeds"]
     settings = cell["settings"]
-    assert cell["seed"] == 1 and cell["luck"] == 0.5 and settings["advantage_estimator"] == variant[
-        "advantage_estimator"]
-    assert {k: settings[k] for k in variant} == variant
+    assert cell["seed"] == 1 and cell["luck"] == 0.5 and cell["value_pretraining"] == pretraining
+    assert {k: settings[k] for k in variant} == variant  # the estimator and the value model's settings it names
     assert (settings["response_length"], settings["max_tool_calling_iterations"]) == (224, 4)
     assert len(cell["rounds_right"]) == 1 and 0.0 <= cell["rounds_right"][0] <= 1.0
     assert 0.0 <= cell["end"]["reward"] <= 1.0
@@ -56,7 +62,9 @@ def test_variant_runs_one_update(bench, sft_work, tmp_path, name):
         assert not cell["explained_var"] and not cell["health"]
 
 
-def test_eight_rounds_and_the_merge(bench, sft_work, tmp_path):
+def test_eight_rounds_and_the_merge(bench, sft_work, every_variant, tmp_path):
+    """8 rounds (their response length and rounds), two seeds run apart; merged with the 4-round file: one study,
+    each cell's seeds in order, both horizons' starts kept."""
     name = "GRPO k=4 (KL in loss)"
     for seed in (1, 0):
         run(bench, sft_work, tmp_path / f"s{seed}.json", "--only", name, "--seed-list", str(seed), "--luck", "0",
@@ -64,10 +72,11 @@ def test_eight_rounds_and_the_merge(bench, sft_work, tmp_path):
     (cell,) = json.loads((tmp_path / "s0.json").read_text())["results"]["runs"][bench.cell_key(name, 0, 8)]["seeds"]
     assert (cell["settings"]["response_length"], cell["settings"]["max_tool_calling_iterations"]) == (400, 8)
     merged = tmp_path / "merged.json"
-    assert bench.main(["--merge", str(tmp_path / "s1.json"), str(tmp_path / "s0.json"), "--out", str(merged),
-                       "--figures", str(tmp_path)]) == 0
-    seeds = json.loads(merged.read_text())["results"]["runs"][bench.cell_key(name, 0, 8)]["seeds"]
-    assert [s["seed"] for s in seeds] == [0, 1] and (tmp_path / "critic_luck.png").is_file()
+    assert bench.main(["--merge", str(tmp_path / "s1.json"), str(tmp_path / "s0.json"), str(every_variant[0]),
+                       "--out", str(merged), "--figures", str(tmp_path)]) == 0
+    result = json.loads(merged.read_text())["results"]
+    assert [s["seed"] for s in result["runs"][bench.cell_key(name, 0, 8)]["seeds"]] == [0, 1]
+    assert sorted(result["sft"]) == ["4", "8"] and (tmp_path / "critic_luck.png").is_file()
     assert bench.first_reached([0.5, 0.95, 1.0], 32) == 64 and bench.first_reached([0.5], 32) is None
 
 
@@ -86,8 +95,9 @@ def test_shipped_recipes_are_the_benchmarks_pretrained_gae_row(bench, sft_work, 
     tiny = ["--per_device_train_batch_size", "4", "--local_rollout_forward_batch_size", "4", "--num_ppo_epochs", "1",
             "--disable_tqdm", "true"]
     variant = dict(bench.VARIANTS["GAE, pretrained value model"])
-    pretraining = variant.pop("value_pretraining")
-    expected = {**bench.RL_SETTINGS, **bench.QUIZ_RL, **variant}
+    assert variant.pop("value_pretraining")
+    pretraining = bench.PRETRAIN_UPDATES
+    expected = {**bench.RL_SETTINGS, **bench.QUIZ_RL, **bench.DICE_RL, **variant}
     for name, extra in (("value_dice", {"critic_warmup": pretraining, "seed": bench.PRETRAIN_SEED}),
                         ("gae_dice", {})):
         recipe = resolve_recipe(bench.TASK / f"{name}.yaml", [*data, "--output_dir", str(tmp_path / name),
