@@ -87,8 +87,8 @@ from .objective.masked_stats import masked_whiten
 from .objective.objectives import ObjectiveConfig, kl_penalty, rollout_objective
 from .rollout.prompt_stream import PromptStream
 from .grpo_compat.grpo_inputs import grpo_inputs
-from .micro_batches import objective_for_micro_batches
-from .optimize_loop import GradientClip, run_ppo_epochs
+from .micro_batches import objective_for_micro_batches, resolve_train_micro_batch
+from .optimize_loop import GradientClip, MiniBatchPlan, UpdateSteps, run_ppo_epochs
 from .base.parent_fixes import ParentFixesMixin
 from .ptx_data import PretrainingMix
 from .rollout.reward_funcs import (
@@ -265,6 +265,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         self.prompt_iterator = None
         self._update_start_state = None
         self._optimizer_stepped = False
+        self._mini_batch_plan = None
         self.step_guard = StepGuard(args.nonfinite_policy, args.max_consecutive_nonfinite_skips,
                                     (self.accelerator, self.stop_on_nonfinite) if self.is_deepspeed_enabled else None)
         self.grad_clip = GradientClip(args.max_grad_norm, self.accelerator, self.model)  # max_grad_norm (0: off)
@@ -371,7 +372,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         else:  # NaN/inf scores under nonfinite_policy "skip": the update is dropped (nor scheduler nor KL step)
             self.state.global_step += 1
             self.log({**self.step_guard.metrics(), "episode": self.state.episode})
-        if self._optimizer_stepped:  # False only when the guard skipped every optimizer step of the update
+        if scored and stats.stepped:  # False only when the guard skipped every optimizer step of the update
             self.lr_scheduler.step()
         self.control = self.callback_handler.on_step_end(args, self.state, self.control)
         if self.control.should_evaluate and self.evaluation is not None:  # every eval_steps updates (HF's flow)
@@ -433,11 +434,13 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
     def optimizer_step(self) -> bool:
         """`optimizer.step()` after checking the step's losses and gradients (one host sync per optimizer step) and
         clipping the gradients to `max_grad_norm` (`self.grad_clip`); during `critic_warmup` the policy's gradients
-        are dropped first (the step skips it)."""
+        are dropped first (the step skips it). True when the step was taken."""
         if self.critic_warmup is not None:
             self.critic_warmup.hold()
-        return guarded_optimizer_step(self.step_guard, self.optimizer, self.accelerator, self.stop_on_nonfinite,
-                                      before_step=self.grad_clip)
+        stepped = guarded_optimizer_step(self.step_guard, self.optimizer, self.accelerator, self.stop_on_nonfinite,
+                                         before_step=self.grad_clip)
+        self._optimizer_stepped |= stepped  # the weights moved in this update: no rewinding it (stop_on_nonfinite)
+        return stepped
 
     def clip_scores(self, rollout: Rollout) -> None:
         """With `args.reward_clip = c`, clip the scores to `[-c, c]` (DeepSpeed-Chat's `clip_reward_value`, trlx's
@@ -488,11 +491,27 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
 
     def optimize(self, rollout: Rollout) -> UpdateStats:
         """`num_ppo_epochs` passes over the rollout, each in a fresh `np.random.permutation`, one optimizer step per
-        mini-batch, forward/backward by micro-batch (:func:`trl_ext.ppo.optimize_loop.run_ppo_epochs`). During
-        ``critic_warmup``'s updates only the value model trains (``self.critic_warmup``)."""
+        mini-batch, forward/backward by micro-batch (:func:`trl_ext.ppo.optimize_loop.run_ppo_epochs`, calling this
+        trainer's `compute_micro_batch_loss`, `optimizer_step` and `ptx_step`). During ``critic_warmup``'s updates only
+        the value model trains (``self.critic_warmup``)."""
         if self.critic_warmup is not None:
             self.critic_warmup.begin(self.state.global_step)
-        return run_ppo_epochs(self, rollout)
+        ptx_mode = self.ptx.mode if self.ptx is not None and not self.policy_held else None
+        steps = UpdateSteps(loss=self.compute_micro_batch_loss, step=self.optimizer_step,
+                            zero_grad=self.optimizer.zero_grad, observe=self.step_guard.observe,
+                            ptx_batch=self.next_ptx_batch if ptx_mode == "joint" else None,
+                            ptx_step=self.ptx_step if ptx_mode == "separate" else None)
+        return run_ppo_epochs(rollout, self.mini_batch_plan(), steps, self.accelerator, self.model,
+                              kl_coef=float(self.kl_ctl.value),  # the update's (the controller moves after it)
+                              deepspeed=self.is_deepspeed_enabled)
+
+    def mini_batch_plan(self) -> MiniBatchPlan:
+        """How each update's rollout is cut, built at the first update (``train_micro_batch_size: auto`` measures the
+        memory then)."""
+        if self._mini_batch_plan is None:
+            micro = resolve_train_micro_batch(self) if self.args.train_micro_batch_size is not None else None
+            self._mini_batch_plan = MiniBatchPlan.from_args(self.args, self.objective, micro)
+        return self._mini_batch_plan
 
     @property
     def policy_held(self) -> bool:
