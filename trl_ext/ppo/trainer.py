@@ -77,7 +77,7 @@ from .episodes.multi_turn import MultiTurnRollout
 from .episodes.toolbox import Toolbox
 from .episodes.turn_rewards import TurnRewards
 from .evaluation import EvaluateMixin, Evaluation
-from .config import PPOConfig
+from .config import PPOConfig, ppo_config_from
 from .config_rules import check_trainer_inputs
 from .objective.critic import build_critic, check_value_model, group_prompts, repeat_prompts
 from .objective.critic_warmup import CriticWarmup
@@ -183,6 +183,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         environment_factory=None,
     ) -> None:
         # GRPOTrainer's inputs: a GRPOConfig, model ids, `prompt` datasets (trl_ext/ppo/grpo_compat/grpo_inputs.py)
+        args = ppo_config_from(args)
         (args, processing_class, model, ref_model, reward_model, value_model, reward_funcs, train_dataset,
          eval_dataset) = grpo_inputs(args, processing_class, model, ref_model, reward_model, value_model, reward_funcs,
                                      train_dataset, eval_dataset, multi_turn=bool(tools or environment_factory))
