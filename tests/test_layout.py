@@ -15,7 +15,7 @@ MAX_FUNCTION_LINES = 80
 
 # Layers, low to high: a module may import from its own layer or a lower one. Matched by the longest prefix.
 LAYERS = {
-    "trl_ext.errors": 0, "trl_ext.config_rules": 0,
+    "trl_ext.errors": 0, "trl_ext.config_rules": 0, "trl_ext.trl_internals": 0,
     "trl_ext.models": 1,
     "trl_ext.runtime": 2,
     "trl_ext.rewards": 3,

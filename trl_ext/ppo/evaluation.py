@@ -37,13 +37,13 @@ import numpy as np
 import torch
 from transformers import GenerationConfig
 from transformers.trainer_utils import speed_metrics
-from trl.models.utils import unwrap_model_for_generation
 
 from ..config_rules import help_from_docstring
 from ..errors import UserInputError
 from ..models.scalar_heads import scalar_model_outputs
 from ..rewards.metrics import reward_metrics
 from ..rewards.scoring import RewardScores
+from ..trl_internals import unwrap_model_for_generation
 from .rollout.sequences import first_true_indices, padded_model_inputs
 
 __all__ = ["EvaluateMixin", "EvaluationArgs", "Evaluation", "evaluation_on", "gather_rows"]

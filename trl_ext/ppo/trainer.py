@@ -60,7 +60,6 @@ import time
 import torch
 from torch import nn
 from transformers import GenerationConfig
-from trl.trainer.utils import selective_log_softmax
 
 from ..errors import UserInputError
 from ..models.dtypes import float32_trainable_parameters
@@ -70,6 +69,7 @@ from ..runtime.devices import empty_cache, release_memory
 from ..runtime.engines import deepspeed_gradient_clipping
 from ..runtime.interruption import raise_if_interrupted, watch_signals
 from ..runtime.nonfinite import Finding, NonFiniteError, StepGuard, count_nonfinite, guarded_optimizer_step
+from ..trl_internals import selective_log_softmax
 from .base import OnlineTrainerState, ParentPPOTrainer
 from .checkpointing import VALUE_MODEL_DIR, PPOCheckpointMixin, ppo_state_file
 from .completions_log import CompletionsLog

@@ -61,9 +61,9 @@ from typing import Literal, get_args
 
 import torch
 from transformers import GenerationConfig
-from trl.trainer.utils import selective_log_softmax
 
 from ...errors import UserInputError
+from ...trl_internals import selective_log_softmax
 from .logprobs import _effective_config, sequence_logits
 
 __all__ = [
