@@ -133,6 +133,7 @@ class Evaluation:
         self.generation_kwargs = kwargs
         self.generation_config = GenerationConfig(**kwargs)
         self.batch_size = args.per_device_eval_batch_size
+        self.gather_deepspeed3_params = args.ds3_gather_for_generation
         self.history: list[dict] = []
 
     @classmethod
@@ -175,7 +176,7 @@ class Evaluation:
         pad_token_id = trainer.processing_class.pad_token_id
         context_length = queries.shape[1]
         with unwrap_model_for_generation(trainer.model, trainer.accelerator,
-                                         gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+                                         gather_deepspeed3_params=self.gather_deepspeed3_params,
                                          generation_kwargs=self.generation_kwargs) as unwrapped_model:
             inputs = padded_model_inputs(queries, pad_token_id)
             sequences = unwrapped_model.policy.generate(input_ids=inputs["input_ids"],

@@ -90,7 +90,7 @@ from .grpo_compat.grpo_inputs import grpo_inputs
 from .micro_batches import objective_for_micro_batches, resolve_train_micro_batch
 from .optimize_loop import GradientClip, MiniBatchPlan, UpdateSteps, run_ppo_epochs
 from .base.parent_fixes import ParentFixesMixin
-from .ptx_data import PretrainingMix
+from .ptx_data import PretrainingMix, PtxConfig
 from .rollout.reward_funcs import (
     attach_reward_scorer,
     prepare_reward_funcs,
@@ -250,11 +250,11 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
             if kl_controller is not None
             else build_kl_controller(args.kl_controller, args.kl_coef, args.kl_target, args.kl_horizon)
         )
-        self.ptx = (PretrainingMix(ptx_dataset, processing_class, args, self.accelerator)
+        self.ptx = (PretrainingMix(ptx_dataset, processing_class, PtxConfig.from_args(args), self.accelerator)
                     if ptx_dataset is not None else None)
-        self.completions_log = (CompletionsLog(args, processing_class, self.accelerator)
+        self.completions_log = (CompletionsLog.from_args(args, processing_class, self.accelerator)
                                 if args.log_completions else None)
-        self.dynamic_sampling = (DynamicSampling(args, self.accelerator, processing_class.pad_token_id)
+        self.dynamic_sampling = (DynamicSampling.from_args(args, self.accelerator, processing_class.pad_token_id)
                                  if args.dynamic_sampling else None)
         self.multi_turn = MultiTurnRollout(toolbox, args, processing_class) if toolbox is not None else None
         self.turn_rewards = TurnRewards.build(toolbox, self.accelerator)  # environments' get_turn_reward (or None)
@@ -546,7 +546,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         ptx_loss = None
         if ptx_batch is not None:
             ptx_loss = self.compute_ptx_loss(ptx_batch)
-            loss = loss + args.ptx_coef * ptx_loss
+            loss = loss + self.ptx.coef * ptx_loss
         if self.critic_warmup is not None:  # critic_warmup: the value term alone while the policy is held
             loss = self.critic_warmup.loss(loss, value_term)
         return MicroBatchOutput(loss=loss, policy=obj.policy, value=vf, logits=logits, ptx_loss=ptx_loss,
