@@ -15,7 +15,7 @@ MAX_FUNCTION_LINES = 80
 
 # Layers, low to high: a module may import from its own layer or a lower one. Matched by the longest prefix.
 LAYERS = {
-    "trl_ext.errors": 0, "trl_ext.config_rules": 0,
+    "trl_ext.errors": 0, "trl_ext.config_rules": 0, "trl_ext.trl_internals": 0,
     "trl_ext.models": 1,
     "trl_ext.runtime": 2,
     "trl_ext.rewards": 3,
@@ -25,8 +25,7 @@ LAYERS = {
     "trl_ext.ppo.rollout.containers": 5,
     "trl_ext.ppo.rollout": 6, "trl_ext.ppo.episodes": 6,
     "trl_ext.ppo.base": 7, "trl_ext.ppo.grpo_compat": 7,
-    # grpo_inputs turns the trainer's `args` into a PPOConfig: the one module of grpo_compat/ above the config
-    "trl_ext.ppo": 8, "trl_ext.ppo.grpo_compat.grpo_inputs": 8, "trl_ext.preference": 8, "trl_ext.sft": 8,
+    "trl_ext.ppo": 8, "trl_ext.preference": 8, "trl_ext.sft": 8,
     "trl_ext.export": 9, "trl_ext.recipe_loader": 9, "trl_ext.testing": 9,
     "trl_ext.cli": 10, "trl_ext.__main__": 10, "trl_ext": 10,
 }

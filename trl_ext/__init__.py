@@ -19,6 +19,8 @@ The package, one subpackage per role (each ``__init__.py`` says what it holds):
 * ``cli.py``: the ``trl-ext`` command (``__main__.py``: ``python -m trl_ext``).
 * ``config_rules.py``: each config field's nullability, choices and range, checked when any trl-ext config is built.
 * ``errors.py``: :class:`~trl_ext.errors.UserInputError`, the one exception for bad input (used everywhere).
+* ``trl_internals.py``: every name taken from TRL beyond its public top level (imported there only), and copies of
+  TRL's small helpers.
 * :mod:`trl_ext.testing`: tiny offline models for tests, the demo and the benchmarks; ``testing/tools.py``: a
   tiny tokenizer with a tool-calling chat template, an ``add`` tool and the tool tests' models.
 

@@ -5,6 +5,7 @@ the optimizer; and `max_grad_norm`, measured on the parameters that plain SGD at
 from __future__ import annotations
 
 import pytest
+import torch
 
 from ppo_helpers import config_kwargs, count_optimizer_steps, left_tokenizer, load_models, prompt_dataset, seed_all
 
@@ -14,13 +15,13 @@ def tok(tiny_models):
     return left_tokenizer(tiny_models)
 
 
-def trainer_for(tiny_models, tok, tmp_path, **overrides):
+def trainer_for(tiny_models, tok, tmp_path, trainer_cls=None, **overrides):
     import trl_ext
 
     seed_all(0)
     policy, value, reward = load_models(tiny_models)
     args = trl_ext.PPOConfig(**config_kwargs(tmp_path, **overrides))
-    return trl_ext.PPOTrainer(args=args, processing_class=tok, model=policy, ref_model=None, reward_model=reward,
+    return (trainer_cls or trl_ext.PPOTrainer)(args=args, processing_class=tok, model=policy, ref_model=None, reward_model=reward,
                               value_model=None if args.critic_free else value,
                               train_dataset=prompt_dataset(tok), eval_dataset=prompt_dataset(tok, n=4, seed=5))
 
@@ -78,6 +79,34 @@ def test_the_loop_leaves_the_optimizer_without_gradients_and_logs_no_norm_when_c
     model = trainer.accelerator.unwrap_model(trainer.model)
     assert count == 2 and all(p.grad is None or not p.grad.any() for p in model.parameters())
     assert "policy/grad_norm" not in trainer.state.log_history[0]
+
+
+def test_the_loop_calls_the_trainers_overrides_and_an_update_without_a_step_leaves_the_schedule(tiny_models, tok,
+                                                                                                tmp_path):
+    """A subclass's `compute_micro_batch_loss` and `optimizer_step` are what the loop calls (the trainer hands it its
+    bound methods); when no step of an update is taken, neither the weights nor the learning rate move."""
+    import trl_ext
+
+    calls = []
+
+    class Refusing(trl_ext.PPOTrainer):
+        def compute_micro_batch_loss(self, *args, **kwargs):
+            calls.append("loss")
+            return super().compute_micro_batch_loss(*args, **kwargs)
+
+        def optimizer_step(self):
+            calls.append("step")
+            return False  # as if the NaN/inf guard had skipped it
+
+    trainer = trainer_for(tiny_models, tok, tmp_path, trainer_cls=Refusing, total_episodes=4, num_ppo_epochs=2,
+                          num_mini_batches=2, num_sample_generations=0, lr_scheduler_type="linear")
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    before = [p.detach().clone() for p in model.parameters()]
+    lr = trainer.lr_scheduler.get_last_lr()
+    trainer.train()
+    assert calls == ["loss", "step"] * 4  # 2 epochs x 2 mini-batches of one micro-batch
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert trainer.lr_scheduler.get_last_lr() == lr and lr[0] > 0
 
 
 def clipped_run(tiny_models, tok, tmp_path, max_grad_norm, **overrides):

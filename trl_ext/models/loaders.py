@@ -325,7 +325,7 @@ def _new_scalar_head(model) -> None:
 def _quiet_causal_to_seqcls_load():
     """TRL's scoped silencing of the expected 'score missing / lm_head unexpected' load report."""
     try:
-        from trl.trainer.reward_trainer import suppress_seqcls_warning
+        from ..trl_internals import suppress_seqcls_warning
     except ImportError:  # pragma: no cover - older/newer TRL
         yield
         return

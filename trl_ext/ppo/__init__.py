@@ -33,9 +33,8 @@ trainer's own parts at this top; the math in ``objective/``, the sampling in ``r
   ``kl_controllers.py``, ``masked_stats.py``.
 
 Imports go down only, counting imports inside functions: ``objective/`` imports nothing of the other rooms or the
-top; ``rollout/`` and ``episodes/`` nothing of ``base/``, ``grpo_compat/`` or the top; ``base/`` nothing of
-``grpo_compat/`` or the top; of ``grpo_compat/`` only ``grpo_inputs.py``, which returns a ``PPOConfig``, imports
-the config (tests/test_layout.py). Scalar (reward/value) outputs come from :mod:`trl_ext.models.scalar_heads`, reward and value
+top; ``rollout/`` and ``episodes/`` nothing of ``base/``, ``grpo_compat/`` or the top; ``base/`` and
+``grpo_compat/`` nothing of each other or the top (tests/test_layout.py). Scalar (reward/value) outputs come from :mod:`trl_ext.models.scalar_heads`, reward and value
 adapters on the policy's own base from :mod:`trl_ext.models.shared_base`; atomic checkpoints, interruption and NaN
 guards from :mod:`trl_ext.runtime`.
 """

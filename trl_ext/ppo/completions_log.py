@@ -38,15 +38,23 @@ class CompletionsLog:
     ``log_completions`` is on; the trainer's step ``log_update`` calls :meth:`log` after each update's metrics.
 
     Args:
-        args: the trainer's config (``output_dir``, ``report_to``, ``num_completions_to_print``,
-            ``missing_eos_penalty``).
         tokenizer: decodes prompts and completions of a run without ``reward_funcs``.
         accelerator: rows are gathered from every process; the main process writes them.
+        output_dir, report_to, num_to_print, missing_eos_penalty: the config's ``output_dir``, ``report_to``,
+            ``num_completions_to_print`` and ``missing_eos_penalty``.
     """
 
-    def __init__(self, args, tokenizer, accelerator):
-        self.args, self.tokenizer, self.accelerator = args, tokenizer, accelerator
-        self.path = os.path.join(args.output_dir, COMPLETIONS_FILE)
+    def __init__(self, tokenizer, accelerator, *, output_dir: str, report_to=None, num_to_print: int | None = None,
+                 missing_eos_penalty: float | None = None):
+        self.tokenizer, self.accelerator = tokenizer, accelerator
+        self.output_dir, self.path = output_dir, os.path.join(output_dir, COMPLETIONS_FILE)
+        self.wandb = "wandb" in (report_to or [])
+        self.num_to_print, self.missing_eos_penalty = num_to_print, missing_eos_penalty
+
+    @classmethod
+    def from_args(cls, args, tokenizer, accelerator) -> "CompletionsLog":
+        return cls(tokenizer, accelerator, output_dir=args.output_dir, report_to=args.report_to,
+                   num_to_print=args.num_completions_to_print, missing_eos_penalty=args.missing_eos_penalty)
 
     def rows(self, rollout, step: int) -> list[dict]:
         """This process's rows of update ``step``."""
@@ -62,7 +70,7 @@ class CompletionsLog:
             prompts = self.tokenizer.batch_decode(rollout.queries, skip_special_tokens=True)
             completions = self.tokenizer.batch_decode(rollout.postprocessed_responses, skip_special_tokens=True)
             rewards, score, extras = {}, rollout.scores.tolist(), {}
-            penalty = self.args.missing_eos_penalty
+            penalty = self.missing_eos_penalty
             if penalty is not None:  # undo the penalty: the reward model's own score
                 score = [s + penalty * (not eos) for s, eos in zip(score, rollout.contain_eos_token.tolist())]
         episodes = rollout.episodes.marked_texts(self.tokenizer) if rollout.episodes is not None else None
@@ -84,19 +92,18 @@ class CompletionsLog:
             rows = gather_object(self.rows(rollout, step))
         if not self.accelerator.is_main_process:
             return
-        args = self.args
-        os.makedirs(args.output_dir, exist_ok=True)
+        os.makedirs(self.output_dir, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
-        if "wandb" in (args.report_to or []):
+        if self.wandb:
             import wandb
 
             if wandb.run is not None:
                 columns = list(rows[0]) if rows else []
                 table = wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])
                 wandb.log({"completions": table})  # no step=: HF's callback owns wandb's step (as TRL's GRPO)
-        shown = rows if args.num_completions_to_print is None else rows[: args.num_completions_to_print]
+        shown = rows if self.num_to_print is None else rows[: self.num_to_print]
         for row in shown:
             rewards = ", ".join(f"{key}={value:.3g}" if isinstance(value, float) else f"{key}={value}"
                                 for key, value in row.items() if key not in ("step", "prompt", "completion"))

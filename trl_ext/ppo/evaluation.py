@@ -37,13 +37,13 @@ import numpy as np
 import torch
 from transformers import GenerationConfig
 from transformers.trainer_utils import speed_metrics
-from trl.models.utils import unwrap_model_for_generation
 
 from ..config_rules import help_from_docstring
 from ..errors import UserInputError
 from ..models.scalar_heads import scalar_model_outputs
 from ..rewards.metrics import reward_metrics
 from ..rewards.scoring import RewardScores
+from ..trl_internals import unwrap_model_for_generation
 from .rollout.sequences import first_true_indices, padded_model_inputs
 
 __all__ = ["EvaluateMixin", "EvaluationArgs", "Evaluation", "evaluation_on", "gather_rows"]
@@ -133,6 +133,7 @@ class Evaluation:
         self.generation_kwargs = kwargs
         self.generation_config = GenerationConfig(**kwargs)
         self.batch_size = args.per_device_eval_batch_size
+        self.gather_deepspeed3_params = args.ds3_gather_for_generation
         self.history: list[dict] = []
 
     @classmethod
@@ -175,7 +176,7 @@ class Evaluation:
         pad_token_id = trainer.processing_class.pad_token_id
         context_length = queries.shape[1]
         with unwrap_model_for_generation(trainer.model, trainer.accelerator,
-                                         gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+                                         gather_deepspeed3_params=self.gather_deepspeed3_params,
                                          generation_kwargs=self.generation_kwargs) as unwrapped_model:
             inputs = padded_model_inputs(queries, pad_token_id)
             sequences = unwrapped_model.policy.generate(input_ids=inputs["input_ids"],

@@ -1,12 +1,14 @@
 """The PPO epochs of :meth:`trl_ext.PPOTrainer.optimize`: one optimizer step per mini-batch, always.
 
-Each update runs ``num_ppo_epochs`` passes over the rollout, each in a fresh ``np.random.permutation`` (the numpy RNG
-order of TRL's PPO), cut into ``num_mini_batches`` mini-batches of ``local_mini_batch_size`` sequences. Each
-mini-batch is one optimizer step: its micro-batches run forward/backward with their gradients accumulated
-(``no_sync`` under DDP on all but the last), then the trainer's ``optimizer_step`` checks the step's losses and
-gradients, clips the gradients to ``max_grad_norm`` (:class:`GradientClip`) and steps. So an update takes
-``num_ppo_epochs * num_mini_batches`` optimizer steps whatever ``gradient_accumulation_steps``,
-``train_micro_batch_size``, the number of processes or the engine.
+:func:`run_ppo_epochs` gets what it calls (:class:`UpdateSteps`: the trainer's loss, step and ptx methods), how the
+rollout is cut (:class:`MiniBatchPlan`, read once from the config), the update's ``kl_coef`` and the accelerator, and
+returns the update's statistics with the number of optimizer steps taken. Each update runs ``num_ppo_epochs`` passes
+over the rollout, each in a fresh ``np.random.permutation`` (the numpy RNG order of TRL's PPO), cut into
+``num_mini_batches`` mini-batches of ``local_mini_batch_size`` sequences. Each mini-batch is one optimizer step: its
+micro-batches run forward/backward with their gradients accumulated (``no_sync`` under DDP on all but the last), then
+the step checks the step's losses and gradients, clips the gradients to ``max_grad_norm`` (:class:`GradientClip`)
+and steps. So an update takes ``num_ppo_epochs * num_mini_batches`` optimizer steps whatever
+``gradient_accumulation_steps``, ``train_micro_batch_size``, the number of processes or the engine.
 
 The micro-batches (:class:`MiniBatchPlan`): of ``train_micro_batch_size`` sequences when it is set, each loss term
 weighted by its share of the mini-batch (:func:`trl_ext.ppo.micro_batches.micro_batch_weights`); unset, of
@@ -28,117 +30,126 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 
 from ..errors import UserInputError
-from .micro_batches import MicroBatchWeights, micro_batch_weights, resolve_train_micro_batch
-from .objective.objectives import mini_batch_token_normalizer
+from .micro_batches import MicroBatchWeights, micro_batch_weights
+from .objective.objectives import ObjectiveConfig, mini_batch_token_normalizer
 from .rollout import UpdateStats
 
-__all__ = ["GradientClip", "MiniBatchPlan", "run_ppo_epochs"]
+__all__ = ["GradientClip", "MiniBatchPlan", "UpdateSteps", "run_ppo_epochs"]
 
 
 @dataclass(frozen=True)
 class MiniBatchPlan:
-    """How one mini-batch of ``size`` sequences is cut: ``spans`` (``(start, end)`` positions in the mini-batch) and
-    whether the micro-batches are ``train_micro_batch_size``'s (``weighted``: loss terms by their share) or
-    ``per_device_train_batch_size``'s (TRL's per-micro-batch losses)."""
+    """The config the epochs read: ``epochs`` passes over ``batch_size`` sequences in mini-batches of ``size``, each
+    cut at ``spans`` (``(start, end)`` in the mini-batch); ``weighted``: ``train_micro_batch_size``'s loss weights,
+    else TRL's per-micro-batch losses."""
 
+    epochs: int
+    batch_size: int
     size: int
     spans: tuple[tuple[int, int], ...]
     weighted: bool
+    objective: ObjectiveConfig
+    vf_coef: float
+    ptx_coef: float
 
     @classmethod
-    def for_trainer(cls, trainer) -> "MiniBatchPlan":
-        args = trainer.args
-        weighted = args.train_micro_batch_size is not None
-        micro = resolve_train_micro_batch(trainer) if weighted else args.per_device_train_batch_size
+    def from_args(cls, args, objective: ObjectiveConfig, micro: int | None = None) -> "MiniBatchPlan":
+        """``micro``: the resolved ``train_micro_batch_size`` (None: micro-batches of
+        ``per_device_train_batch_size``, unweighted)."""
         size = args.local_mini_batch_size
-        return cls(size, tuple((lo, min(lo + micro, size)) for lo in range(0, size, micro)), weighted)
+        step = micro if micro is not None else args.per_device_train_batch_size
+        return cls(args.num_ppo_epochs, args.local_batch_size, size,
+                   tuple((lo, min(lo + step, size)) for lo in range(0, size, step)), micro is not None,
+                   objective, args.vf_coef, args.ptx_coef)
 
-    def weights(self, trainer, rollout, inds) -> MicroBatchWeights:
+    @property
+    def mini_batches(self) -> int:
+        return self.batch_size // self.size
+
+    def weights(self, rollout, inds, accelerator) -> MicroBatchWeights:
         """The loss weights of mini-batch ``inds`` (:class:`~trl_ext.ppo.micro_batches.MicroBatchWeights`)."""
-        accelerator, objective = trainer.accelerator, trainer.objective
         if self.weighted:
-            return micro_batch_weights(rollout, inds, self.spans, objective, accelerator)
+            return micro_batch_weights(rollout, inds, self.spans, self.objective, accelerator)
         n = len(self.spans)  # unset: each micro-batch's own loss, 1/n of the mini-batch's gradient
         return MicroBatchWeights([1.0] * n, [1.0] * n, 1.0,
-                                 mini_batch_token_normalizer(objective, rollout, inds, n, accelerator))
+                                 mini_batch_token_normalizer(self.objective, rollout, inds, n, accelerator))
 
     def loss_factor(self, scale: int) -> float:
         """What every loss is multiplied by before ``accelerator.backward`` (which divides by ``scale``, the
         accelerator's ``gradient_accumulation_steps``): ``scale`` with weighted terms, else ``scale / n``."""
         return float(scale) if self.weighted else scale / len(self.spans)
 
+    def weighted_loss(self, out, weights: MicroBatchWeights, j: int) -> torch.Tensor:
+        """Micro-batch ``j``'s loss with each term at its weight (``out.loss`` = policy terms + ``vf_coef`` * value
+        loss (+ ``ptx_coef`` * ptx loss))."""
+        w = weights.policy[j]
+        if w == weights.value[j] and (out.ptx_loss is None or w == weights.ptx):
+            return out.loss if w == 1.0 else out.loss * w
+        loss = out.loss * w + self.vf_coef * out.value.loss * (weights.value[j] - w)
+        if out.ptx_loss is not None:
+            loss = loss + self.ptx_coef * out.ptx_loss * (weights.ptx - w)
+        return loss
 
-def weighted_loss(out, weights: MicroBatchWeights, j: int, args) -> torch.Tensor:
-    """Micro-batch ``j``'s loss with each term at its weight (``out.loss`` = policy terms + ``vf_coef`` * value loss
-    (+ ``ptx_coef`` * ptx loss))."""
-    w = weights.policy[j]
-    if w == weights.value[j] and (out.ptx_loss is None or w == weights.ptx):
-        return out.loss if w == 1.0 else out.loss * w
-    loss = out.loss * w + args.vf_coef * out.value.loss * (weights.value[j] - w)
-    if out.ptx_loss is not None:
-        loss = loss + args.ptx_coef * out.ptx_loss * (weights.ptx - w)
-    return loss
+
+@dataclass(frozen=True)
+class UpdateSteps:
+    """What the epochs call (the trainer passes its bound methods, so a subclass's overrides take effect)."""
+
+    loss: Callable
+    """``(model, rollout, inds, ptx_batch, *, kl_coef, token_normalizer) -> MicroBatchOutput``."""
+    step: Callable[[], bool]
+    """The mini-batch's optimizer step (checked, clipped); True when it was taken."""
+    zero_grad: Callable[[], None]
+    observe: Callable
+    """``(loss, quantity, *, where)``: the NaN/inf guard's record of each micro-batch's loss."""
+    ptx_batch: Callable[[], dict] | None = None
+    """Joint ptx: the ptx batch of each micro-batch."""
+    ptx_step: Callable[[], torch.Tensor] | None = None
+    """Separate ptx: a ptx step after each mini-batch's step; returns its LM loss."""
 
 
-def run_ppo_epochs(trainer, rollout) -> UpdateStats:
-    """The PPO epochs of one update (module docstring); the per-micro-batch statistics, indexed ``[PPO epoch,
-    mini-batch, micro-batch]``."""
-    args, accelerator = trainer.args, trainer.accelerator
-    plan = MiniBatchPlan.for_trainer(trainer)
-    stats = UpdateStats((args.num_ppo_epochs, args.num_mini_batches, len(plan.spans)), accelerator.device)
+def run_ppo_epochs(rollout, plan: MiniBatchPlan, steps: UpdateSteps, accelerator, model, *, kl_coef: float,
+                   deepspeed: bool = False) -> UpdateStats:
+    """The PPO epochs of one update (module docstring). ``accelerator``: its ``backward``, ``no_sync``,
+    ``gradient_state``, ``gradient_accumulation_steps`` and ``device``; ``deepspeed``: ``model`` is DeepSpeed's engine.
+    Returns the per-micro-batch statistics, indexed ``[PPO epoch, mini-batch, micro-batch]``, and the number of
+    optimizer steps taken (``optimizer_steps``)."""
+    stats = UpdateStats((plan.epochs, plan.mini_batches, len(plan.spans)), accelerator.device)
     factor = plan.loss_factor(accelerator.gradient_accumulation_steps)
-    kl_coef = float(trainer.kl_ctl.value)  # the update's (the controller moves after it)
     try:
-        for epoch in range(args.num_ppo_epochs):
-            b_inds = np.random.permutation(args.local_batch_size)
-            for mini, start in enumerate(range(0, args.local_batch_size, plan.size)):
+        for epoch in range(plan.epochs):
+            b_inds = np.random.permutation(plan.batch_size)
+            for mini, start in enumerate(range(0, plan.batch_size, plan.size)):
                 inds = b_inds[start:start + plan.size]
-                weights = plan.weights(trainer, rollout, inds)
+                weights = plan.weights(rollout, inds, accelerator)
                 for j, (lo, hi) in enumerate(plan.spans):
-                    out = micro_batch_backward(trainer, rollout, inds[lo:hi], weights, j, kl_coef, factor,
-                                               last=j == len(plan.spans) - 1,
-                                               where=f" (PPO epoch {epoch + 1}, mini-batch {mini + 1}, "
-                                                     f"micro-batch {j + 1})")
+                    last = j == len(plan.spans) - 1  # gradients stay local (no_sync) until the mini-batch's last
+                    accelerator.gradient_state._set_sync_gradients(last)  # accelerate's optimizer steps only then
+                    if deepspeed:
+                        model.set_gradient_accumulation_boundary(last)
+                    with contextlib.nullcontext() if last else accelerator.no_sync(model):
+                        ptx_batch = steps.ptx_batch() if steps.ptx_batch is not None else None
+                        out = steps.loss(model, rollout, inds[lo:hi], ptx_batch, kl_coef=kl_coef,
+                                         token_normalizer=weights.token_normalizer)
+                        loss = plan.weighted_loss(out, weights, j)
+                        steps.observe(loss, "loss/total",
+                                      where=f" (PPO epoch {epoch + 1}, mini-batch {mini + 1}, micro-batch {j + 1})")
+                        accelerator.backward(loss if factor == 1.0 else loss * factor)
                     stats.record((epoch, mini, j), out)
-                    del out
-                step_mini_batch(trainer, stats)
+                    del out, loss
+                stats.optimizer_steps += bool(steps.step())
+                steps.zero_grad()
+                if steps.ptx_step is not None:
+                    stats.ptx_losses.append(steps.ptx_step())
     finally:
         accelerator.gradient_state._set_sync_gradients(True)
     return stats
-
-
-def micro_batch_backward(trainer, rollout, inds, weights, j, kl_coef, factor, *, last, where):
-    """Forward and backward of one micro-batch: gradients kept local (``no_sync``) unless it is the mini-batch's
-    ``last``, which also tells DeepSpeed's engine that the accumulation ends here. Returns the micro-batch's
-    :class:`~trl_ext.ppo.rollout.MicroBatchOutput`."""
-    accelerator, model, args = trainer.accelerator, trainer.model, trainer.args
-    accelerator.gradient_state._set_sync_gradients(last)  # accelerate's optimizer steps (and DeepSpeed's) only then
-    if trainer.is_deepspeed_enabled:
-        model.set_gradient_accumulation_boundary(last)
-    with contextlib.nullcontext() if last else accelerator.no_sync(model):
-        joint_ptx = trainer.ptx is not None and trainer.ptx.mode == "joint" and not trainer.policy_held
-        ptx_batch = trainer.next_ptx_batch() if joint_ptx else None
-        out = trainer.compute_micro_batch_loss(model, rollout, inds, ptx_batch, kl_coef=kl_coef,
-                                               token_normalizer=weights.token_normalizer)
-        loss = weighted_loss(out, weights, j, args)
-        trainer.step_guard.observe(loss, "loss/total", where=where)
-        accelerator.backward(loss if factor == 1.0 else loss * factor)
-    return out
-
-
-def step_mini_batch(trainer, stats: UpdateStats) -> None:
-    """The mini-batch's optimizer step (``trainer.optimizer_step``: checked, clipped), then, with
-    ``ptx_mode="separate"``, the separate ptx step (none while ``critic_warmup`` holds the policy)."""
-    if trainer.optimizer_step():
-        trainer._optimizer_stepped = True
-    trainer.optimizer.zero_grad()
-    if trainer.ptx is not None and trainer.ptx.mode == "separate" and not trainer.policy_held:
-        stats.ptx_losses.append(trainer.ptx_step())
 
 
 class GradientClip:

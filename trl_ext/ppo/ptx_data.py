@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -94,6 +95,23 @@ def _pad_right(rows, pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
+@dataclass(frozen=True)
+class PtxConfig:
+    """The ptx keys of a :class:`~trl_ext.PPOConfig`, resolved (``batch_size``: ``ptx_batch_size`` or
+    ``per_device_train_batch_size``)."""
+
+    coef: float
+    mode: str
+    max_length: int
+    batch_size: int
+    seed: int
+
+    @classmethod
+    def from_args(cls, args) -> "PtxConfig":
+        return cls(args.ptx_coef, args.ptx_mode, args.ptx_max_length,
+                   args.ptx_batch_size or args.per_device_train_batch_size, args.seed)
+
+
 class PretrainingMix:
     """PPO-ptx of one trainer (InstructGPT eq. 2): the tokenized text, its stream and the policy's LM loss on it,
     built once when the trainer gets a ``ptx_dataset`` with ``ptx_coef > 0``. The trainer's steps call it:
@@ -103,15 +121,14 @@ class PretrainingMix:
     Args:
         dataset: the ptx texts (see :func:`tokenize_ptx_dataset`).
         tokenizer: the policy's tokenizer.
-        args: the trainer's config (``ptx_coef``, ``ptx_mode``, ``ptx_max_length``, ``ptx_batch_size``, ``seed``).
+        cfg: the ptx keys (:class:`PtxConfig`).
         accelerator: the process's rank and count (each process streams its own shard).
     """
 
-    def __init__(self, dataset, tokenizer, args, accelerator):
-        self.coef, self.mode = args.ptx_coef, args.ptx_mode
-        self.dataset = tokenize_ptx_dataset(dataset, tokenizer, args.ptx_max_length)
-        self.stream = PtxStream(self.dataset, tokenizer, batch_size=args.ptx_batch_size or
-                                args.per_device_train_batch_size, seed=args.seed,
+    def __init__(self, dataset, tokenizer, cfg: PtxConfig, accelerator):
+        self.coef, self.mode = cfg.coef, cfg.mode
+        self.dataset = tokenize_ptx_dataset(dataset, tokenizer, cfg.max_length)
+        self.stream = PtxStream(self.dataset, tokenizer, batch_size=cfg.batch_size, seed=cfg.seed,
                                 num_replicas=accelerator.num_processes, rank=accelerator.process_index)
 
     def next_batch(self) -> dict:

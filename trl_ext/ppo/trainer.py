@@ -60,7 +60,6 @@ import time
 import torch
 from torch import nn
 from transformers import GenerationConfig
-from trl.trainer.utils import selective_log_softmax
 
 from ..errors import UserInputError
 from ..models.dtypes import float32_trainable_parameters
@@ -70,6 +69,7 @@ from ..runtime.devices import empty_cache, release_memory
 from ..runtime.engines import deepspeed_gradient_clipping
 from ..runtime.interruption import raise_if_interrupted, watch_signals
 from ..runtime.nonfinite import Finding, NonFiniteError, StepGuard, count_nonfinite, guarded_optimizer_step
+from ..trl_internals import selective_log_softmax
 from .base import OnlineTrainerState, ParentPPOTrainer
 from .checkpointing import VALUE_MODEL_DIR, PPOCheckpointMixin, ppo_state_file
 from .completions_log import CompletionsLog
@@ -77,7 +77,7 @@ from .episodes.multi_turn import MultiTurnRollout
 from .episodes.toolbox import Toolbox
 from .episodes.turn_rewards import TurnRewards
 from .evaluation import EvaluateMixin, Evaluation
-from .config import PPOConfig
+from .config import PPOConfig, ppo_config_from
 from .config_rules import check_trainer_inputs
 from .objective.critic import build_critic, check_value_model, group_prompts, repeat_prompts
 from .objective.critic_warmup import CriticWarmup
@@ -87,10 +87,10 @@ from .objective.kl_controllers import KLController, build_kl_controller
 from .objective.objectives import ObjectiveConfig, kl_penalty, rollout_objective
 from .rollout.prompt_stream import PromptStream
 from .grpo_compat.grpo_inputs import grpo_inputs
-from .micro_batches import objective_for_micro_batches
-from .optimize_loop import GradientClip, run_ppo_epochs
+from .micro_batches import objective_for_micro_batches, resolve_train_micro_batch
+from .optimize_loop import GradientClip, MiniBatchPlan, UpdateSteps, run_ppo_epochs
 from .base.parent_fixes import ParentFixesMixin
-from .ptx_data import PretrainingMix
+from .ptx_data import PretrainingMix, PtxConfig
 from .rollout.reward_funcs import (
     attach_reward_scorer,
     prepare_reward_funcs,
@@ -183,6 +183,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         environment_factory=None,
     ) -> None:
         # GRPOTrainer's inputs: a GRPOConfig, model ids, `prompt` datasets (trl_ext/ppo/grpo_compat/grpo_inputs.py)
+        args = ppo_config_from(args)
         (args, processing_class, model, ref_model, reward_model, value_model, reward_funcs, train_dataset,
          eval_dataset) = grpo_inputs(args, processing_class, model, ref_model, reward_model, value_model, reward_funcs,
                                      train_dataset, eval_dataset, multi_turn=bool(tools or environment_factory))
@@ -254,11 +255,11 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
             if kl_controller is not None
             else build_kl_controller(args.kl_controller, args.kl_coef, args.kl_target, args.kl_horizon)
         )
-        self.ptx = (PretrainingMix(ptx_dataset, processing_class, args, self.accelerator)
+        self.ptx = (PretrainingMix(ptx_dataset, processing_class, PtxConfig.from_args(args), self.accelerator)
                     if ptx_dataset is not None else None)
-        self.completions_log = (CompletionsLog(args, processing_class, self.accelerator)
+        self.completions_log = (CompletionsLog.from_args(args, processing_class, self.accelerator)
                                 if args.log_completions else None)
-        self.dynamic_sampling = (DynamicSampling(args, self.accelerator, processing_class.pad_token_id)
+        self.dynamic_sampling = (DynamicSampling.from_args(args, self.accelerator, processing_class.pad_token_id)
                                  if args.dynamic_sampling else None)
         self.multi_turn = MultiTurnRollout(toolbox, args, processing_class) if toolbox is not None else None
         self.turn_rewards = TurnRewards.build(toolbox, self.accelerator)  # environments' get_turn_reward (or None)
@@ -270,6 +271,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         self.prompt_iterator = None
         self._update_start_state = None
         self._optimizer_stepped = False
+        self._mini_batch_plan = None
         self.step_guard = StepGuard(args.nonfinite_policy, args.max_consecutive_nonfinite_skips,
                                     (self.accelerator, self.stop_on_nonfinite) if self.is_deepspeed_enabled else None)
         self.grad_clip = GradientClip(args.max_grad_norm, self.accelerator, self.model)  # max_grad_norm (0: off)
@@ -376,7 +378,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         else:  # NaN/inf scores under nonfinite_policy "skip": the update is dropped (nor scheduler nor KL step)
             self.state.global_step += 1
             self.log({**self.step_guard.metrics(), "episode": self.state.episode})
-        if self._optimizer_stepped:  # False only when the guard skipped every optimizer step of the update
+        if scored and stats.stepped:  # False only when the guard skipped every optimizer step of the update
             self.lr_scheduler.step()
         self.control = self.callback_handler.on_step_end(args, self.state, self.control)
         if self.control.should_evaluate and self.evaluation is not None:  # every eval_steps updates (HF's flow)
@@ -438,11 +440,13 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
     def optimizer_step(self) -> bool:
         """`optimizer.step()` after checking the step's losses and gradients (one host sync per optimizer step) and
         clipping the gradients to `max_grad_norm` (`self.grad_clip`); during `critic_warmup` the policy's gradients
-        are dropped first (the step skips it)."""
+        are dropped first (the step skips it). True when the step was taken."""
         if self.critic_warmup is not None:
             self.critic_warmup.hold()
-        return guarded_optimizer_step(self.step_guard, self.optimizer, self.accelerator, self.stop_on_nonfinite,
-                                      before_step=self.grad_clip)
+        stepped = guarded_optimizer_step(self.step_guard, self.optimizer, self.accelerator, self.stop_on_nonfinite,
+                                         before_step=self.grad_clip)
+        self._optimizer_stepped |= stepped  # the weights moved in this update: no rewinding it (stop_on_nonfinite)
+        return stepped
 
     def clip_scores(self, rollout: Rollout) -> None:
         """With `args.reward_clip = c`, clip the scores to `[-c, c]` (DeepSpeed-Chat's `clip_reward_value`, trlx's
@@ -487,11 +491,27 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
 
     def optimize(self, rollout: Rollout) -> UpdateStats:
         """`num_ppo_epochs` passes over the rollout, each in a fresh `np.random.permutation`, one optimizer step per
-        mini-batch, forward/backward by micro-batch (:func:`trl_ext.ppo.optimize_loop.run_ppo_epochs`). During
-        ``critic_warmup``'s updates only the value model trains (``self.critic_warmup``)."""
+        mini-batch, forward/backward by micro-batch (:func:`trl_ext.ppo.optimize_loop.run_ppo_epochs`, calling this
+        trainer's `compute_micro_batch_loss`, `optimizer_step` and `ptx_step`). During ``critic_warmup``'s updates only
+        the value model trains (``self.critic_warmup``)."""
         if self.critic_warmup is not None:
             self.critic_warmup.begin(self.state.global_step)
-        return run_ppo_epochs(self, rollout)
+        ptx_mode = self.ptx.mode if self.ptx is not None and not self.policy_held else None
+        steps = UpdateSteps(loss=self.compute_micro_batch_loss, step=self.optimizer_step,
+                            zero_grad=self.optimizer.zero_grad, observe=self.step_guard.observe,
+                            ptx_batch=self.next_ptx_batch if ptx_mode == "joint" else None,
+                            ptx_step=self.ptx_step if ptx_mode == "separate" else None)
+        return run_ppo_epochs(rollout, self.mini_batch_plan(), steps, self.accelerator, self.model,
+                              kl_coef=float(self.kl_ctl.value),  # the update's (the controller moves after it)
+                              deepspeed=self.is_deepspeed_enabled)
+
+    def mini_batch_plan(self) -> MiniBatchPlan:
+        """How each update's rollout is cut, built at the first update (``train_micro_batch_size: auto`` measures the
+        memory then)."""
+        if self._mini_batch_plan is None:
+            micro = resolve_train_micro_batch(self) if self.args.train_micro_batch_size is not None else None
+            self._mini_batch_plan = MiniBatchPlan.from_args(self.args, self.objective, micro)
+        return self._mini_batch_plan
 
     @property
     def policy_held(self) -> bool:
@@ -525,7 +545,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         ptx_loss = None
         if ptx_batch is not None:
             ptx_loss = self.compute_ptx_loss(ptx_batch)
-            loss = loss + args.ptx_coef * ptx_loss
+            loss = loss + self.ptx.coef * ptx_loss
         if self.critic_warmup is not None:  # critic_warmup: the value term alone while the policy is held
             loss = self.critic_warmup.loss(loss, value_term)
         return MicroBatchOutput(loss=loss, policy=obj.policy, value=vf, logits=logits, ptx_loss=ptx_loss,

@@ -22,11 +22,9 @@ from typing import Any
 import torch
 from datasets import Dataset, IterableDataset
 from transformers.data.data_collator import DataCollatorMixin
-from trl.data_utils import _tokenize, get_dataset_column_names
-from trl.trainer.reward_trainer import DataCollatorForPreference
-from trl.trainer.utils import pad
 
 from ..errors import UserInputError
+from ..trl_internals import DataCollatorForPreference, get_dataset_column_names, pad, tokenize
 
 logger = logging.getLogger(__name__)
 
@@ -92,10 +90,10 @@ def tokenize_completion(example: dict[str, Any], response, processing_class, con
         tools = json.loads(tools) if isinstance(tools, str) else tools
         kwargs = {"tools": tools, **(example.get("chat_template_kwargs") or {})}
         messages = (prompt or []) + response
-        return list(_tokenize(processing_class, messages, **kwargs)["input_ids"])
+        return list(tokenize(processing_class, messages, **kwargs)["input_ids"])
     eos = processing_class.eos_token
     text = response if response.endswith(eos) else response + eos
-    return list(_tokenize(processing_class, (prompt or "") + text)["input_ids"])
+    return list(tokenize(processing_class, (prompt or "") + text)["input_ids"])
 
 
 def tokenize_ranked_row(

@@ -6,13 +6,12 @@ import inspect
 
 import torch
 from trl import RewardTrainer as _TRLRewardTrainer
-from trl.data_utils import get_dataset_column_names
-from trl.trainer.utils import get_config_model_id, pad
 
 from ..models.dtypes import KeepLoadedDtypesMixin
 from ..runtime.checkpoints import AtomicCheckpointMixin
 from ..runtime.interruption import InterruptibleTrainMixin
 from ..runtime.nonfinite import NonFiniteLossGuardMixin
+from ..trl_internals import get_config_model_id, get_dataset_column_names, pad
 from .losses import pairwise_reward_loss, ranked_pair_indices, ranked_reward_loss
 from .ranked_data import (
     DataCollatorForRankedPreference,

@@ -19,7 +19,7 @@ Of the completions: ``completions/mean_length``, ``/min_length``, ``/max_length`
 from __future__ import annotations
 
 import torch
-from trl.trainer.utils import nanstd  # unbiased, over the non-NaN entries; NaN with fewer than two (TRL 1.10+)
+from ..trl_internals import nanstd  # unbiased, over the non-NaN entries; NaN with fewer than two
 
 __all__ = ["all_equal_groups", "nanstd", "reward_metrics"]
 

@@ -29,9 +29,9 @@ TOOL_TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>
 
 def qwen2_5_chat_template() -> str:
     """TRL's copy of the Qwen2.5 chat template (the text ``add_response_schema`` compares against)."""
-    import trl
+    from ..trl_internals import trl_chat_template
 
-    return (Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja").read_text(encoding="utf-8")
+    return trl_chat_template("qwen2_5.jinja")
 
 
 def _corpus(extra_lines: list[str], seed: int) -> list[str]:

@@ -59,9 +59,9 @@ PPO_BASE: str = _choose_base()
 """What trl-ext's PPO extends: ``"trl"`` (TRL's `experimental.ppo` classes) or ``"trl-ext"`` (trl-ext's own)."""
 
 if PPO_BASE == "trl":
-    from trl.experimental.ppo import PPOConfig as ParentPPOConfig
-    from trl.experimental.ppo import PPOTrainer as ParentPPOTrainer
-    from trl.experimental.ppo.ppo_trainer import OnlineTrainerState
+    from ...trl_internals import ExperimentalPPOConfig as ParentPPOConfig
+    from ...trl_internals import ExperimentalPPOTrainer as ParentPPOTrainer
+    from ...trl_internals import OnlineTrainerState
 else:
     from .base_config import PPOBaseConfig as ParentPPOConfig
     from .base_trainer import OnlineTrainerState

@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from trl.trainer.base_config import _BaseConfig
+from ...trl_internals import BaseConfig
 
 
 @dataclass
-class PPOBaseConfig(_BaseConfig):
+class PPOBaseConfig(BaseConfig):
     r"""Configuration of the PPO base trainer (:class:`trl_ext.ppo.base.base_trainer.PPOBaseTrainer`): TRL 1.12's
     `experimental.ppo.PPOConfig`, field for field.
 

@@ -43,12 +43,16 @@ from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 from transformers.trainer import DEFAULT_CALLBACKS, DEFAULT_PROGRESS_CALLBACK
 from transformers.trainer_callback import CallbackHandler, ExportableState, PrinterCallback
 from transformers.utils import is_rich_available
-from trl.models.utils import prepare_deepspeed, unwrap_model_for_generation
-from trl.trainer.base_trainer import _BaseTrainer
-from trl.trainer.utils import disable_dropout_in_model, log_table_to_comet_experiment
 
 from ...models.activation_checkpointing import checkpointing_disable, checkpointing_enable, is_checkpointing
 from ...models.scalar_heads import scalar_model_outputs
+from ...trl_internals import (
+    BaseTrainer,
+    disable_dropout_in_model,
+    log_table_to_comet_experiment,
+    prepare_deepspeed,
+    unwrap_model_for_generation,
+)
 from ..rollout.sampling import sample_generation_kwargs
 from ..rollout.sequences import batch_generation, truncate_response
 from .base_config import PPOBaseConfig
@@ -124,7 +128,7 @@ def _cast_for_bf16_kbit_training(model: nn.Module) -> None:
                 module.to(torch.bfloat16)
 
 
-class PPOBaseTrainer(_BaseTrainer):
+class PPOBaseTrainer(BaseTrainer):
     """The PPO trainer base trl-ext carries for TRL >= 1.13: TRL 1.12's `experimental.ppo.PPOTrainer` but `train()`.
 
     Same constructor arguments, attributes, checkpoints and sample generations as TRL 1.12's trainer (see the module

@@ -88,7 +88,7 @@ def check_tool_template(tokenizer, *, name: str, model: str | None = None) -> No
     the tokenizer came from, when a recipe names it (its ``chat_template_path`` can then replace the template).
     On a TRL without these helpers nothing is checked here (the trainer reports what it cannot do)."""
     try:
-        from trl.chat_template_utils import add_response_schema, supports_tool_calling
+        from ...trl_internals import add_response_schema, supports_tool_calling
     except ImportError:
         return
     of = f" of {model!r}" if model is not None else ""

@@ -45,7 +45,7 @@ def environment_methods(instance) -> list:
 def parse_turn(tokenizer, ids: list[int], prefix: list[int], tools: list) -> dict:
     """TRL's ``parse_response`` of one assistant turn, on every TRL trl-ext admits: ``tools`` (which types the
     calls' arguments by their schema) is passed where TRL takes it (1.14 on)."""
-    from trl.chat_template_utils import parse_response
+    from ...trl_internals import parse_response
 
     if "tools" in inspect.signature(parse_response).parameters:
         return parse_response(tokenizer, ids, prefix=prefix, tools=tools)
@@ -148,7 +148,7 @@ class Toolbox:
     def _check_template(self, processing_class):
         """TRL's checks and setup of the tokenizer (:func:`.tool_rules.check_tool_template`); returns the template to
         render with (None: the tokenizer's)."""
-        from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving
+        from ...trl_internals import get_training_chat_template, is_chat_template_prefix_preserving
 
         if not self.tools:
             raise UserInputError("tools: none given (environment_factory's environments have no public method "

@@ -8,6 +8,6 @@
   (``chat_template_kwargs``).
 
 ``model_ids.py`` and ``prompt_dataset.py`` hold config fields that :class:`trl_ext.PPOConfig` mixes in, and
-``from_grpo.py`` the conversion its classmethod calls, so none of them imports the config; ``grpo_inputs.py``, which
-returns a ``PPOConfig``, is the one module here that does.
+``from_grpo.py`` the conversion its classmethod calls, so no module here imports the config (the trainer maps a
+``GRPOConfig`` before ``grpo_inputs``).
 """

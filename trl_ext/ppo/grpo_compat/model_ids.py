@@ -85,7 +85,7 @@ def _load_failed(role: str, name, err: Exception) -> UserInputError:
 
 
 def _causal_lm(role: str, name, args):
-    from trl.trainer.utils import create_model_from_path
+    from ...trl_internals import create_model_from_path
 
     try:
         return create_model_from_path(os.fspath(name), **_init_kwargs(args))

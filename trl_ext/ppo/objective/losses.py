@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Literal, NamedTuple, get_args
 
 import torch
-from trl.trainer.utils import selective_log_softmax
 
+from ...trl_internals import selective_log_softmax
 from .masked_stats import masked_mean
 
 ValueClip = Literal["max", "mean", "none"]

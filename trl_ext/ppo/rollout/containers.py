@@ -98,6 +98,13 @@ class UpdateStats:
     """Every KL loss term of the update (``kl_in="loss"``: one per micro-batch)."""
     objective: dict = field(default_factory=dict)
     """Objective statistics by metric name, one value per micro-batch (:mod:`trl_ext.ppo.objective.objectives`)."""
+    optimizer_steps: int = 0
+    """Optimizer steps taken (one per mini-batch unless the NaN/inf guard skipped it; ptx steps not counted)."""
+
+    @property
+    def stepped(self) -> bool:
+        """Whether any of the update's optimizer steps was taken (the LR scheduler steps only then)."""
+        return self.optimizer_steps > 0
 
     def __post_init__(self):
         for name in ("approxkl", "pg_clipfrac", "pg_loss", "vf_loss", "vf_clipfrac", "entropy", "ratio"):

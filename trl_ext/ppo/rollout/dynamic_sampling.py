@@ -130,18 +130,24 @@ class DynamicSampling:
     is scored.
 
     Args:
-        args: the trainer's :class:`~trl_ext.PPOConfig` (``num_samples_per_prompt``, ``local_batch_size``,
-            ``max_sampling_rounds``).
+        group_size: ``num_samples_per_prompt``.
+        groups_wanted: the groups of one process's update (``local_batch_size / num_samples_per_prompt``).
+        max_rounds: ``max_sampling_rounds``.
         accelerator: the trainer's accelerator (the rounds and the metrics are agreed over processes).
         pad_token_id: the tokenizer's pad id (rounds of different prompt lengths are joined with it).
     """
 
-    def __init__(self, args, accelerator, pad_token_id: int):
-        self.group_size = args.num_samples_per_prompt
-        self.groups_wanted = args.local_batch_size // self.group_size
-        self.max_rounds = args.max_sampling_rounds
+    def __init__(self, group_size: int, groups_wanted: int, max_rounds: int, accelerator, pad_token_id: int):
+        self.group_size, self.groups_wanted, self.max_rounds = group_size, groups_wanted, max_rounds
         self.accelerator = accelerator
         self.pad_token_id = pad_token_id
+
+    @classmethod
+    def from_args(cls, args, accelerator, pad_token_id: int) -> "DynamicSampling":
+        """From a :class:`~trl_ext.PPOConfig`'s ``num_samples_per_prompt``, ``local_batch_size`` and
+        ``max_sampling_rounds``."""
+        k = args.num_samples_per_prompt
+        return cls(k, args.local_batch_size // k, args.max_sampling_rounds, accelerator, pad_token_id)
 
     def resample(self, rollout, sample_round):
         """The update's rollout: ``rollout`` (the first round, scored and clipped) and as many more rounds as it

@@ -61,9 +61,9 @@ from typing import Literal, get_args
 
 import torch
 from transformers import GenerationConfig
-from trl.trainer.utils import selective_log_softmax
 
 from ...errors import UserInputError
+from ...trl_internals import selective_log_softmax
 from .logprobs import _effective_config, sequence_logits
 
 __all__ = [
@@ -187,7 +187,7 @@ def build_rollout_engine(trainer) -> ContinuousBatchingRollout | None:
         return None
     prompt_length = max(len(ids) for ids in trainer.train_dataset["input_ids"])
     chunk = min(int(args.local_rollout_forward_batch_size), args.local_batch_size)  # generate's largest chunk too
-    return ContinuousBatchingRollout(engine_cache_plan(chunk, prompt_length, args.response_length))
+    return ContinuousBatchingRollout(engine_cache_plan(chunk, prompt_length, args.response_length), args.temperature)
 
 
 @dataclass(frozen=True)
@@ -266,10 +266,11 @@ def _generating_model(policy):
 
 class ContinuousBatchingRollout:
     """The run's continuous-batching engine: one ``ContinuousBatchingManager`` (and its cache), built on the first
-    rollout, restarted for each one. ``generate(trainer, policy, queries)`` is what ``generate_rollouts`` calls."""
+    rollout, restarted for each one. ``generate(trainer, policy, queries)`` is what ``generate_rollouts`` calls;
+    ``temperature``: the config's (the log-probs are of ``softmax(logits / temperature)``)."""
 
-    def __init__(self, plan: EngineCachePlan):
-        self.plan = plan
+    def __init__(self, plan: EngineCachePlan, temperature: float = 1.0):
+        self.plan, self.temperature = plan, temperature
         self.manager = None
         self._model = None
         self._config_key = None
@@ -419,9 +420,8 @@ class ContinuousBatchingRollout:
         query_responses, logprobs, processors = self.sample(
             _generating_model(policy), queries, pad_token_id, trainer.generation_config, on_finished=on_finished,
             max_new_tokens=max_new_tokens)
-        self.logprobs_from_engine = engine_logprobs_usable(processors, trainer.generation_config,
-                                                           trainer.args.temperature)
+        self.logprobs_from_engine = engine_logprobs_usable(processors, trainer.generation_config, self.temperature)
         if not self.logprobs_from_engine:
             logprobs = teacher_forced_logprobs(policy, query_responses, queries.shape[1], pad_token_id,
-                                               trainer.args.temperature, self.plan.chunk)
+                                               self.temperature, self.plan.chunk)
         return query_responses, logprobs

@@ -56,9 +56,9 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
-from trl.trainer.utils import selective_log_softmax
 
 from ...runtime.devices import empty_cache
+from ...trl_internals import selective_log_softmax
 from .sequences import batch_generation
 
 __all__ = ["SampledTokenLogprobs", "SamplingPlan", "sampling_plan", "generate_with_logprobs", "sequence_logits",

@@ -8,10 +8,9 @@ import copy
 import warnings
 
 import torch
-from trl.models.utils import unwrap_model_for_generation
-from trl.trainer.utils import selective_log_softmax
 
 from ...models.scalar_heads import scalar_model_outputs
+from ...trl_internals import selective_log_softmax, unwrap_model_for_generation
 from .containers import Rollout
 from .engine import teacher_forced_logprobs
 from .logprobs import generate_with_full_scores, generate_with_logprobs, sampling_plan, sequence_logits
