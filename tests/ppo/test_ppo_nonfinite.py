@@ -60,9 +60,9 @@ def test_one_host_sync_per_optimizer_step(tiny_models, tok, tmp_path):
     class Counting(__import__("trl_ext").PPOTrainer):
         counts = []
 
-        def optimize(self, rollout):
+        def optimize(self, rollout, kl_coef):
             with HostSyncCounter() as counter:
-                stats = super().optimize(rollout)
+                stats = super().optimize(rollout, kl_coef)
             self.counts.append(counter.calls)
             return stats
 

@@ -20,7 +20,7 @@ One update of :meth:`PPOTrainer.train` runs these methods in order; override one
    and whitening with a value model; with a critic-free ``advantage_estimator`` (RLOO, GRPO, REINFORCE++) the
    estimator instead (no value model; ``num_samples_per_prompt`` samples of each prompt, repeated by
    ``next_prompt_batch``).
-6. ``optimize(rollout) -> UpdateStats``: PPO epochs (numpy permutation per epoch) over mini/micro-batches, one
+6. ``optimize(rollout, kl_coef) -> UpdateStats``: PPO epochs (numpy permutation per epoch) over mini/micro-batches, one
    optimizer step per mini-batch (:mod:`trl_ext.ppo.optimize_loop`); each micro-batch calls
    ``compute_micro_batch_loss`` (policy, value and joint ptx losses from :mod:`trl_ext.ppo.objective.losses`); each
    step goes through ``optimizer_step`` (NaN/inf check, ``max_grad_norm`` clip); separate ptx steps through
@@ -367,7 +367,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
             empty_cache()  # between phases, as TRL
         if scored:
             t2 = time.perf_counter()
-            stats = self.optimize(rollout)
+            stats = self.optimize(rollout, kl_coef)
             t3 = time.perf_counter()
             timings = {"time/rollout": t1 - t0, "time/scoring": t2 - t1, "time/optimization": t3 - t2}
             with torch.no_grad():
@@ -489,7 +489,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
             with_critic_learning_rate(optimizer, self.model, self.args.critic_learning_rate)
         return optimizer
 
-    def optimize(self, rollout: Rollout) -> UpdateStats:
+    def optimize(self, rollout: Rollout, kl_coef: float) -> UpdateStats:
         """`num_ppo_epochs` passes over the rollout, each in a fresh `np.random.permutation`, one optimizer step per
         mini-batch, forward/backward by micro-batch (:func:`trl_ext.ppo.optimize_loop.run_ppo_epochs`, calling this
         trainer's `compute_micro_batch_loss`, `optimizer_step` and `ptx_step`). During ``critic_warmup``'s updates only
@@ -502,8 +502,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
                             ptx_batch=self.next_ptx_batch if ptx_mode == "joint" else None,
                             ptx_step=self.ptx_step if ptx_mode == "separate" else None)
         return run_ppo_epochs(rollout, self.mini_batch_plan(), steps, self.accelerator, self.model,
-                              kl_coef=float(self.kl_ctl.value),  # the update's (the controller moves after it)
-                              deepspeed=self.is_deepspeed_enabled)
+                              kl_coef=kl_coef, deepspeed=self.is_deepspeed_enabled)
 
     def mini_batch_plan(self) -> MiniBatchPlan:
         """How each update's rollout is cut, built at the first update (``train_micro_batch_size: auto`` measures the
@@ -520,11 +519,11 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
 
     def compute_micro_batch_loss(
         self, model, rollout: Rollout, micro_batch_inds, ptx_batch: dict | None = None, *,
-        kl_coef: float | None = None, token_normalizer: torch.Tensor | None = None,
+        kl_coef: float, token_normalizer: torch.Tensor | None = None,
     ) -> MicroBatchOutput:
         """Loss of one micro-batch: `pg_loss + vf_coef * vf_loss` (+ KL and entropy terms of the objective,
         :func:`trl_ext.ppo.objective.objectives.objective_terms`; + `ptx_coef * lm_loss` in joint ptx mode). `kl_coef`: the
-        update's (default: the controller's); `token_normalizer`: the mini-batch's (`global_token_mean`)."""
+        update's (read once in `run_update`); `token_normalizer`: the mini-batch's (`global_token_mean`)."""
         args = self.args
         context_length = rollout.context_length
         padding_mask = rollout.padding_mask[micro_batch_inds]
@@ -535,7 +534,6 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         new_logprobs = selective_log_softmax(logits, rollout.responses[micro_batch_inds])
         new_logprobs = torch.masked_fill(new_logprobs, padding_mask, INVALID_LOGPROB)
         vf = self.critic.value_loss(vpred_temp, rollout, micro_batch_inds, logits.device)  # zero without a critic
-        kl_coef = float(self.kl_ctl.value) if kl_coef is None else kl_coef
         obj = rollout_objective(self.objective, rollout, micro_batch_inds, new_logprobs, logits, kl_coef,
                                 token_normalizer)
         value_term = args.vf_coef * vf.loss
