@@ -14,8 +14,7 @@ from pathlib import Path
 
 from ..errors import UserInputError
 
-__all__ = ["PORTABLE_KEYS", "resolve_reward_keys", "check_no_reward_model", "check_reward_columns", "portable_spec",
-           "portable_value"]
+__all__ = ["PORTABLE_KEYS", "resolve_reward_keys", "check_no_reward_model", "check_reward_columns", "portable_value"]
 
 # Keys whose entries name Python callables (`file.py:function` relative to the recipe's folder): written with
 # absolute paths in the resolved recipe (`portable_value`).
@@ -81,33 +80,17 @@ def _model_config_fields() -> tuple:
     return tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "model_name_or_path")
 
 
-def portable_spec(spec, base_dir: Path):
-    """A `reward_funcs` entry with a relative ``file.py`` path made absolute (where it was found: ``base_dir``
-    first, then the current directory, :func:`trl_ext.models.paths.find_relative`)."""
-    from ..models.paths import find_relative
-
-    def absolute(target: str) -> str:
-        file, colon, attr = target.rpartition(":")
-        if colon and file.endswith(".py") and not Path(file).expanduser().is_absolute():
-            found = find_relative(file, base_dir)[0] or str(base_dir / file)
-            return f"{Path(found).resolve()}:{attr}"
-        return target
-
-    if isinstance(spec, str):
-        return absolute(spec)
-    if isinstance(spec, dict) and isinstance(spec.get("name"), str):
-        return {**spec, "name": absolute(spec["name"])}
-    return spec
-
-
 def portable_value(key: str, value, base_dir: Path):
-    """The value of :data:`PORTABLE_KEYS` ``key`` with :func:`portable_spec` applied to each spec: a list's entries
-    (None: an empty list), ``environment_factory``'s one spec or mapping of environment names to specs."""
+    """The value of :data:`PORTABLE_KEYS` ``key`` with each entry's relative ``file.py`` made absolute
+    (:func:`~trl_ext.user_code.entries.absolute_entry`): a list's entries (None: an empty list),
+    ``environment_factory``'s one entry or mapping of environment names to entries."""
+    from ..user_code.entries import absolute_entry
+
     if key != "environment_factory":
-        return [portable_spec(spec, base_dir) for spec in value or []]
+        return [absolute_entry(entry, base_dir) for entry in value or []]
     if isinstance(value, dict):
-        return {name: portable_spec(spec, base_dir) for name, spec in value.items()}
-    return portable_spec(value, base_dir)
+        return {name: absolute_entry(entry, base_dir) for name, entry in value.items()}
+    return absolute_entry(value, base_dir)
 
 
 def check_reward_columns(recipe, columns) -> None:

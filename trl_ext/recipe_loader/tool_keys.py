@@ -3,7 +3,7 @@ callable that builds an environment, or ``{name: callable}`` with an ``environme
 passed to ``trl_ext.PPOTrainer(tools=..., environment_factory=...)`` (TRL GRPOTrainer's contract,
 :mod:`trl_ext.ppo.episodes`).
 
-Entries are written and imported as ``reward_funcs`` entries are (:mod:`trl_ext.rewards.resolve`):
+Entries are written and imported as every ``module:function`` entry is (:mod:`trl_ext.user_code.entries`):
 ``module:function``, dotted ``module.function``, ``path/to/file.py:function`` (the recipe's folder first, then the
 current directory), and for a tool also a factory ``{name: FACTORY, kwargs: {...}}`` whose call returns it.
 
@@ -26,14 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserInputError
+from ..errors import UserInputError, one_line
 from ..ppo.episodes.tool_rules import (check_tool_args, check_tool_callable, check_tool_dataset, check_tool_stop_token,
-                                       check_tool_template, one_line)
+                                       check_tool_template)
+from ..user_code.entries import FORMS, load_entry, parse_entry
 
 __all__ = ["ToolKeys", "check_reward_source", "check_tool_data", "check_tool_tokenizer", "resolve_tool_keys",
            "tool_lines", "uses_tools"]
 
-SPEC_FORMS = "'module:function' or 'path/to/file.py:function'"
 SCHEMA_HINT = "a tool needs type hints on its arguments and a docstring with an Args: section describing each"
 
 
@@ -94,17 +94,13 @@ def check_tool(tool, where: str) -> None:
 
 def _resolve_tools(entries: list, base_dir: Path) -> tuple[list, list]:
     """The callables of the ``tools`` entries and how messages name them."""
-    from ..rewards.resolve import load_reward_func, parse_reward_spec
-
     tools, where = [], []
-    for index, entry in enumerate(entries):
-        spec = parse_reward_spec(_decoded(entry), index, key="tools")
-        if spec.kind == "remote":
-            raise spec.fail(f"a tool is a Python function called in the training process; give {SPEC_FORMS}")
-        tool = load_reward_func(spec, base_dir, what="a tool (a function)")
-        check_tool(tool, spec.where)
+    for index, value in enumerate(entries):
+        entry = parse_entry(_decoded(value), index, key="tools")
+        tool = load_entry(entry, base_dir, what="a tool")
+        check_tool(tool, entry.where)
         tools.append(tool)
-        where.append(spec.where)
+        where.append(entry.where)
     return tools, where
 
 
@@ -114,12 +110,12 @@ def _environment_specs(value) -> dict:
     if isinstance(value, str):
         return {None: (value, f"{key} {value.strip()!r}")}
     if not isinstance(value, dict) or not value:
-        raise UserInputError(f"{key}: give {SPEC_FORMS.replace('function', 'callable')}, or a mapping of environment "
+        raise UserInputError(f"{key}: give {FORMS.replace('function', 'callable')}, or a mapping of environment "
                              f"names to them (one per value of the dataset's 'environment' column), got {value!r}")
     out = {}
     for name, spec in value.items():
         if not isinstance(spec, str):
-            raise UserInputError(f"{key} environment {name!r}: give {SPEC_FORMS.replace('function', 'callable')}, "
+            raise UserInputError(f"{key} environment {name!r}: give {FORMS.replace('function', 'callable')}, "
                                  f"got {spec!r} (an environment with arguments: a function in a file that builds it)")
         out[str(name)] = (spec, f"{key} environment {str(name)!r} {spec.strip()!r}")
     return out
@@ -127,13 +123,8 @@ def _environment_specs(value) -> dict:
 
 def _resolve_environment(spec_text: str, where: str, base_dir: Path):
     """``(factory, instance)``: the callable imported and called once; its instance must have ``reset``."""
-    from ..rewards.resolve import load_reward_func, parse_reward_spec
-
-    spec = parse_reward_spec(spec_text, where=where)
-    if spec.kind != "function":
-        raise spec.fail("an environment is built in the training process; give "
-                        f"{SPEC_FORMS.replace('function', 'callable')}")
-    factory = load_reward_func(spec, base_dir)
+    factory = load_entry(parse_entry(spec_text, key="environment_factory", where=where), base_dir,
+                         what="an environment factory")
     try:
         instance = factory()
     except Exception as err:  # noqa: BLE001 - the user's constructor, as one line

@@ -7,20 +7,14 @@ Each problem is one :class:`~trl_ext.errors.UserInputError` line.
 
 from __future__ import annotations
 
-from ...errors import UserInputError
+from ...errors import UserInputError, one_line
 
 __all__ = ["check_tool_args", "check_tool_callable", "check_tool_dataset", "check_tool_stop_token",
-           "check_tool_template", "one_line"]
+           "check_tool_template"]
 
 
 def _as_is(key: str) -> str:
     return key
-
-
-def one_line(err: BaseException) -> str:
-    """An exception as one line: its type and the first line of its text."""
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
 
 
 def check_tool_callable(tool, where: str) -> None:
