@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["INHERITED_MODEL_KEYS", "PATH_KEYS", "TRAINERS", "UNSUPPORTED_KEYS", "PipelineArguments", "Recipe"]
+__all__ = ["ENTRY_KEYS", "INHERITED_MODEL_KEYS", "PATH_KEYS", "TRAINERS", "UNSUPPORTED_KEYS", "PipelineArguments", "Recipe"]
 
 TRAINERS = ("sft", "reward", "dpo", "ppo")
 
@@ -21,6 +21,9 @@ PATH_KEYS = (
     "model_name_or_path", "dataset_name", "reward_model_path", "value_model_path", "ptx_dataset_name",
     "eval_dataset_name", "chat_template_path", "deepspeed",
 )
+# Keys whose values are `module:function` entries (trl_ext.user_code.entries): taken as data, not through the argument
+# parser (a mapping stays a mapping); written with absolute file paths in the resolved recipe.
+ENTRY_KEYS = ("reward_funcs", "tools", "environment_factory")
 
 
 @dataclass

@@ -9,16 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from pathlib import Path
 
 from ..errors import UserInputError
 
-__all__ = ["PORTABLE_KEYS", "resolve_reward_keys", "check_no_reward_model", "check_reward_columns", "portable_value"]
-
-# Keys whose entries name Python callables (`file.py:function` relative to the recipe's folder): written with
-# absolute paths in the resolved recipe (`portable_value`).
-PORTABLE_KEYS = ("reward_funcs", "tools", "environment_factory")
+__all__ = ["resolve_reward_keys", "check_no_reward_model", "check_reward_columns", "portable_value"]
 
 
 def resolve_reward_keys(ctx) -> None:
@@ -32,16 +27,7 @@ def resolve_reward_keys(ctx) -> None:
 
     pipeline = ctx.pipeline
     if pipeline.reward_funcs is not None:
-        entries = []
-        for entry in pipeline.reward_funcs:
-            if isinstance(entry, str) and entry.lstrip().startswith(("{", "[")):
-                try:
-                    entry = json.loads(entry)
-                except ValueError:
-                    pass  # left as text: parse_reward_spec names it
-            entries.append(entry)
-        pipeline.reward_funcs = entries
-        ctx.reward_specs = [parse_reward_spec(entry, i) for i, entry in enumerate(entries)]
+        ctx.reward_specs = [parse_reward_spec(entry, i) for i, entry in enumerate(pipeline.reward_funcs)]
         ctx.reward_funcs = resolve_reward_funcs(ctx.reward_specs, Path(ctx.path).parent)
     weights = getattr(ctx.training_args, "reward_weights", None)
     if weights is not None:
@@ -81,7 +67,7 @@ def _model_config_fields() -> tuple:
 
 
 def portable_value(key: str, value, base_dir: Path):
-    """The value of :data:`PORTABLE_KEYS` ``key`` with each entry's relative ``file.py`` made absolute
+    """The value of :data:`~trl_ext.recipe_loader.arguments.ENTRY_KEYS` ``key`` with each entry's relative ``file.py`` made absolute
     (:func:`~trl_ext.user_code.entries.absolute_entry`): a list's entries (None: an empty list),
     ``environment_factory``'s one entry or mapping of environment names to entries."""
     from ..user_code.entries import absolute_entry

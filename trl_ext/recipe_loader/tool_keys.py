@@ -21,7 +21,6 @@ recipe key in their messages. Each problem is one line naming the key.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,16 +64,6 @@ def uses_tools(recipe) -> bool:
     return bool(getattr(recipe, "tools", None)) or getattr(recipe, "environment_factory", None) is not None
 
 
-def _decoded(value):
-    """A mapping that travelled through the argument parser as JSON text, back as the recipe wrote it."""
-    if isinstance(value, str) and value.lstrip().startswith(("{", "[")):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value  # left as text: the spec parser names it
-    return value
-
-
 def recipe_key(key: str) -> str:
     """How messages name a recipe key."""
     return f"recipe: key '{key}'"
@@ -96,7 +85,7 @@ def _resolve_tools(entries: list, base_dir: Path) -> tuple[list, list]:
     """The callables of the ``tools`` entries and how messages name them."""
     tools, where = [], []
     for index, value in enumerate(entries):
-        entry = parse_entry(_decoded(value), index, key="tools")
+        entry = parse_entry(value, index, key="tools")
         tool = load_entry(entry, base_dir, what="a tool")
         check_tool(tool, entry.where)
         tools.append(tool)
@@ -138,18 +127,16 @@ def _resolve_environment(spec_text: str, where: str, base_dir: Path):
 
 def resolve_tool_keys(ctx) -> ToolKeys:
     """The recipe's :class:`ToolKeys` (module docstring); ``ctx``: the loader's resolution state (``pipeline``,
-    ``training_args``, ``path``). The parsed entries are put back in ``ctx.pipeline`` (mappings decoded)."""
+    ``training_args``, ``path``)."""
     from ..ppo.episodes.toolbox import environment_methods
 
     pipeline, base_dir, out = ctx.pipeline, Path(ctx.path).parent, ToolKeys()
     if pipeline.tools is not None:
-        pipeline.tools = [_decoded(entry) for entry in pipeline.tools]
         out.tools, out.tool_entries = _resolve_tools(pipeline.tools, base_dir)
     if pipeline.environment_factory is None:
         if out.tools:
             check_tool_args(ctx.training_args, None, name=recipe_key)
         return out
-    pipeline.environment_factory = _decoded(pipeline.environment_factory)
     factories, methods = {}, 0
     for name, (spec_text, where) in _environment_specs(pipeline.environment_factory).items():
         factories[name], instance = _resolve_environment(spec_text, where, base_dir)
