@@ -93,6 +93,14 @@ class Untyped:
 
     def poke(self, x):
         return x
+
+
+class Idle:
+    def reset(self, **row):
+        return None
+
+    def get_reward(self):
+        return 1.0
 '''
 
 ANSWERS = {(2, 3): 5, (4, 1): 5, (7, 5): 12, (6, 6): 12}
@@ -266,6 +274,9 @@ MISSING_REWARD = ("recipe: missing key 'reward_model_path' (the reward model PPO
      "recipe: key 'environment_factory' 'my_tools.py:Broken': calling it failed: RuntimeError: sandbox unavailable"),
     (dict(environment_factory="my_tools.py:Untyped"),
      "recipe: key 'environment_factory' 'my_tools.py:Untyped': method 'poke': the chat template cannot describe it"),
+    (dict(environment_factory="my_tools.py:Idle", tools=None),
+     "recipe: key 'environment_factory': its environments have no public method and there are no tools: the model "
+     "would have nothing to call"),
     (dict(environment_factory={"guess": ["my_tools.py:Guess"]}),
      "recipe: key 'environment_factory' environment 'guess': give 'module:callable'"),
     (dict(environment_factory="my_tools.py:Quiet"),
