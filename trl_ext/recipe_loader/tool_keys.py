@@ -99,7 +99,7 @@ def _environment_line(name, env) -> str:
 
 def resolve_tool_keys(ctx) -> ToolKeys:
     """The recipe's :class:`ToolKeys` (module docstring); ``ctx``: the loader's resolution state (``pipeline``,
-    ``training_args``, ``path``)."""
+    ``training_args``, ``path``, ``for_check``)."""
     pipeline, base_dir, out = ctx.pipeline, Path(ctx.path).parent, ToolKeys()
     if pipeline.tools is not None:
         out.tools, out.tool_entries = _resolve_tools(pipeline.tools, base_dir)
@@ -111,7 +111,7 @@ def resolve_tool_keys(ctx) -> ToolKeys:
     for name, (text, where) in _environment_specs(pipeline.environment_factory).items():
         entry = parse_entry(text, key="environment_factory", where=where)
         factories[name] = load_entry(entry, base_dir, what="an environment factory")
-        checked.append(check_environment(factories[name], where))
+        checked.append(check_environment(factories[name], where, keep=not ctx.for_check))  # train: the trainer's
         out.environment_lines.append(_environment_line(name, checked[-1]))
     out.environment_factory = factories[None] if None in factories else factories
     out.environment_rewards = [cls.__name__ for cls in reward_classes(checked)]

@@ -8,7 +8,9 @@ Each problem is one :class:`~trl_ext.errors.UserInputError` line.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +24,7 @@ REWARD_METHODS = ("get_reward", "get_turn_reward")
 NOT_TOOLS = ("reset", *REWARD_METHODS)
 """An environment's public methods that are not tools: TRL's ``reset`` and ``get_reward``, trl-ext's per-turn reward."""
 SCHEMA_HINT = "a tool needs type hints on its arguments and a docstring with an Args: section describing each"
+_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # factory -> what check_environment(keep=True) built
 
 
 def _as_is(key: str) -> str:
@@ -67,9 +70,15 @@ class CheckedEnvironment:
     rewards: tuple
 
 
-def check_environment(factory, where: str) -> CheckedEnvironment:
+def check_environment(factory, where: str, *, keep: bool = False) -> CheckedEnvironment:
     """Build one instance of ``factory`` and check it: the call works, the instance has ``reset``, each public
-    method is a tool the chat template can describe. ``where``: how messages name the factory."""
+    method is a tool the chat template can describe. ``where``: how messages name the factory. ``keep``: hand this
+    instance to the next check of ``factory`` instead of building another (`trl-ext train`: the recipe loader's
+    check, then the trainer's, which plays it)."""
+    with contextlib.suppress(TypeError):  # a factory that cannot be weakly referenced is never kept
+        kept = _KEPT.pop(factory, None)
+        if kept is not None:
+            return kept
     if not callable(factory):
         raise UserInputError(f"{where}: {factory!r} is not callable")
     try:
@@ -83,7 +92,12 @@ def check_environment(factory, where: str) -> CheckedEnvironment:
     tools = environment_methods(instance)
     for method in tools:
         check_tool(method, f"{where}: method '{method.__name__}'")
-    return CheckedEnvironment(instance, tools, tuple(m for m in REWARD_METHODS if callable(getattr(instance, m, None))))
+    rewards = tuple(m for m in REWARD_METHODS if callable(getattr(instance, m, None)))
+    checked = CheckedEnvironment(instance, tools, rewards)
+    if keep:
+        with contextlib.suppress(TypeError):
+            _KEPT[factory] = checked
+    return checked
 
 
 def reward_classes(environments: list[CheckedEnvironment], method: str = "get_reward") -> list[type]:
