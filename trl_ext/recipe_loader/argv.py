@@ -1,6 +1,6 @@
 """Recipe values as the command-line tokens TRL's parser reads (:func:`to_argv`), the entry keys as data past it
-(:func:`entry_values`), and resolved values back as plain YAML (:func:`plain`): the loader's conversions
-(:mod:`trl_ext.recipe_loader.loader`); the parser that reads the tokens (:class:`RecipeArgumentParser`)."""
+(:func:`entry_values`), and resolved values back as plain YAML (:func:`plain`, :func:`portable_value`): the loader's
+conversions (:mod:`trl_ext.recipe_loader.loader`); the parser that reads the tokens (:class:`RecipeArgumentParser`)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import enum
 import json
 import re
 import types
+from pathlib import Path
 from typing import Any
 
 from ..errors import UserInputError
+from ..user_code.entries import absolute_entry, entry_from_text, entry_where
 from .arguments import ENTRY_KEYS
 
-__all__ = ["RecipeArgumentParser", "entry_values", "plain", "to_argv"]
+__all__ = ["RecipeArgumentParser", "entry_values", "plain", "portable_value", "to_argv"]
 
 # Field metadata that trl_ext.config_rules reads and argparse must not receive (a field's own `range`).
 CONFIG_RULES_METADATA = ("range",)
@@ -48,8 +50,6 @@ class RecipeArgumentParser:
 def entry_values(merged: dict, cli: dict) -> dict:
     """The recipe's :data:`~trl_ext.recipe_loader.arguments.ENTRY_KEYS` as data, a list key's one entry as a list;
     an entry from the command line is text (a mapping: JSON text)."""
-    from ..user_code.entries import entry_from_text, entry_where
-
     out = {}
     for key in (k for k in ENTRY_KEYS if merged.get(k) is not None):
         value, text = merged[key], key in cli
@@ -90,3 +90,13 @@ def plain(value: Any) -> Any:
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     return str(value)
+
+
+def portable_value(key: str, value: Any, base_dir: Path) -> Any:
+    """An entry key's value with each entry's relative ``file.py`` made absolute (:func:`absolute_entry`): a list's
+    entries (None: an empty list), ``environment_factory``'s one entry or mapping of environment names to entries."""
+    if key != "environment_factory":
+        return [absolute_entry(entry, base_dir) for entry in value or []]
+    if isinstance(value, dict):
+        return {name: absolute_entry(entry, base_dir) for name, entry in value.items()}
+    return absolute_entry(value, base_dir)

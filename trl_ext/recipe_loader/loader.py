@@ -41,8 +41,8 @@ from .arguments import (  # re-exported: the loader's public names
     Recipe,
 )
 from .argv import RecipeArgumentParser as _RecipeArgumentParser
-from .argv import entry_values, plain, to_argv
-from .reward_keys import check_no_reward_model, portable_value, resolve_reward_keys
+from .argv import entry_values, plain, portable_value, to_argv
+from .reward_keys import check_no_reward_model, resolve_reward_keys
 from .tool_keys import check_reward_source, resolve_tool_keys
 
 RECIPE_FILENAME = "trl_ext_recipe.yaml"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import UserInputError
 
-__all__ = ["resolve_reward_keys", "check_no_reward_model", "check_reward_columns", "portable_value"]
+__all__ = ["resolve_reward_keys", "check_no_reward_model", "check_reward_columns"]
 
 
 def resolve_reward_keys(ctx) -> None:
@@ -64,19 +64,6 @@ def _model_config_fields() -> tuple:
     from trl import ModelConfig
 
     return tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "model_name_or_path")
-
-
-def portable_value(key: str, value, base_dir: Path):
-    """The value of :data:`~trl_ext.recipe_loader.arguments.ENTRY_KEYS` ``key`` with each entry's relative ``file.py`` made absolute
-    (:func:`~trl_ext.user_code.entries.absolute_entry`): a list's entries (None: an empty list),
-    ``environment_factory``'s one entry or mapping of environment names to entries."""
-    from ..user_code.entries import absolute_entry
-
-    if key != "environment_factory":
-        return [absolute_entry(entry, base_dir) for entry in value or []]
-    if isinstance(value, dict):
-        return {name: absolute_entry(entry, base_dir) for name, entry in value.items()}
-    return absolute_entry(value, base_dir)
 
 
 def check_reward_columns(recipe, columns) -> None:
