@@ -29,6 +29,7 @@ from ..user_code.entries import FORMS, load_entry, parse_entry
 __all__ = ["ToolKeys", "check_reward_source", "check_tool_data", "check_tool_tokenizer", "resolve_tool_keys",
            "tool_lines", "uses_tools"]
 
+
 @dataclass
 class ToolKeys:
     """The resolved ``tools`` and ``environment_factory`` of a recipe.
