@@ -9,7 +9,7 @@ phase does not depend on the verifier), in four designs, each in the same proces
 * `in process`: the slow verifier in the training process (TRL's way): about generation + 64 x 20 ms;
 * `workers`: the slow verifier in `reward_num_workers` processes, one call per completion, each chunk's calls
   started as soon as the chunk is generated: the target is about max(generation, scoring), not their sum;
-* `scoring alone` is measured apart: the same 64 calls on a `RewardWorkerPool` of the same size, no trainer.
+* `scoring alone` is measured apart: the same 64 calls on a `FunctionPool` of the same size, no trainer.
 
     python benchmarks/reward_overlap.py            # 3 repeats of 3 updates each: about 1-2 min on 2 busy cores
     python benchmarks/reward_overlap.py --quick    # 1 repeat
@@ -75,9 +75,9 @@ def time_run(tiny, out, reward_func, workers, args) -> float:
 
 def time_pool_alone(workers, args) -> float:
     """The same calls on a pool of the same size, no trainer: one call per completion, all at once."""
-    from trl_ext.rewards.pool import RewardWorkerPool
+    from trl_ext.user_code.workers import FunctionPool
 
-    with RewardWorkerPool([slow_verifier], workers) as pool:
+    with FunctionPool([slow_verifier], workers) as pool:
         pool.submit(0, {"prompts": ["p"], "completions": ["c"], "completion_ids": [[1]]}).result()  # warm
         start = time.perf_counter()
         calls = [pool.submit(0, {"prompts": ["p"], "completions": ["c"], "completion_ids": [[1]]})

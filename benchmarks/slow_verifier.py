@@ -1,4 +1,4 @@
-"""A slow verifier in process vs in `RewardWorkerPool` workers.
+"""A slow verifier in process vs in `FunctionPool` workers.
 
 The verifier takes 20 ms per completion, over 256 completions. In process it gets one call on the whole list, as
 TRL's GRPOTrainer calls a reward function; in the pool it gets one call per completion, on 8 and on 2 workers.
@@ -66,7 +66,7 @@ def main(argv=None):
         args.completions, args.repeats, args.kinds, args.overhead_calls = 64, 2, ["sleep"], 500
 
     setup_env(threads=1)  # a trainer's process: torch and transformers loaded before the pool forks
-    from trl_ext.rewards.pool import RewardWorkerPool
+    from trl_ext.user_code.workers import FunctionPool
 
     n = args.completions
     prompts = [f"prompt {i}: " for i in range(n)]
@@ -78,7 +78,7 @@ def main(argv=None):
     pools, startup = {}, {}
     for workers in args.workers:
         t = time.perf_counter()
-        pool = RewardWorkerPool([funcs[k] for k in order] + [trivial], num_workers=workers)
+        pool = FunctionPool([funcs[k] for k in order] + [trivial], num_workers=workers)
         [call.result() for call in [pool.submit(len(order), {"prompts": ["p"], "completions": ["c"]})
                                     for _ in range(workers)]]
         startup[workers] = time.perf_counter() - t
@@ -103,7 +103,7 @@ def main(argv=None):
             results = [call.result() for call in calls]
             seconds = time.perf_counter() - t
             assert all(r.status == "ok" for r in results), [r.message for r in results if r.status != "ok"][:1]
-            assert [r.rewards[0] for r in results] == expected
+            assert [r.value[0] for r in results] == expected
             return seconds
         return run
 

@@ -10,7 +10,6 @@ run to compare against: TRL's trainer run live where the installed TRL ships it 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 import math
 import sys
@@ -21,6 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from trl_ext.recipe_loader.argv import plain  # a YAML/JSON-safe copy of a value
 
 from ppo_helpers import config_kwargs, load_models, prompt_dataset, seed_all, update_logs
 
@@ -113,23 +114,11 @@ def table_records(table) -> list[dict]:
     return [{k: (float(v) if k == "score" else v) for k, v in row.items()} for row in table.to_dict("records")]
 
 
-def _jsonable(value):
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return str(value)
-
-
 def _field_default(f):
     if f.default is not dataclasses.MISSING:
-        return _jsonable(f.default)
+        return plain(f.default)
     if f.default_factory is not dataclasses.MISSING:
-        return _jsonable(f.default_factory())
+        return plain(f.default_factory())
     return None
 
 

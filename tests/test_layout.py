@@ -17,7 +17,7 @@ MAX_FUNCTION_LINES = 80
 LAYERS = {
     "trl_ext.errors": 0, "trl_ext.config_rules": 0, "trl_ext.trl_internals": 0,
     "trl_ext.models": 1,
-    "trl_ext.runtime": 2,
+    "trl_ext.runtime": 2, "trl_ext.user_code": 2,
     "trl_ext.rewards": 3,
     # PPO's rooms: the math, then the rollout and the episodes, then what the PPO extends and GRPOTrainer's inputs
     # (config fields PPOConfig mixes in), then the trainer and its config at ppo/'s top

@@ -4,7 +4,7 @@ fail. A mutant the tests do not notice ("survivor") is a hole in the tests, or a
 behaviour written differently); docs/mutation-testing.md lists the last run's survivors with a verdict for each.
 
     python tools/mutate.py                      # every module in MODULES, report in outputs/mutation/
-    python tools/mutate.py --module rewards/pool.py --max-mutants 40 --timeout 90
+    python tools/mutate.py --module user_code/workers.py --max-mutants 40 --timeout 90
     python tools/mutate.py --list --module ppo/objective/objectives.py    # only print the mutants
 
 The worktree is never edited: the tree is copied once into a temporary folder and each mutant is written there
@@ -37,7 +37,7 @@ MODULES = {  # module under trl_ext/ -> the test files that own its behaviour (f
     "ppo/objective/critic.py": ["tests/ppo/test_critic_free.py"],
     "ppo/objective/kl_controllers.py": ["tests/ppo/test_ppo_math.py", "tests/ppo/test_critic_free.py"],
     "rewards/scoring.py": ["tests/rewards/test_reward_contract.py"],
-    "rewards/pool.py": ["tests/rewards/test_pool.py"],
+    "user_code/workers.py": ["tests/user_code/test_workers.py"],
     "runtime/nonfinite.py": ["tests/runtime/test_nonfinite_policy.py"],
     "ppo/objective/action_gae.py": ["tests/ppo/test_action_gae.py"],
     "ppo/episodes/tool_calls.py": ["tests/ppo/test_tool_calls.py"],

@@ -8,8 +8,9 @@ The package, one subpackage per role (each ``__init__.py`` says what it holds):
 * :mod:`trl_ext.sft`: ``SFTTrainer`` (TRL's, with the run safety of :mod:`trl_ext.runtime`) and ``SFTConfig``.
 * :mod:`trl_ext.preference`: ``RewardTrainer``/``RewardConfig``, ``DPOTrainer``/``DPOConfig``, preference losses,
   ranked data, reward centering.
-* :mod:`trl_ext.rewards`: rewards computed by programs (TRL GRPO's reward-function contract, the scorer, worker
-  pools, remote rewards, their metrics and recipe entries).
+* :mod:`trl_ext.rewards`: rewards computed by programs (TRL GRPO's reward-function contract, the scorer, remote
+  rewards, their metrics and recipe entries).
+* :mod:`trl_ext.user_code`: the user's functions that recipes and trainers name: worker processes with a time limit.
 * :mod:`trl_ext.models`: loading tokenizer, policy and reward/value models (quantization, LoRA, scalar heads,
   reward/value adapters on the policy's base).
 * :mod:`trl_ext.runtime`: atomic checkpoints, interruption, NaN guards, devices and engines: what every trainer

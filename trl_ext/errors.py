@@ -9,3 +9,9 @@ stderr and exit code 2, without a traceback.
 
 class UserInputError(ValueError):
     """Bad user input: the message names the key, path, column or option at fault and how to fix it."""
+
+
+def one_line(err: BaseException) -> str:
+    """An exception of the user's code as one line: its type and the first line of its text."""
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__

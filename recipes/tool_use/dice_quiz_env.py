@@ -134,7 +134,7 @@ def sft_rows(quizzes, seed: int = 0) -> list[dict]:
 
 def environment_tools() -> list:
     """The tools RL offers in a quiz: ``answer``, bound to a :class:`DiceQuizEnv`, as the trainer takes it."""
-    from trl_ext.ppo.episodes.toolbox import environment_methods
+    from trl_ext.ppo.episodes.tool_rules import environment_methods
 
     return environment_methods(DiceQuizEnv())
 

@@ -112,7 +112,7 @@ def transcript(secret: int, rng: random.Random) -> tuple[list[dict], list[dict]]
 def environment_tools() -> list:
     """The tools RL offers in a game: the public methods of a ``GuessEnv`` instance, as the trainer takes them from
     its environment (``guess``, bound); the chat template renders their schemas in the prompt."""
-    from trl_ext.ppo.episodes.toolbox import environment_methods
+    from trl_ext.ppo.episodes.tool_rules import environment_methods
 
     return environment_methods(GuessEnv())
 

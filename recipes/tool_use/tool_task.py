@@ -26,6 +26,9 @@ from pathlib import Path
 #: TRL's tool-result suffix, the trainer's own function: the SFT data (make_data.py) and the evaluator append the
 #: tokens the RL episodes append.
 from trl_ext.ppo.episodes.toolbox import tool_suffix_ids  # noqa: F401 - used by make_data.py and evaluate.py
+#: The recipes' tool (`tools: [tool_task.py:add]`): ``add(a: int, b: int) -> int``, typed and with a Google-style
+#: docstring (its schema goes into the prompt); the same function the tool tests' tiny models learn to call.
+from trl_ext.testing.tools import add
 
 LOW, HIGH = 10_000, 99_999  # five-digit operands
 TRAIN = 2000
@@ -36,20 +39,6 @@ MAX_POSITIONS = 384
 RESPONSE_LENGTH = 72
 #: Rounds of tool calls per episode (``max_tool_calling_iterations``): one is all the task needs, one more is room.
 MAX_TOOL_CALLING_ITERATIONS = 2
-
-
-def add(a: int, b: int) -> int:
-    """Adds two integers.
-
-    Args:
-        a: The first number.
-        b: The second number.
-
-    Returns:
-        The sum of a and b.
-    """
-    return a + b
-
 
 #: The tools of the task, as ``trl_ext.PPOTrainer(tools=...)`` and TRL's ``GRPOTrainer(tools=...)`` take them.
 TOOLS = [add]

@@ -109,10 +109,35 @@ def test_refusals_name_the_culprit(tok):
             """Acts."""
             return ""
 
-    with pytest.raises(UserInputError, match="NoReset has no reset method"):
+    class Silent:
+        def reset(self, **row):
+            return None
+
+        def poke(self, x):
+            return x
+
+    class Idle:
+        def reset(self, **row):
+            return None
+
+    def untyped(a, b):
+        return a + b
+
+    # the recipe loader's rules (tests/recipes/test_tool_recipes.py), named as the trainer's arguments
+    with pytest.raises(UserInputError, match=r"^environment_factory: its instance \(NoReset\) has no reset method"):
         Toolbox(None, NoReset, tok)
+    with pytest.raises(UserInputError, match=r"^environment_factory\['silent'\]: method 'poke': the chat template "
+                                             r"cannot describe it"):
+        Toolbox(None, {"count": Counter, "silent": Silent}, tok)
+    with pytest.raises(UserInputError, match=r"^environment_factory: its environments have no public method and "
+                                             r"there are no tools: the model would have nothing to call$"):
+        Toolbox(None, Idle, tok)
+    with pytest.raises(UserInputError, match=r"^environment_factory: calling it failed: ZeroDivisionError"):
+        Toolbox([add], lambda: 1 / 0, tok)
     with pytest.raises(UserInputError, match=r"tools\[1\]: 3 is not a function"):
         Toolbox([add, 3], None, tok)
+    with pytest.raises(UserInputError, match=r"^tools\[0\]: the chat template cannot describe it"):
+        Toolbox([untyped], None, tok)
     with pytest.raises(UserInputError, match="does not render a tool-calling conversation"):
         Toolbox([add], None, build_tokenizer())  # the plain tiny tokenizer's template has no tools
 

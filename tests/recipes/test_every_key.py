@@ -159,10 +159,11 @@ def walk(tmp_path, monkeypatch, capsys, tiny_models, reward_adapter):
 
 @pytest.mark.parametrize("recipe", SHIPPED, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_key_of_every_shipped_recipe_refuses_wrong_values(recipe, walk):
-    from trl_ext.recipe_loader.reward_keys import PORTABLE_KEYS, portable_value
+    from trl_ext.recipe_loader.arguments import ENTRY_KEYS
+    from trl_ext.recipe_loader.argv import portable_value
 
     keys = yaml.safe_load(recipe.read_text())
-    for key in PORTABLE_KEYS:  # file.py entries are relative to the recipe's folder; the walk writes elsewhere
+    for key in ENTRY_KEYS:  # file.py entries are relative to the recipe's folder; the walk writes elsewhere
         if keys.get(key):
             keys[key] = portable_value(key, keys[key], recipe.parent)
     assert walk(keys) > 0

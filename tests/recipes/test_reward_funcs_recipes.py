@@ -77,17 +77,25 @@ def test_check_resolves_reward_functions_without_a_reward_model(recipe_dir, caps
     assert recipe.value_model_args.model_name_or_path == "tiny://policy"
     # the file entry resolved relative to the recipe's folder, whatever the working directory
     assert recipe.reward_func_entries[0] == "recipe: key 'reward_funcs' entry 1 'my_rewards.py:says_happy'"
+    # the entries reach the pipeline as the recipe holds them (a mapping, not text)
+    assert recipe.pipeline.reward_funcs == keys(recipe_dir)["reward_funcs"]
 
     # the resolved recipe is accepted again, from elsewhere
     copy = recipe_dir / "elsewhere" / "copy.yaml"
     copy.parent.mkdir()
     copy.write_text(recipe.to_yaml())
     assert resolve_recipe(copy, for_check=True).reward_funcs[0](completions=["happy"]) == [1.0]
-    # on the command line too: `--reward_funcs A B` replaces the list
-    rc, out, err = check(capsys, path, "--reward_funcs", "my_rewards.py:matches_topic",
-                         "trl.rewards:think_format_reward")
+    # on the command line too: `--reward_funcs A B` replaces the list, a mapping as JSON text
+    factory = {"name": "trl.rewards.get_soft_overlong_punishment", "kwargs": {"max_completion_len": 8,
+                                                                             "soft_punish_cache": 2}}
+    overrides = ["--reward_funcs", "my_rewards.py:matches_topic", json.dumps(factory)]
+    rc, out, err = check(capsys, path, *overrides)
     assert rc == 0, err
-    assert "# reward functions: matches_topic, think_format_reward" in out
+    assert "# reward functions: matches_topic, soft_overlong_punishment_reward" in out
+    assert resolve_recipe(path, overrides, for_check=True).pipeline.reward_funcs[1] == factory
+    rc, _, err = check(capsys, path, "--reward_funcs", '{"name": "m:f",')
+    assert rc == 2 and err.startswith("trl-ext: error: recipe: key 'reward_funcs' entry 1 '{\"name\": \"m:f\",'"
+                                      ": not valid JSON ("), err
 
 
 @pytest.mark.parametrize("extra, expected", [

@@ -93,6 +93,23 @@ class Untyped:
 
     def poke(self, x):
         return x
+
+
+class Counted(Guess):
+    """Counts its instances."""
+
+    built = 0
+
+    def __init__(self):
+        Counted.built += 1
+
+
+class Idle:
+    def reset(self, **row):
+        return None
+
+    def get_reward(self):
+        return 1.0
 '''
 
 ANSWERS = {(2, 3): 5, (4, 1): 5, (7, 5): 12, (6, 6): 12}
@@ -266,6 +283,9 @@ MISSING_REWARD = ("recipe: missing key 'reward_model_path' (the reward model PPO
      "recipe: key 'environment_factory' 'my_tools.py:Broken': calling it failed: RuntimeError: sandbox unavailable"),
     (dict(environment_factory="my_tools.py:Untyped"),
      "recipe: key 'environment_factory' 'my_tools.py:Untyped': method 'poke': the chat template cannot describe it"),
+    (dict(environment_factory="my_tools.py:Idle", tools=None),
+     "recipe: key 'environment_factory': its environments have no public method and there are no tools: the model "
+     "would have nothing to call"),
     (dict(environment_factory={"guess": ["my_tools.py:Guess"]}),
      "recipe: key 'environment_factory' environment 'guess': give 'module:callable'"),
     (dict(environment_factory="my_tools.py:Quiet"),
@@ -357,6 +377,29 @@ def test_train_one_update_with_a_tool_and_an_environment(recipe_dir, tool_model,
     # the resolved recipe in the output directory names the files by absolute paths
     saved = yaml.safe_load((run / "trl_ext_recipe.yaml").read_text())
     assert saved["tools"] == [f"{(recipe_dir / 'my_tools.py').resolve()}:add"]
+
+
+def test_train_builds_the_environment_once_for_the_loader_and_the_trainer(recipe_dir, tool_model):
+    """The recipe loader of `trl-ext train` checks the environment on one instance, and the trainer's check plays
+    that one instead of building another; `trl-ext check` keeps nothing."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from trl_ext.ppo.episodes.toolbox import Toolbox
+
+    path = write(recipe_dir, tool_model, environment_factory="my_tools.py:Counted")
+    recipe = resolve_recipe(path)
+    counted = recipe.environment_factory
+    assert counted.built == 1
+    tokenizer = AutoTokenizer.from_pretrained(tool_model)
+    data = Dataset.from_dict({"prompt": [[{"role": "user", "content": "Add 2 and 3."}]]})
+    box = Toolbox.for_trainer(recipe.tools, counted, tokenizer, recipe.training_args, data)
+    assert counted.built == 1 and type(box.pool[None][0]) is counted
+    Toolbox.for_trainer(recipe.tools, counted, tokenizer, recipe.training_args, data)  # a second trainer: its own
+    assert counted.built == 2
+    resolve_recipe(path, for_check=True)
+    Toolbox.for_trainer(recipe.tools, counted, tokenizer, recipe.training_args, data)
+    assert counted.built == 4
 
 
 def test_plan_reads_a_recipe_with_tools_and_an_environment_reward(recipe_dir, tool_model):

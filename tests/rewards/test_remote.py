@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from trl_ext.rewards.pool import RewardWorkerPool
+from trl_ext.user_code.workers import FunctionPool
 from trl_ext.rewards.remote import RemoteReward, RemoteRewardError, name_from_url
 
 
@@ -157,9 +157,9 @@ def test_nothing_listening_names_the_url():
 def test_in_a_worker_pool_and_pickled(server):
     reward = pickle.loads(pickle.dumps(RemoteReward(server.url + "/score", name="checker")))
     assert reward.__name__ == "checker"
-    with RewardWorkerPool([reward], num_workers=2, timeout_s=10) as pool:
+    with FunctionPool([reward], num_workers=2, timeout_s=10) as pool:
         calls = [pool.submit(0, {"prompts": ["q"], "completions": [str(i)], "label": ["3"]}) for i in range(6)]
-        assert [call.result().rewards for call in calls] == [[0.0], [0.0], [0.0], [1.0], [0.0], [0.0]]
+        assert [call.result().value for call in calls] == [[0.0], [0.0], [0.0], [1.0], [0.0], [0.0]]
 
 
 def test_bad_arguments():

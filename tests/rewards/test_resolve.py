@@ -43,7 +43,7 @@ def test_module_function_dotted_file_and_factory(tmp_path):
         "think_format_reward", "think_format_reward", "ends_with_answer", "soft_overlong_punishment_reward", "bonus"]
     # the same file imported once, under a module name of its own
     again = resolve_reward_funcs(["my_rewards.py:ends_with_answer"], base_dir=tmp_path)[0]
-    assert again is funcs[2] and funcs[2].__module__.startswith("trl_ext_reward_file_my_rewards_")
+    assert again is funcs[2] and funcs[2].__module__.startswith("trl_ext_file_my_rewards_")
 
 
 @pytest.mark.parametrize("spec, needle", [

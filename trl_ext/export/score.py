@@ -142,19 +142,6 @@ def _check_out(out: str | None) -> None:
         raise UserInputError(f"--out {out}: exists; give a new file (nothing is overwritten)")
 
 
-def _parse_spec_args(specs: list[str]) -> list:
-    """``--reward-funcs`` values: text, or JSON mappings (factories, remote rewards)."""
-    out = []
-    for spec in specs:
-        if spec.lstrip().startswith("{"):
-            try:
-                spec = json.loads(spec)
-            except ValueError as err:
-                raise UserInputError(f"--reward-funcs {spec}: not valid JSON ({err})") from None
-        out.append(spec)
-    return out
-
-
 def score_with_reward_funcs(funcs: list, rows: list[dict], *, tokenizer=None, entries=None, columns=None
                             ) -> dict[str, list[float]]:
     """Each reward function's reward of each prompt/response row (NaN where it said None), by the functions' metric
@@ -212,8 +199,10 @@ def main(args) -> int:
     funcs = []
     if specs:
         from ..rewards.resolve import parse_reward_spec, resolve_reward_funcs
+        from ..user_code.entries import entry_from_text
 
-        parsed = [parse_reward_spec(s, i, key="--reward-funcs") for i, s in enumerate(_parse_spec_args(specs))]
+        parsed = [parse_reward_spec(entry_from_text(s, f"--reward-funcs {s}"), i, key="--reward-funcs")
+                  for i, s in enumerate(specs)]
         funcs = resolve_reward_funcs(parsed, ".", key="--reward-funcs")  # before any data or model loads
     dataset = open_split(args.data, args.split, key="--data", split_key="--split")
     kind = data_kind(list(dataset.column_names), args.data)

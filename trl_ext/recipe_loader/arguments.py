@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["INHERITED_MODEL_KEYS", "PATH_KEYS", "TRAINERS", "UNSUPPORTED_KEYS", "PipelineArguments", "Recipe"]
+__all__ = ["ENTRY_KEYS", "INHERITED_MODEL_KEYS", "PATH_KEYS", "TRAINERS", "UNSUPPORTED_KEYS", "PipelineArguments",
+           "Recipe"]
 
 TRAINERS = ("sft", "reward", "dpo", "ppo")
 
@@ -21,6 +22,9 @@ PATH_KEYS = (
     "model_name_or_path", "dataset_name", "reward_model_path", "value_model_path", "ptx_dataset_name",
     "eval_dataset_name", "chat_template_path", "deepspeed",
 )
+# Keys whose values are `module:function` entries (trl_ext.user_code.entries): taken as data, not through the argument
+# parser (a mapping stays a mapping); written with absolute file paths in the resolved recipe.
+ENTRY_KEYS = ("reward_funcs", "tools", "environment_factory")
 
 
 @dataclass
@@ -109,9 +113,7 @@ class PipelineArguments:
     """
 
     trainer: str = field(default=None, metadata={"help": "Trainer to run.", "choices": list(TRAINERS)})
-    overwrite_output_dir: bool = field(
-        default=False, metadata={"help": "Train into an existing non-empty output_dir."}
-    )
+    overwrite_output_dir: bool = field(default=False, metadata={"help": "Train into an existing non-empty output_dir."})
     reinit_score_head: bool = field(
         default=False, metadata={"help": "Reward training: re-initialise the score head with one output."}
     )
@@ -137,9 +139,7 @@ class PipelineArguments:
     value_model_path: Optional[str] = field(
         default=None, metadata={"help": "PPO: value model checkpoint (defaults to reward_model_path)."}
     )
-    value_reinit_score_head: bool = field(
-        default=False, metadata={"help": "PPO: re-initialise the value model's score head with one output."}
-    )
+    value_reinit_score_head: bool = field(default=False, metadata={"help": "PPO: a fresh one-output value head."})
     shared_base: bool = field(
         default=False,
         metadata={"help": "PPO: reward and value models as LoRA adapters with their own heads on the policy's base."},

@@ -1,6 +1,6 @@
-"""Recipe values as the command-line tokens TRL's parser reads (:func:`to_argv`), and resolved values back as plain
-YAML (:func:`plain`): the loader's two conversions (:mod:`trl_ext.recipe_loader.loader`); the parser that reads the
-tokens (:class:`RecipeArgumentParser`)."""
+"""Recipe values as the command-line tokens TRL's parser reads (:func:`to_argv`), the entry keys as data past it
+(:func:`entry_values`), and resolved values back as plain YAML (:func:`plain`, :func:`portable_value`): the loader's
+conversions (:mod:`trl_ext.recipe_loader.loader`); the parser that reads the tokens (:class:`RecipeArgumentParser`)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ import enum
 import json
 import re
 import types
+from pathlib import Path
 from typing import Any
 
 from ..errors import UserInputError
+from ..user_code.entries import absolute_entry, entry_from_text, entry_where
+from .arguments import ENTRY_KEYS
 
-__all__ = ["STRUCTURED_LIST_KEYS", "RecipeArgumentParser", "plain", "to_argv"]
+__all__ = ["RecipeArgumentParser", "entry_values", "plain", "portable_value", "to_argv"]
 
 # Field metadata that trl_ext.config_rules reads and argparse must not receive (a field's own `range`).
 CONFIG_RULES_METADATA = ("range",)
@@ -43,14 +46,22 @@ class RecipeArgumentParser:
             action.choices = None
         return parser
 
-# List keys whose entries may be mappings (passed to the parser as JSON text, parsed back in the pipeline step).
-STRUCTURED_LIST_KEYS = ("reward_funcs", "tools")
+
+def entry_values(merged: dict, cli: dict) -> dict:
+    """The recipe's :data:`~trl_ext.recipe_loader.arguments.ENTRY_KEYS` as data, a list key's one entry as a list;
+    an entry from the command line is text (a mapping: JSON text)."""
+    out = {}
+    for key in (k for k in ENTRY_KEYS if merged.get(k) is not None):
+        value, text = merged[key], key in cli
+        if key == "environment_factory":
+            out[key] = entry_from_text(value, f"recipe: key {key!r}") if text and isinstance(value, str) else value
+            continue
+        out[key] = [entry_from_text(v, entry_where(key, i, v)) if text and isinstance(v, str) else v
+                    for i, v in enumerate(value if isinstance(value, list) else [value])]
+    return out
 
 
 def to_argv(key: str, value: Any, action) -> list[str]:
-    if key in STRUCTURED_LIST_KEYS:  # mappings in the list travel as JSON text
-        entries = value if isinstance(value, (list, tuple)) else [value]
-        return [f"--{key}", *(json.dumps(v) if isinstance(v, (dict, list)) else _scalar_str(key, v) for v in entries)]
     if isinstance(value, (list, tuple)):
         if action.nargs not in ("+", "*"):
             raise UserInputError(f"recipe: key '{key}' takes one value, got a list {list(value)}")
@@ -79,3 +90,13 @@ def plain(value: Any) -> Any:
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     return str(value)
+
+
+def portable_value(key: str, value: Any, base_dir: Path) -> Any:
+    """An entry key's value with each entry's relative ``file.py`` made absolute (:func:`absolute_entry`): a list's
+    entries (None: an empty list), ``environment_factory``'s one entry or mapping of environment names to entries."""
+    if key != "environment_factory":
+        return [absolute_entry(entry, base_dir) for entry in value or []]
+    if isinstance(value, dict):
+        return {name: absolute_entry(entry, base_dir) for name, entry in value.items()}
+    return absolute_entry(value, base_dir)

@@ -32,6 +32,7 @@ from ..models.paths import looks_local
 from .recipe_paths import resolve_recipe_paths
 from . import validation
 from .arguments import (  # re-exported: the loader's public names
+    ENTRY_KEYS,
     INHERITED_MODEL_KEYS,
     PATH_KEYS,
     TRAINERS,
@@ -40,8 +41,8 @@ from .arguments import (  # re-exported: the loader's public names
     Recipe,
 )
 from .argv import RecipeArgumentParser as _RecipeArgumentParser
-from .argv import plain, to_argv
-from .reward_keys import PORTABLE_KEYS, check_no_reward_model, portable_value, resolve_reward_keys
+from .argv import entry_values, plain, portable_value, to_argv
+from .reward_keys import check_no_reward_model, resolve_reward_keys
 from .tool_keys import check_reward_source, resolve_tool_keys
 
 RECIPE_FILENAME = "trl_ext_recipe.yaml"
@@ -265,6 +266,8 @@ def _resolve(ctx: _Resolution) -> Recipe:
     _check_raw_values(ctx)
     resolve_recipe_paths(ctx.merged, ctx.cli, ctx.path, PATH_KEYS)  # recipe's folder, then cwd (recipe_paths.py)
     _parse(ctx)
+    for key, value in entry_values(ctx.merged, ctx.cli).items():  # data, past the parser
+        setattr(ctx.pipeline, key, value)
     _check_paths_and_resume(ctx)
     _resolve_ppo_models(ctx)
     _check_model_and_output(ctx)
@@ -318,6 +321,8 @@ def _argv_of(ctx: _Resolution, keys) -> list[str]:
     argv: list[str] = []
     for key in keys:
         value = ctx.merged[key]
+        if key in ENTRY_KEYS:  # data: entry_values
+            continue
         if value is None:
             validation.check_null(key, ctx.specs[key])
             ctx.parser.set_defaults(**{key: None})
@@ -336,7 +341,8 @@ def _parse(ctx: _Resolution) -> None:
     ctx.argv = _argv_of(ctx, ctx.merged)
     # the trainer's config (ctx.types[2]) checks its own fields when built; the other dataclasses' keys here
     not_self_checked = validation.key_specs([t for i, t in enumerate(ctx.types) if i != 2])
-    validation.check_namespace(ctx.parser.parse_known_args(ctx.argv)[0], ctx.merged, not_self_checked)
+    validation.check_namespace(ctx.parser.parse_known_args(ctx.argv)[0],
+                               [k for k in ctx.merged if k not in ENTRY_KEYS], not_self_checked)
     try:
         ctx.parsed = tuple(ctx.parser.parse_args_into_dataclasses(args=ctx.argv, look_for_args_file=False))
         return
@@ -447,7 +453,7 @@ def _explicit_keys(ctx: _Resolution) -> dict:
     for key in ctx.merged:
         if key == "trainer":
             continue
-        if key in PORTABLE_KEYS:  # as parsed (mappings again), file paths absolute: the copy runs from anywhere
+        if key in ENTRY_KEYS:  # file paths absolute: the copy runs from anywhere
             explicit[key] = portable_value(key, getattr(ctx.pipeline, key), Path(ctx.path).parent)
             continue
         owner = next(o for o in ctx.parsed if key in {f.name for f in dataclasses.fields(o)})
@@ -462,7 +468,7 @@ def _explicit_keys(ctx: _Resolution) -> dict:
 
 _PPO_ONLY = {
     f.name: f for f in dataclasses.fields(PipelineArguments)
-    if f.name.startswith(("value_", "ptx_")) or f.name in ("shared_base", *PORTABLE_KEYS)
+    if f.name.startswith(("value_", "ptx_")) or f.name in ("shared_base", *ENTRY_KEYS)
 }
 
 

@@ -95,7 +95,8 @@ def parse_ppo_recipe(path: str, overrides: list[str]):
     recipe loader's parser; no path has to exist and precision is not checked (planning happens anywhere)."""
     from . import loader
 
-    merged = {**loader.read_recipe_file(path), **loader.parse_overrides(overrides)}
+    cli = loader.parse_overrides(overrides)
+    merged = {**loader.read_recipe_file(path), **cli}
     merged.pop("env", None)
     if merged.get("trainer") != "ppo":
         raise UserInputError(f"plan: '{path}' is a {merged.get('trainer')!r} recipe; the planner plans PPO recipes")
@@ -107,7 +108,7 @@ def parse_ppo_recipe(path: str, overrides: list[str]):
             raise UserInputError(f"recipe: unknown key '{key}' (not a key of a ppo recipe)")
     argv: list[str] = []
     for key, value in merged.items():
-        if value is not None:
+        if value is not None and key not in loader.ENTRY_KEYS:
             argv += loader.to_argv(key, value, actions[key])
     argv += ["--bf16", "false", "--fp16", "false"]  # construction only: no device is used, any precision plans
     try:
@@ -116,6 +117,8 @@ def parse_ppo_recipe(path: str, overrides: list[str]):
         raise
     except ValueError as err:
         raise UserInputError(f"recipe: {str(err).strip().splitlines()[0]}") from None
+    for key, value in loader.entry_values(merged, cli).items():
+        setattr(parsed[3], key, value)
     return tuple(parsed[:4])
 
 

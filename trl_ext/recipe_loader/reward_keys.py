@@ -9,17 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from pathlib import Path
 
 from ..errors import UserInputError
 
-__all__ = ["PORTABLE_KEYS", "resolve_reward_keys", "check_no_reward_model", "check_reward_columns", "portable_spec",
-           "portable_value"]
-
-# Keys whose entries name Python callables (`file.py:function` relative to the recipe's folder): written with
-# absolute paths in the resolved recipe (`portable_value`).
-PORTABLE_KEYS = ("reward_funcs", "tools", "environment_factory")
+__all__ = ["resolve_reward_keys", "check_no_reward_model", "check_reward_columns"]
 
 
 def resolve_reward_keys(ctx) -> None:
@@ -33,16 +27,7 @@ def resolve_reward_keys(ctx) -> None:
 
     pipeline = ctx.pipeline
     if pipeline.reward_funcs is not None:
-        entries = []
-        for entry in pipeline.reward_funcs:
-            if isinstance(entry, str) and entry.lstrip().startswith(("{", "[")):
-                try:
-                    entry = json.loads(entry)
-                except ValueError:
-                    pass  # left as text: parse_reward_spec names it
-            entries.append(entry)
-        pipeline.reward_funcs = entries
-        ctx.reward_specs = [parse_reward_spec(entry, i) for i, entry in enumerate(entries)]
+        ctx.reward_specs = [parse_reward_spec(entry, i) for i, entry in enumerate(pipeline.reward_funcs)]
         ctx.reward_funcs = resolve_reward_funcs(ctx.reward_specs, Path(ctx.path).parent)
     weights = getattr(ctx.training_args, "reward_weights", None)
     if weights is not None:
@@ -79,35 +64,6 @@ def _model_config_fields() -> tuple:
     from trl import ModelConfig
 
     return tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "model_name_or_path")
-
-
-def portable_spec(spec, base_dir: Path):
-    """A `reward_funcs` entry with a relative ``file.py`` path made absolute (where it was found: ``base_dir``
-    first, then the current directory, :func:`trl_ext.models.paths.find_relative`)."""
-    from ..models.paths import find_relative
-
-    def absolute(target: str) -> str:
-        file, colon, attr = target.rpartition(":")
-        if colon and file.endswith(".py") and not Path(file).expanduser().is_absolute():
-            found = find_relative(file, base_dir)[0] or str(base_dir / file)
-            return f"{Path(found).resolve()}:{attr}"
-        return target
-
-    if isinstance(spec, str):
-        return absolute(spec)
-    if isinstance(spec, dict) and isinstance(spec.get("name"), str):
-        return {**spec, "name": absolute(spec["name"])}
-    return spec
-
-
-def portable_value(key: str, value, base_dir: Path):
-    """The value of :data:`PORTABLE_KEYS` ``key`` with :func:`portable_spec` applied to each spec: a list's entries
-    (None: an empty list), ``environment_factory``'s one spec or mapping of environment names to specs."""
-    if key != "environment_factory":
-        return [portable_spec(spec, base_dir) for spec in value or []]
-    if isinstance(value, dict):
-        return {name: portable_spec(spec, base_dir) for name, spec in value.items()}
-    return portable_spec(value, base_dir)
 
 
 def check_reward_columns(recipe, columns) -> None:

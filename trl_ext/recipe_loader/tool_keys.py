@@ -3,38 +3,31 @@ callable that builds an environment, or ``{name: callable}`` with an ``environme
 passed to ``trl_ext.PPOTrainer(tools=..., environment_factory=...)`` (TRL GRPOTrainer's contract,
 :mod:`trl_ext.ppo.episodes`).
 
-Entries are written and imported as ``reward_funcs`` entries are (:mod:`trl_ext.rewards.resolve`):
+Entries are written and imported as every ``module:function`` entry is (:mod:`trl_ext.user_code.entries`):
 ``module:function``, dotted ``module.function``, ``path/to/file.py:function`` (the recipe's folder first, then the
 current directory), and for a tool also a factory ``{name: FACTORY, kwargs: {...}}`` whose call returns it.
 
-Checked while the recipe resolves, before any model loads (:func:`resolve_tool_keys`): each entry imports and is
-callable; each tool, and each public method of each environment, has the JSON schema the chat template renders
-(typed arguments, a docstring with an ``Args:`` section: ``transformers.utils.get_json_schema``); each environment
-factory is called once and its instance must have ``reset``. An environment whose class has ``get_reward`` is a
-reward source (named after the class), so such a recipe needs neither ``reward_model_path`` nor ``reward_funcs``.
-Once the data and the tokenizer are open: :func:`check_tool_data` (a ``prompt`` column of chat messages; the
-``environment`` column of several environments) and :func:`check_tool_tokenizer` (the stop token; a template that
-renders tool calls). The rules the trainer applies too live in :mod:`trl_ext.ppo.episodes.tool_rules` (the data,
-the settings ``dynamic_sampling`` and ``reward_num_workers``, the stop token, the template); this module names the
-recipe key in their messages. Each problem is one line naming the key.
+Checked while the recipe resolves, before any model loads (:func:`resolve_tool_keys`), by the trainer's own rules
+(:mod:`trl_ext.ppo.episodes.tool_rules`: each tool and each environment's public method has the JSON schema the chat
+template renders; each environment factory is called once and its instance has ``reset``; something to call); then,
+once the data and the tokenizer are open, :func:`check_tool_data` and :func:`check_tool_tokenizer`. An environment
+whose class has ``get_reward`` is a reward source (named after the class), so such a recipe needs neither
+``reward_model_path`` nor ``reward_funcs``. This module names the recipe key in the messages; each is one line.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import UserInputError
-from ..ppo.episodes.tool_rules import (check_tool_args, check_tool_callable, check_tool_dataset, check_tool_stop_token,
-                                       check_tool_template, one_line)
+from ..ppo.episodes.tool_rules import (check_environment, check_something_to_call, check_tool, check_tool_args,
+                                       check_tool_dataset, check_tool_stop_token, check_tool_template, reward_classes)
+from ..user_code.entries import FORMS, load_entry, parse_entry
 
 __all__ = ["ToolKeys", "check_reward_source", "check_tool_data", "check_tool_tokenizer", "resolve_tool_keys",
            "tool_lines", "uses_tools"]
-
-SPEC_FORMS = "'module:function' or 'path/to/file.py:function'"
-SCHEMA_HINT = "a tool needs type hints on its arguments and a docstring with an Args: section describing each"
 
 
 @dataclass
@@ -65,46 +58,20 @@ def uses_tools(recipe) -> bool:
     return bool(getattr(recipe, "tools", None)) or getattr(recipe, "environment_factory", None) is not None
 
 
-def _decoded(value):
-    """A mapping that travelled through the argument parser as JSON text, back as the recipe wrote it."""
-    if isinstance(value, str) and value.lstrip().startswith(("{", "[")):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value  # left as text: the spec parser names it
-    return value
-
-
 def recipe_key(key: str) -> str:
     """How messages name a recipe key."""
     return f"recipe: key '{key}'"
 
 
-def check_tool(tool, where: str) -> None:
-    """``tool`` can be offered to the model: a named callable whose JSON schema the chat template can render."""
-    from transformers.utils import get_json_schema
-
-    check_tool_callable(tool, where)
-    try:
-        get_json_schema(tool)
-    except Exception as err:  # noqa: BLE001 - transformers' parsing errors, as one line
-        raise UserInputError(f"{where}: the chat template cannot describe it ({one_line(err)}); {SCHEMA_HINT}"
-                             ) from None
-
-
 def _resolve_tools(entries: list, base_dir: Path) -> tuple[list, list]:
     """The callables of the ``tools`` entries and how messages name them."""
-    from ..rewards.resolve import load_reward_func, parse_reward_spec
-
     tools, where = [], []
-    for index, entry in enumerate(entries):
-        spec = parse_reward_spec(_decoded(entry), index, key="tools")
-        if spec.kind == "remote":
-            raise spec.fail(f"a tool is a Python function called in the training process; give {SPEC_FORMS}")
-        tool = load_reward_func(spec, base_dir, what="a tool (a function)")
-        check_tool(tool, spec.where)
+    for index, value in enumerate(entries):
+        entry = parse_entry(value, index, key="tools")
+        tool = load_entry(entry, base_dir, what="a tool")
+        check_tool(tool, entry.where)
         tools.append(tool)
-        where.append(spec.where)
+        where.append(entry.where)
     return tools, where
 
 
@@ -114,70 +81,42 @@ def _environment_specs(value) -> dict:
     if isinstance(value, str):
         return {None: (value, f"{key} {value.strip()!r}")}
     if not isinstance(value, dict) or not value:
-        raise UserInputError(f"{key}: give {SPEC_FORMS.replace('function', 'callable')}, or a mapping of environment "
+        raise UserInputError(f"{key}: give {FORMS.replace('function', 'callable')}, or a mapping of environment "
                              f"names to them (one per value of the dataset's 'environment' column), got {value!r}")
     out = {}
     for name, spec in value.items():
         if not isinstance(spec, str):
-            raise UserInputError(f"{key} environment {name!r}: give {SPEC_FORMS.replace('function', 'callable')}, "
+            raise UserInputError(f"{key} environment {name!r}: give {FORMS.replace('function', 'callable')}, "
                                  f"got {spec!r} (an environment with arguments: a function in a file that builds it)")
         out[str(name)] = (spec, f"{key} environment {str(name)!r} {spec.strip()!r}")
     return out
 
 
-def _resolve_environment(spec_text: str, where: str, base_dir: Path):
-    """``(factory, instance)``: the callable imported and called once; its instance must have ``reset``."""
-    from ..rewards.resolve import load_reward_func, parse_reward_spec
-
-    spec = parse_reward_spec(spec_text, where=where)
-    if spec.kind != "function":
-        raise spec.fail("an environment is built in the training process; give "
-                        f"{SPEC_FORMS.replace('function', 'callable')}")
-    factory = load_reward_func(spec, base_dir)
-    try:
-        instance = factory()
-    except Exception as err:  # noqa: BLE001 - the user's constructor, as one line
-        raise UserInputError(f"{where}: calling it failed: {one_line(err)} (the trainer calls it without "
-                             "arguments to build each episode's environment)") from None
-    if not callable(getattr(instance, "reset", None)):
-        raise UserInputError(f"{where}: its instance ({type(instance).__name__}) has no reset method; an environment "
-                             "defines reset(**row), called with each dataset row before the episode")
-    return factory, instance
+def _environment_line(name, env) -> str:
+    """What `trl-ext check` prints about one checked environment."""
+    return (f"{'' if name is None else f'{name}: '}{type(env.instance).__name__} (reset; tools: "
+            f"{', '.join(m.__name__ for m in env.tools) or 'none'}; reward: {', '.join(env.rewards) or 'none'})")
 
 
 def resolve_tool_keys(ctx) -> ToolKeys:
     """The recipe's :class:`ToolKeys` (module docstring); ``ctx``: the loader's resolution state (``pipeline``,
-    ``training_args``, ``path``). The parsed entries are put back in ``ctx.pipeline`` (mappings decoded)."""
-    from ..ppo.episodes.toolbox import environment_methods
-
+    ``training_args``, ``path``, ``for_check``)."""
     pipeline, base_dir, out = ctx.pipeline, Path(ctx.path).parent, ToolKeys()
     if pipeline.tools is not None:
-        pipeline.tools = [_decoded(entry) for entry in pipeline.tools]
         out.tools, out.tool_entries = _resolve_tools(pipeline.tools, base_dir)
     if pipeline.environment_factory is None:
         if out.tools:
             check_tool_args(ctx.training_args, None, name=recipe_key)
         return out
-    pipeline.environment_factory = _decoded(pipeline.environment_factory)
-    factories, methods = {}, 0
-    for name, (spec_text, where) in _environment_specs(pipeline.environment_factory).items():
-        factories[name], instance = _resolve_environment(spec_text, where, base_dir)
-        cls = type(instance).__name__
-        tools = environment_methods(instance)
-        for method in tools:
-            check_tool(method, f"{where}: method '{method.__name__}'")
-        methods += len(tools)
-        rewarded = callable(getattr(instance, "get_reward", None))
-        if rewarded and cls not in out.environment_rewards:
-            out.environment_rewards.append(cls)
-        rewards = [m for m in ("get_reward", "get_turn_reward") if callable(getattr(instance, m, None))]
-        out.environment_lines.append(
-            f"{'' if name is None else f'{name}: '}{cls} (reset; tools: "
-            f"{', '.join(m.__name__ for m in tools) or 'none'}; reward: {', '.join(rewards) or 'none'})")
+    factories, checked = {}, []
+    for name, (text, where) in _environment_specs(pipeline.environment_factory).items():
+        entry = parse_entry(text, key="environment_factory", where=where)
+        factories[name] = load_entry(entry, base_dir, what="an environment factory")
+        checked.append(check_environment(factories[name], where, keep=not ctx.for_check))  # train: the trainer's
+        out.environment_lines.append(_environment_line(name, checked[-1]))
     out.environment_factory = factories[None] if None in factories else factories
-    if not methods and not out.tools:
-        raise UserInputError("recipe: key 'environment_factory': its environments have no public method and the "
-                             "recipe has no 'tools': the model would have nothing to call")
+    out.environment_rewards = [cls.__name__ for cls in reward_classes(checked)]
+    check_something_to_call(out.tools, checked, name=recipe_key)
     check_tool_args(ctx.training_args, out.environment_factory, name=recipe_key)
     return out
 

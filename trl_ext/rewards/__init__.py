@@ -7,7 +7,6 @@
 * ``columns.py``: the collator that carries the dataset's columns next to the tokenized prompt;
 * ``scoring.py``: the scorer the trainer calls (reward models + functions -> one weighted score per completion);
 * ``metrics.py``: ``rewards/<name>/mean``, ``reward``, ``completions/*`` and the rest, in TRL's names;
-* ``pool.py``: worker processes for slow verifiers (timeouts, errors counted, the run goes on);
 * ``remote.py``: a reward served over HTTP (OpenRLHF's remote reward contract);
 * ``resolve.py``: recipe entries (``module:function``, ``file.py:function``, factories, URLs) -> functions.
 

@@ -3,7 +3,7 @@
 The verifier (a sandbox that runs code, a math checker, a reward model behind a server) lives in another process or
 machine. :class:`RemoteReward` is a reward function with TRL GRPO's calling contract that POSTs the batch it is given
 and returns the rewards the server sends back, so it goes wherever a reward function goes (in process or in a
-:class:`~trl_ext.rewards.pool.RewardWorkerPool`).
+:class:`~trl_ext.user_code.workers.FunctionPool`).
 
 The request, as OpenRLHF sends it (``openrlhf/utils/agent.py``, ``SingleTurnAgentExecutor._fetch_rewards_via_http``;
 the older ``remote_rm_utils.request_api_wrapper``)::

@@ -96,7 +96,7 @@ class RewardScorer:
         names: one per reward, unique (the metric names).
         tokenizer: the policy's tokenizer (decodes prompts and completions).
         pad_token_id: the padding id of the rollout tensors.
-        num_workers: ``0`` in process; ``> 0`` a :class:`~trl_ext.rewards.pool.RewardWorkerPool` runs the functions.
+        num_workers: ``0`` in process; ``> 0`` a :class:`~trl_ext.user_code.workers.FunctionPool` runs the functions.
         timeout_s: the pool's per-call limit.
     """
 
@@ -111,9 +111,9 @@ class RewardScorer:
         self.func_indices = [i for i, r in enumerate(rewards) if not is_reward_model(r)]
         self.pool = None
         if num_workers > 0 and self.func_indices:
-            from .pool import RewardWorkerPool
+            from ..user_code.workers import FunctionPool
 
-            self.pool = RewardWorkerPool([rewards[i] for i in self.func_indices], num_workers, timeout_s)
+            self.pool = FunctionPool([rewards[i] for i in self.func_indices], num_workers, timeout_s)
         self._prompts, self._columns, self._pending, self._state = [], {}, {}, None
         self._extras, self._metrics = {}, {}
         self._episode_completions, self._environments = None, None
@@ -248,5 +248,5 @@ class RewardScorer:
             elif result.status == "error":
                 errors[index] += 1
             else:
-                per_reward[row, index] = check_rewards(self.names[index], result.rewards, row_inputs)[0]
+                per_reward[row, index] = check_rewards(self.names[index], result.value, row_inputs)[0]
         self._pending = {}

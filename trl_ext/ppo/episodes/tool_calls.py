@@ -12,8 +12,8 @@ out after <s> s'}`` and counts as a failure and a timeout (``tools/timeout_frequ
   environment whose method hung is replaced by a fresh instance for later updates
   (:meth:`~trl_ext.ppo.episodes.toolbox.Toolbox.replace_environment`). Environment methods always run here: their
   state lives in the training process.
-* ``tool_num_workers > 0``: the standalone ``tools`` run in worker processes, the reward functions' pool
-  (:class:`~trl_ext.rewards.pool.RewardWorkerPool`): every call of a turn at once, a call past the limit killed with
+* ``tool_num_workers > 0``: the standalone ``tools`` run in worker processes, the pool reward functions
+  run in too (:class:`~trl_ext.user_code.workers.FunctionPool`): every call of a turn at once, a call past the limit killed with
   its worker (and its subprocesses), a crash contained.
 """
 
@@ -90,9 +90,9 @@ class ToolExecutor:
         self.pool_index = {}
         self.pool = None
         if num_workers > 0 and standalone_tools:
-            from ...rewards.pool import RewardWorkerPool
+            from ...user_code.workers import FunctionPool
 
-            self.pool = RewardWorkerPool([_DropRecorders(t) for t in standalone_tools], num_workers, timeout_s)
+            self.pool = FunctionPool([_DropRecorders(t) for t in standalone_tools], num_workers, timeout_s)
             self.pool_index = {id(t): i for i, t in enumerate(standalone_tools)}
 
     def close(self) -> None:
@@ -151,7 +151,7 @@ class ToolExecutor:
 
     def _from_pool(self, name, result, counts: ToolCallCounts):
         if result.status == "ok":
-            return result.rewards  # the pool's field for whatever the function returned
+            return result.value
         counts.failures += 1
         if result.status == "timeout":
             counts.timeouts += 1

@@ -1,26 +1,34 @@
-"""The rules on what comes with ``tools`` / ``environment_factory``: the dataset's prompts, the settings, the stop
-token, the chat template. The trainer (:meth:`Toolbox.for_trainer`, :class:`Toolbox`) and the recipe loader
+"""The contract of ``tools`` / ``environment_factory``: the tools and environments themselves
+(:func:`check_tool`, :func:`check_environment`), the dataset's prompts, the settings, the stop token, the chat
+template. The trainer (:meth:`Toolbox.for_trainer`, :class:`Toolbox`) and the recipe loader
 (:mod:`trl_ext.recipe_loader.tool_keys`, before any model loads) call the same functions; each caller names the
-offending input its own way (``name``: a trainer argument or field as is, a recipe key as ``recipe: key '...'``).
+offending input its own way (``where``, or ``name``: a trainer argument as is, a recipe key as ``recipe: key '...'``).
 Each problem is one :class:`~trl_ext.errors.UserInputError` line.
 """
 
 from __future__ import annotations
 
-from ...errors import UserInputError
+import contextlib
+import inspect
+import weakref
+from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["check_tool_args", "check_tool_callable", "check_tool_dataset", "check_tool_stop_token",
-           "check_tool_template", "one_line"]
+from ...errors import UserInputError, one_line
+
+__all__ = ["NOT_TOOLS", "CheckedEnvironment", "check_environment", "check_something_to_call", "check_tool",
+           "check_tool_args", "check_tool_callable", "check_tool_dataset", "check_tool_stop_token",
+           "check_tool_template", "environment_methods", "reward_classes"]
+
+REWARD_METHODS = ("get_reward", "get_turn_reward")
+NOT_TOOLS = ("reset", *REWARD_METHODS)
+"""An environment's public methods that are not tools: TRL's ``reset`` and ``get_reward``, trl-ext's per-turn reward."""
+SCHEMA_HINT = "a tool needs type hints on its arguments and a docstring with an Args: section describing each"
+_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # factory -> what check_environment(keep=True) built
 
 
 def _as_is(key: str) -> str:
     return key
-
-
-def one_line(err: BaseException) -> str:
-    """An exception as one line: its type and the first line of its text."""
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
 
 
 def check_tool_callable(tool, where: str) -> None:
@@ -31,6 +39,83 @@ def check_tool_callable(tool, where: str) -> None:
         if len(shown) > 40 or "\n" in shown:
             shown = type(tool).__name__
         raise UserInputError(f"{where}: {shown} is not a function (a tool is called by its __name__)")
+
+
+def check_tool(tool, where: str) -> None:
+    """``tool`` can be offered to the model: a named callable whose JSON schema the chat template can render."""
+    from transformers.utils import get_json_schema
+
+    check_tool_callable(tool, where)
+    try:
+        get_json_schema(tool)
+    except Exception as err:  # noqa: BLE001 - transformers' parsing errors, as one line
+        raise UserInputError(f"{where}: the chat template cannot describe it ({one_line(err)}); {SCHEMA_HINT}"
+                             ) from None
+
+
+def environment_methods(instance) -> list:
+    """The tool methods of an environment instance: public functions of its class but :data:`NOT_TOOLS` (listed on
+    the class, as TRL does: ``getmembers`` on the instance would evaluate properties)."""
+    return [getattr(instance, name) for name, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)
+            if name not in NOT_TOOLS and not name.startswith("_")]
+
+
+@dataclass
+class CheckedEnvironment:
+    """An environment factory's first instance, checked: its tool methods and which of ``get_reward`` and
+    ``get_turn_reward`` it has."""
+
+    instance: Any
+    tools: list
+    rewards: tuple
+
+
+def check_environment(factory, where: str, *, keep: bool = False) -> CheckedEnvironment:
+    """Build one instance of ``factory`` and check it: the call works, the instance has ``reset``, each public
+    method is a tool the chat template can describe. ``where``: how messages name the factory. ``keep``: hand this
+    instance to the next check of ``factory`` instead of building another (`trl-ext train`: the recipe loader's
+    check, then the trainer's, which plays it)."""
+    with contextlib.suppress(TypeError):  # a factory that cannot be weakly referenced is never kept
+        kept = _KEPT.pop(factory, None)
+        if kept is not None:
+            return kept
+    if not callable(factory):
+        raise UserInputError(f"{where}: {factory!r} is not callable")
+    try:
+        instance = factory()
+    except Exception as err:  # noqa: BLE001 - the user's constructor, as one line
+        raise UserInputError(f"{where}: calling it failed: {one_line(err)} (the trainer calls it without "
+                             "arguments to build each episode's environment)") from None
+    if not callable(getattr(instance, "reset", None)):
+        raise UserInputError(f"{where}: its instance ({type(instance).__name__}) has no reset method; an environment "
+                             "defines reset(**row), called with each dataset row before the episode")
+    tools = environment_methods(instance)
+    for method in tools:
+        check_tool(method, f"{where}: method '{method.__name__}'")
+    rewards = tuple(m for m in REWARD_METHODS if callable(getattr(instance, m, None)))
+    checked = CheckedEnvironment(instance, tools, rewards)
+    if keep:
+        with contextlib.suppress(TypeError):
+            _KEPT[factory] = checked
+    return checked
+
+
+def reward_classes(environments: list[CheckedEnvironment], method: str = "get_reward") -> list[type]:
+    """The classes of ``environments`` that have ``method`` (``get_reward``: a reward source named after the class),
+    each once, in order."""
+    classes = [type(env.instance) for env in environments if method in env.rewards]
+    return list(dict.fromkeys(classes))
+
+
+def check_something_to_call(tools: list, environments: list[CheckedEnvironment], *, name=_as_is) -> None:
+    """Tools, or an environment with a public method: else the model would have nothing to call."""
+    if tools or any(env.tools for env in environments):
+        return
+    if not environments:
+        raise UserInputError(f"{name('tools')}: none given and no environment_factory: the model would have nothing "
+                             "to call")
+    raise UserInputError(f"{name('environment_factory')}: its environments have no public method and there are no "
+                         "tools: the model would have nothing to call")
 
 
 def check_tool_dataset(dataset, tools, environment_factory, *, where: str) -> None:

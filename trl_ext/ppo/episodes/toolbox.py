@@ -26,20 +26,10 @@ import inspect
 import numbers
 
 from ...errors import UserInputError
-from .tool_rules import (check_tool_args, check_tool_callable, check_tool_dataset, check_tool_stop_token,
-                         check_tool_template)
+from .tool_rules import (check_environment, check_something_to_call, check_tool, check_tool_args, check_tool_dataset,
+                         check_tool_stop_token, check_tool_template, environment_methods, reward_classes)
 
-__all__ = ["NOT_TOOLS", "Toolbox", "environment_methods", "parse_turn", "tool_suffix_ids"]
-
-NOT_TOOLS = ("reset", "get_reward", "get_turn_reward")
-"""An environment's public methods that are not tools: TRL's two and trl-ext's per-turn reward."""
-
-
-def environment_methods(instance) -> list:
-    """The tool methods of an environment instance: public functions of its class but :data:`NOT_TOOLS` (listed on
-    the class, as TRL does: ``getmembers`` on the instance would evaluate properties)."""
-    return [getattr(instance, name) for name, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)
-            if name not in NOT_TOOLS and not name.startswith("_")]
+__all__ = ["Toolbox", "parse_turn", "tool_suffix_ids"]
 
 
 def parse_turn(tokenizer, ids: list[int], prefix: list[int], tools: list) -> dict:
@@ -78,7 +68,7 @@ class Toolbox:
     def __init__(self, tools, environment_factory, processing_class, chat_template_kwargs: dict | None = None):
         tools = list(tools or [])
         for i, tool in enumerate(tools):
-            check_tool_callable(tool, f"tools[{i}]")
+            check_tool(tool, f"tools[{i}]")
         self.standalone_tools = tools
         self.multi_environment = isinstance(environment_factory, dict)
         if environment_factory is None:
@@ -89,26 +79,18 @@ class Toolbox:
             self.factories = {None: environment_factory}
         self.env_tools: dict = {}
         self.pool: dict = {}
-        self.reward_types: list[type] = []
-        self.turn_reward_types: list[type] = []
-        """The environment classes with ``get_turn_reward`` (per-turn rewards), in ``environment_factory``'s order."""
         self.tools = list(tools)  # the union over environments: where only their presence matters
+        checked = []
         for name, factory in (self.factories or {}).items():
-            if not callable(factory):
-                raise UserInputError(f"environment_factory{'' if name is None else f'[{name!r}]'}: {factory!r} "
-                                     "is not callable")
-            instance = factory()
-            if not callable(getattr(instance, "reset", None)):
-                raise UserInputError(f"environment_factory: {type(instance).__name__} has no reset method; each "
-                                     "environment must define reset(**row)")
-            methods = environment_methods(instance)
-            self.env_tools[name] = tools + methods
-            self.pool[name] = [instance]
-            self.tools += [m for m in methods if m not in self.tools]
-            if callable(getattr(instance, "get_reward", None)) and type(instance) not in self.reward_types:
-                self.reward_types.append(type(instance))
-            if callable(getattr(instance, "get_turn_reward", None)) and type(instance) not in self.turn_reward_types:
-                self.turn_reward_types.append(type(instance))
+            env = check_environment(factory, "environment_factory" + ("" if name is None else f"[{name!r}]"))
+            checked.append(env)
+            self.env_tools[name] = tools + env.tools
+            self.pool[name] = [env.instance]
+            self.tools += [m for m in env.tools if m not in self.tools]
+        check_something_to_call(tools, checked)
+        self.reward_types = reward_classes(checked, "get_reward")
+        self.turn_reward_types = reward_classes(checked, "get_turn_reward")
+        """The environment classes with ``get_turn_reward`` (per-turn rewards), in ``environment_factory``'s order."""
         self.processing_class = processing_class
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.chat_template = self._check_template(processing_class)
@@ -150,9 +132,6 @@ class Toolbox:
         render with (None: the tokenizer's)."""
         from ...trl_internals import get_training_chat_template, is_chat_template_prefix_preserving
 
-        if not self.tools:
-            raise UserInputError("tools: none given (environment_factory's environments have no public method "
-                                 "either); pass tools, or environments with tool methods")
         check_tool_template(processing_class, name="processing_class")
         if is_chat_template_prefix_preserving(processing_class):
             return None

@@ -1,4 +1,4 @@
-"""RewardWorkerPool: results, async functions, timeouts, errors, crashes, recorders, concurrency, close, Ctrl-C.
+"""FunctionPool: results, async functions, timeouts, errors, crashes, recorders, concurrency, close, Ctrl-C.
 
 Every test is bounded: a call that would hang has a timeout, and the tests never assert on timing.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_ext.rewards.pool import CallResult, RewardWorkerPool
+from trl_ext.user_code.workers import CallResult, FunctionPool
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,7 +120,7 @@ def _wait_gone(pid: int, seconds: float = 5.0) -> bool:
 @pytest.fixture(scope="module")
 def pool():
     """Two forked workers over every function above, 2 s per call (the tests' calls take milliseconds)."""
-    with RewardWorkerPool([lengths, async_lengths, worker_pid, raises, exits, segfaults, records,
+    with FunctionPool([lengths, async_lengths, worker_pid, raises, exits, segfaults, records,
                            returns_generator], num_workers=2, timeout_s=2.0) as p:
         yield p
 
@@ -131,37 +131,37 @@ def test_results_right_and_collected_in_any_order(pool):
     results = {i: calls[i].result() for i in reversed(range(40))}  # collected last-first
     for i in range(40):
         assert results[i].status == "ok", results[i].message
-        assert results[i].rewards == [2 * i, i]
+        assert results[i].value == [2 * i, i]
         assert results[i].message is None
 
 
 def test_async_function(pool):
     result = pool.submit(1, {"prompts": ["q", "q"], "completions": ["abc", "de"]}).result()
-    assert (result.status, result.rewards) == ("ok", [3.0, 2.0])
+    assert (result.status, result.value) == ("ok", [3.0, 2.0])
 
 
 def test_exception_is_an_error_with_its_traceback(pool):
     result = pool.submit(3, {"completions": ["x = 1"]}).result()
-    assert result.status == "error" and result.rewards is None
+    assert result.status == "error" and result.value is None
     assert result.message.startswith("ValueError: cannot check 'x = 1'\n")
     assert "Traceback (most recent call last)" in result.message and "in raises" in result.message
-    assert pool.submit(1, {"prompts": ["q"], "completions": ["abcd"]}).result().rewards == [4.0]
+    assert pool.submit(1, {"prompts": ["q"], "completions": ["abcd"]}).result().value == [4.0]
 
 
 def test_worker_that_exits_or_segfaults_is_an_error_and_replaced(pool):
-    before = {pool.submit(2, {}).result().rewards[0] for _ in range(8)}
+    before = {pool.submit(2, {}).result().value[0] for _ in range(8)}
     exited, crashed = pool.submit(4, {}).result(), pool.submit(5, {}).result()
     assert (exited.status, exited.message) == ("error", "the worker process exited with code 3 during the call")
     assert (crashed.status, crashed.message) == ("error", "the worker process was killed by SIGSEGV during the call")
     after = [pool.submit(2, {}).result() for _ in range(8)]
     assert all(r.status == "ok" for r in after)
-    assert len(pool._core.workers) == 2 and not {r.rewards[0] for r in after} & before  # both workers replaced
+    assert len(pool._core.workers) == 2 and not {r.value[0] for r in after} & before  # both workers replaced
 
 
 def test_log_extra_and_log_metric_come_back(pool):
     recorders = {"log_extra": print, "log_metric": print}  # the trainer's own: dropped, not pickled
     result = pool.submit(6, {"completions": ["4", "5"], **recorders}).result()
-    assert (result.status, result.rewards) == ("ok", [1.0, 0.0])
+    assert (result.status, result.value) == ("ok", [1.0, 0.0])
     assert result.extras == {"verdict": ["pass", "fail"]}
     assert result.metrics == {"checker/calls": [1.0, 2.5]}
 
@@ -177,15 +177,15 @@ def test_unpicklable_input_raises_at_submit_and_unpicklable_output_is_an_error(p
 
 def test_timeout_kills_the_call_and_its_subprocesses_and_the_pool_goes_on(tmp_path):
     pid_file = tmp_path / "grandchild.pid"
-    with RewardWorkerPool([sleep_then_answer, worker_pid, starts_subprocess], num_workers=1, timeout_s=1.0) as pool:
-        first_pid = pool.submit(1, {}).result().rewards[0]
+    with FunctionPool([sleep_then_answer, worker_pid, starts_subprocess], num_workers=1, timeout_s=1.0) as pool:
+        first_pid = pool.submit(1, {}).result().value[0]
         hung = pool.submit(0, {"completions": ["30"]})
         queued = pool.submit(0, {"completions": ["0.01"]})  # waits behind the hung call, then runs in the new worker
         result = hung.result()
-        assert result.status == "timeout" and result.rewards is None
+        assert result.status == "timeout" and result.value is None
         assert result.message == "timed out after 1 s" and result.seconds >= 1.0
-        assert (queued.result().status, queued.result().rewards) == ("ok", [1.0])
-        assert pool.submit(1, {}).result().rewards[0] != first_pid and _wait_gone(first_pid)
+        assert (queued.result().status, queued.result().value) == ("ok", [1.0])
+        assert pool.submit(1, {}).result().value[0] != first_pid and _wait_gone(first_pid)
 
         result = pool.submit(2, {"completions": [str(pid_file)]}).result()  # a verifier's own subprocess
         assert result.status == "timeout"
@@ -197,11 +197,11 @@ def test_a_timeout_fires_before_a_call_three_times_as_long_could_finish():
     """Calls that sleep 3 s, then would answer [1.0], against a 1 s timeout must come back as "timeout": a deadline
     firing 3x late or later would let them finish "ok". That bounds how late a timeout fires without timing anything.
     The second call runs in the worker that replaced the killed one; a call within the timeout is not cut."""
-    with RewardWorkerPool([sleep_then_answer], num_workers=1, timeout_s=1.0) as pool:
+    with FunctionPool([sleep_then_answer], num_workers=1, timeout_s=1.0) as pool:
         hung = [pool.submit(0, {"completions": ["3"]}).result() for _ in range(2)]
         quick = pool.submit(0, {"completions": ["0.2"]}).result()
-    assert [(r.status, r.rewards) for r in hung] == [("timeout", None)] * 2
-    assert (quick.status, quick.rewards) == ("ok", [1.0])
+    assert [(r.status, r.value) for r in hung] == [("timeout", None)] * 2
+    assert (quick.status, quick.value) == ("ok", [1.0])
 
 
 def test_two_calls_run_at_once_on_two_workers():
@@ -211,11 +211,11 @@ def test_two_calls_run_at_once_on_two_workers():
     def meet(**kwargs):
         return [barrier.wait()]  # the index it got: 0 and 1
 
-    with RewardWorkerPool([meet], num_workers=2, timeout_s=20) as pool:
+    with FunctionPool([meet], num_workers=2, timeout_s=20) as pool:
         calls = [pool.submit(0, {}) for _ in range(2)]
         results = [call.result() for call in calls]
     assert [r.status for r in results] == ["ok", "ok"], [r.message for r in results]
-    assert sorted(r.rewards[0] for r in results) == [0, 1]
+    assert sorted(r.value[0] for r in results) == [0, 1]
 
 
 def test_closures_work_and_torch_in_a_forked_worker_does_not_hang():
@@ -228,16 +228,16 @@ def test_closures_work_and_torch_in_a_forked_worker_does_not_hang():
     try:
         float((torch.ones(500, 500) @ torch.ones(500, 500)).sum())
         offset = 0.5
-        with RewardWorkerPool([torch_matmul, lambda **kw: [offset]], num_workers=1, timeout_s=10) as pool:
+        with FunctionPool([torch_matmul, lambda **kw: [offset]], num_workers=1, timeout_s=10) as pool:
             result, closure = pool.submit(0, {}).result(), pool.submit(1, {}).result()
     finally:
         torch.set_num_threads(threads)
-    assert (result.status, result.rewards) == ("ok", [500.0, 1, "", "1"]), result.message  # one thread, no GPU
-    assert closure.rewards == [0.5]
+    assert (result.status, result.value) == ("ok", [500.0, 1, "", "1"]), result.message  # one thread, no GPU
+    assert closure.value == [0.5]
 
 
 def test_close_resolves_every_pending_call_and_refuses_new_ones():
-    pool = RewardWorkerPool([sleep_then_answer], num_workers=1)
+    pool = FunctionPool([sleep_then_answer], num_workers=1)
     running = pool.submit(0, {"completions": ["30"]})
     queued = [pool.submit(0, {"completions": ["0"]}) for _ in range(3)]
     time.sleep(0.1)  # lets the first call reach the worker (either way, every call must resolve)
@@ -253,26 +253,26 @@ def test_close_resolves_every_pending_call_and_refuses_new_ones():
 
 def test_spawn_start_method_pickles_functions_by_reference():
     with pytest.raises(TypeError, match="importable module-level"):
-        RewardWorkerPool([lambda **kw: [0]], num_workers=1, start_method="spawn")
-    with RewardWorkerPool([lengths], num_workers=1, timeout_s=30, start_method="spawn") as pool:
+        FunctionPool([lambda **kw: [0]], num_workers=1, start_method="spawn")
+    with FunctionPool([lengths], num_workers=1, timeout_s=30, start_method="spawn") as pool:
         result = pool.submit(0, {"prompts": ["q"], "completions": ["abc"], "completion_ids": [[1]], "scale": [2]})
-        assert (result.result().status, result.result().rewards) == ("ok", [6])
+        assert (result.result().status, result.result().value) == ("ok", [6])
 
 
 def test_workers_that_die_before_their_first_call_break_the_pool_in_one_line(tmp_path, monkeypatch):
     """Workers that die while starting are started 3 times in all, then the calls fail with the reason (a worker
     that ran a call and died is replaced for good: test_worker_that_exits_or_segfaults...)."""
     monkeypatch.setenv("TRL_EXT_TEST_STARTS", str(tmp_path / "starts"))
-    with RewardWorkerPool([DiesInTheWorker()], num_workers=1, timeout_s=30, start_method="spawn") as pool:
+    with FunctionPool([DiesInTheWorker()], num_workers=1, timeout_s=30, start_method="spawn") as pool:
         result = pool.submit(0, {}).result()
     assert result.status == "error" and result.message.startswith(
-        "reward worker processes keep dying before their first call (3 in a row; the last: the worker process "
+        "worker processes keep dying before their first call (3 in a row; the last: the worker process "
         ), result.message  # exited, or killed by the pool first: a race
     assert (tmp_path / "starts").read_text() == "start\n" * 3
 
 
 def test_a_worker_exiting_with_code_0_during_a_call_is_an_error():
-    with RewardWorkerPool([exits_cleanly, worker_pid], num_workers=1, timeout_s=30) as pool:
+    with FunctionPool([exits_cleanly, worker_pid], num_workers=1, timeout_s=30) as pool:
         result = pool.submit(0, {}).result()
         assert (result.status, result.message) == ("error", "the worker process exited with code 0 during the call")
         assert pool.submit(1, {}).result().status == "ok"
@@ -281,15 +281,15 @@ def test_a_worker_exiting_with_code_0_during_a_call_is_an_error():
 def test_a_dispatcher_failure_resolves_the_running_call_with_its_reason(monkeypatch):
     """The safety net of a bug in the dispatcher thread (here: reading a reply fails): the call being run comes back
     as an error naming the failure instead of leaving result() waiting forever."""
-    from trl_ext.rewards import pool as pool_module
+    from trl_ext.user_code import workers as pool_module
 
     def broken_collect(self, worker):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(pool_module._PoolCore, "collect", broken_collect)
-    with RewardWorkerPool([sleep_then_answer], num_workers=1, timeout_s=30) as pool:
+    with FunctionPool([sleep_then_answer], num_workers=1, timeout_s=30) as pool:
         result = pool.submit(0, {"completions": ["0.1"]}).result()
-    assert (result.status, result.message) == ("error", "the reward pool's dispatcher failed: RuntimeError: boom")
+    assert (result.status, result.message) == ("error", "the worker pool's dispatcher failed: RuntimeError: boom")
 
 
 def test_ctrl_c_in_the_parent_leaves_no_worker_behind(tmp_path):
@@ -299,9 +299,9 @@ def test_ctrl_c_in_the_parent_leaves_no_worker_behind(tmp_path):
     script = tmp_path / "interrupted.py"
     script.write_text(textwrap.dedent("""
         import os, signal, sys, threading, time
-        from trl_ext.rewards.pool import RewardWorkerPool
+        from trl_ext.user_code.workers import FunctionPool
 
-        pool = RewardWorkerPool([lambda **kw: time.sleep(60)], num_workers=2)
+        pool = FunctionPool([lambda **kw: time.sleep(60)], num_workers=2)
         print(*[w.process.pid for w in pool._core.workers], flush=True)
         call = pool.submit(0, {})
         threading.Timer(0.3, lambda: os.killpg(0, signal.SIGINT)).start()
@@ -318,30 +318,30 @@ def test_ctrl_c_in_the_parent_leaves_no_worker_behind(tmp_path):
 
 def test_bad_arguments():
     with pytest.raises(TypeError):
-        RewardWorkerPool([], num_workers=1)
+        FunctionPool([], num_workers=1)
     with pytest.raises(ValueError, match="num_workers"):
-        RewardWorkerPool([worker_pid], num_workers=0)
+        FunctionPool([worker_pid], num_workers=0)
     with pytest.raises(ValueError, match="timeout_s"):
-        RewardWorkerPool([worker_pid], num_workers=1, timeout_s=0)
+        FunctionPool([worker_pid], num_workers=1, timeout_s=0)
     assert CallResult("ok", [1.0], None).extras == {}
 
 
 def test_a_pool_nobody_closed_is_closed_when_garbage_collected():
     import gc
 
-    pool = RewardWorkerPool([worker_pid], num_workers=1)
-    pid = pool.submit(0, {}).result().rewards[0]
+    pool = FunctionPool([worker_pid], num_workers=1)
+    pid = pool.submit(0, {}).result().value[0]
     del pool
     gc.collect()
     assert _wait_gone(pid)
 
 
 def test_a_forked_copy_of_the_parent_does_not_close_the_parents_workers():
-    with RewardWorkerPool([worker_pid], num_workers=1) as pool:
-        pid = pool.submit(0, {}).result().rewards[0]
+    with FunctionPool([worker_pid], num_workers=1) as pool:
+        pid = pool.submit(0, {}).result().value[0]
         child = os.fork()
         if child == 0:  # what an exiting fork of the trainer does at interpreter exit (the finalizer runs there too)
             pool.close()
             os._exit(0)
         os.waitpid(child, 0)
-        assert pool.submit(0, {}).result().rewards == [pid]
+        assert pool.submit(0, {}).result().value == [pid]

@@ -1,10 +1,11 @@
-"""Worker processes for slow reward functions, with a per-call timeout.
+"""Worker processes for the user's functions (reward functions, tools), with a per-call timeout.
 
-A reward function that executes code or runs a math checker can take seconds, hang, or crash its process. With
-:class:`RewardWorkerPool` the trainer submits one call per completion (or per chunk) and collects the results later:
+A reward function that executes code or runs a math checker can take seconds, hang, or crash its process; so can a
+tool. With :class:`FunctionPool` the trainer submits one call per completion (or per chunk, or per tool call) and
+collects the results later:
 the calls run in ``num_workers`` processes at once, and a call that runs past ``timeout_s``, raises, or kills its
 worker comes back as a :class:`CallResult` with status ``"timeout"`` or ``"error"``; the pool replaces the worker and
-keeps serving the other calls. Nothing a reward function does can hang or kill the training process.
+keeps serving the other calls. Nothing such a function does can hang or kill the training process.
 
 How it works:
 
@@ -12,14 +13,14 @@ How it works:
   inherit the functions as they are (closures, lambdas, functions loaded from a file), nothing is pickled. Elsewhere
   (or ``start_method="spawn"``) the functions are pickled by reference, so they must be importable module-level
   functions. A worker replaced after a timeout or crash is forked the same way.
-* A call's keyword arguments are pickled in :meth:`RewardWorkerPool.submit`, in the caller's thread (an object that
+* A call's keyword arguments are pickled in :meth:`FunctionPool.submit`, in the caller's thread (an object that
   cannot be pickled raises there). One daemon thread in the parent sends queued calls to idle workers in submission
   order, collects replies, and kills a worker whose call is past its deadline (counted from when the call was handed
   to the worker, not from submit; a worker gets calls only once it has started up). Results are collected in any
   order with :meth:`PendingCall.result`.
 * The worker calls ``funcs[i](**kwargs, log_extra=..., log_metric=...)`` (TRL GRPO's recorders, kept in the worker and
   returned with the result); an ``async def`` function (any awaitable result) runs under ``asyncio.run``.
-* In a worker: SIGINT is ignored (Ctrl-C is the parent's to handle; :meth:`RewardWorkerPool.close` kills the
+* In a worker: SIGINT is ignored (Ctrl-C is the parent's to handle; :meth:`FunctionPool.close` kills the
   workers), ``CUDA_VISIBLE_DEVICES`` is emptied and ``OMP_NUM_THREADS=1``, and if the parent has torch loaded the
   worker runs it on one thread (``torch.set_num_threads(1)``: N workers on N cores, no oversubscription). The pool's
   own thread forks every worker: a child forked from a thread that has run torch's OpenMP pool hangs in its first
@@ -28,7 +29,7 @@ How it works:
 * Each worker leads its own process group, so a timeout kills the verifier's own subprocesses too (code
   execution); a worker exits by itself when the parent dies (Linux ``PR_SET_PDEATHSIG``, and a parent-pid check
   once a second while idle).
-* :meth:`RewardWorkerPool.close` (also ``with``, garbage collection, and interpreter exit) kills the workers; calls
+* :meth:`FunctionPool.close` (also ``with``, garbage collection, and interpreter exit) kills the workers; calls
   still queued or running then resolve with status ``"error"`` ("pool closed"), so no ``result()`` waits forever.
 
 Cost: a call's arguments and reply are pickled once each way through a pipe (``benchmarks/slow_verifier.py``
@@ -50,6 +51,7 @@ import time
 import traceback
 import weakref
 from dataclasses import dataclass, field
+from typing import Any
 from multiprocessing.connection import wait as wait_ready
 
 # Keys the worker supplies itself; a caller that passes the trainer's own recorders has them dropped (they would
@@ -64,7 +66,7 @@ MAX_START_FAILURES = 3
 class CallResult:
     """The outcome of one call.
 
-    ``status`` is ``"ok"``, ``"timeout"`` or ``"error"``. ``rewards`` is what the function returned (not validated),
+    ``status`` is ``"ok"``, ``"timeout"`` or ``"error"``. ``value`` is what the function returned (not validated),
     for ``"ok"`` only. ``message``: for an error the exception type, message and traceback text (or how the worker
     died); for a timeout ``"timed out after X s"``. ``extras`` holds ``{column: [values]}`` from ``log_extra`` calls
     and ``metrics`` ``{name: [floats]}`` from ``log_metric`` calls in the worker (empty when the worker was killed).
@@ -72,7 +74,7 @@ class CallResult:
     """
 
     status: str
-    rewards: list | None
+    value: Any
     message: str | None
     extras: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
@@ -145,7 +147,7 @@ async def _await(awaitable):
 
 
 def _run_call(func, kwargs: dict) -> bytes:
-    """Run one call and return its pickled reply: (status, rewards, message, extras, metrics, seconds)."""
+    """Run one call and return its pickled reply: (status, value, message, extras, metrics, seconds)."""
     extras: dict = {}
     metrics: dict = {}
 
@@ -167,7 +169,7 @@ def _run_call(func, kwargs: dict) -> bytes:
     try:
         return pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:  # noqa: BLE001
-        message = f"the reward function's result could not be pickled: {type(exc).__name__}: {exc}"
+        message = f"the function's result could not be pickled: {type(exc).__name__}: {exc}"
         return pickle.dumps(("error", None, message, {}, {}, reply[5]), protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -232,7 +234,7 @@ def _how_it_died(process) -> str:
 
 
 class _PoolCore:
-    """Everything the dispatcher thread and :meth:`RewardWorkerPool.close` share (kept apart from the pool object so
+    """Everything the dispatcher thread and :meth:`FunctionPool.close` share (kept apart from the pool object so
     that the thread does not keep the pool alive, and garbage collection can close it)."""
 
     def __init__(self, ctx, funcs, funcs_payload, num_workers: int, timeout_s: float | None):
@@ -255,7 +257,7 @@ class _PoolCore:
         self.started = threading.Event()
         self.start_error: BaseException | None = None
         self.num_workers = num_workers
-        self.thread = threading.Thread(target=self.dispatch_forever, name="RewardWorkerPool", daemon=True)
+        self.thread = threading.Thread(target=self.dispatch_forever, name="FunctionPool", daemon=True)
         self.thread.start()
         self.started.wait()
         if self.start_error is not None:
@@ -271,7 +273,7 @@ class _PoolCore:
         else:
             inherited, funcs = [], self.funcs_payload
         process = self.ctx.Process(
-            target=_worker_main, args=(child_conn, funcs, os.getpid(), inherited), name="reward-worker", daemon=False
+            target=_worker_main, args=(child_conn, funcs, os.getpid(), inherited), name="function-worker", daemon=False
         )
         process.start()
         child_conn.close()
@@ -290,7 +292,7 @@ class _PoolCore:
         if self.closed or self.start_failures >= MAX_START_FAILURES:
             self.workers.pop(index)
             if not self.closed and self.broken is None:
-                self.fail_everything(f"reward worker processes keep dying before their first call "
+                self.fail_everything(f"worker processes keep dying before their first call "
                                      f"({MAX_START_FAILURES} in a row; the last: {_how_it_died(worker.process)})")
             return
         self.workers[index] = self.start_worker()
@@ -307,7 +309,7 @@ class _PoolCore:
     def submit(self, call: PendingCall, payload: bytes) -> None:
         with self.lock:
             if self.closed:
-                raise RuntimeError("RewardWorkerPool.submit: the pool is closed")
+                raise RuntimeError("FunctionPool.submit: the pool is closed")
             if self.broken is not None:
                 call._resolve(CallResult("error", None, self.broken))
                 return
@@ -338,7 +340,7 @@ class _PoolCore:
                 self.dispatch_once()
         except BaseException as exc:  # noqa: BLE001 - a bug here must not leave result() waiting forever
             if not self.closed:
-                reason = f"the reward pool's dispatcher failed: {type(exc).__name__}: {exc}"
+                reason = f"the worker pool's dispatcher failed: {type(exc).__name__}: {exc}"
                 self.fail_everything(reason)
                 for worker in self.workers:
                     if worker.call is not None:
@@ -414,8 +416,7 @@ class _PoolCore:
             return
         worker.call, worker.deadline, worker.ran_a_call = None, None, True
         self.start_failures = 0
-        status, rewards, message, extras, metrics, seconds = pickle.loads(data)
-        call._resolve(CallResult(status, rewards, message, extras, metrics, seconds))
+        call._resolve(CallResult(*pickle.loads(data)))
 
     # -- shutdown
     def close(self) -> None:
@@ -437,16 +438,16 @@ class _PoolCore:
             worker.process.join(timeout=5)
             worker.conn.close()
             if worker.call is not None:
-                worker.call._resolve(CallResult("error", None, "the reward pool was closed during the call"))
+                worker.call._resolve(CallResult("error", None, "the worker pool was closed during the call"))
         for call in queued:
-            call._resolve(CallResult("error", None, "the reward pool was closed before the call started"))
+            call._resolve(CallResult("error", None, "the worker pool was closed before the call started"))
         self.wake_r.close()
         self.wake_w.close()
 
 
-class RewardWorkerPool:
-    """``num_workers`` processes that run calls of ``funcs`` (sync or ``async def`` reward functions), each bounded by
-    ``timeout_s`` seconds (None: no limit). See the module docstring for how calls run and fail.
+class FunctionPool:
+    """``num_workers`` processes that run calls of ``funcs`` (reward functions, tools; sync or ``async def``), each
+    bounded by ``timeout_s`` seconds (None: no limit). See the module docstring for how calls run and fail.
 
     ``start_method`` (keyword only, default: ``"fork"`` where available, else ``"spawn"``) picks how workers start;
     under ``"spawn"`` the functions must pickle by reference (importable module-level functions).
@@ -459,11 +460,11 @@ class RewardWorkerPool:
                  start_method: str | None = None):
         funcs = list(funcs)
         if not funcs or not all(callable(f) for f in funcs):
-            raise TypeError(f"RewardWorkerPool: funcs must be a non-empty list of callables, got {funcs!r}")
+            raise TypeError(f"FunctionPool: funcs must be a non-empty list of callables, got {funcs!r}")
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-            raise ValueError(f"RewardWorkerPool: num_workers must be an integer >= 1, got {num_workers!r}")
+            raise ValueError(f"FunctionPool: num_workers must be an integer >= 1, got {num_workers!r}")
         if timeout_s is not None and not timeout_s > 0:
-            raise ValueError(f"RewardWorkerPool: timeout_s must be > 0 or None, got {timeout_s!r}")
+            raise ValueError(f"FunctionPool: timeout_s must be > 0 or None, got {timeout_s!r}")
         if start_method is None:
             start_method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         ctx = multiprocessing.get_context(start_method)
@@ -473,7 +474,7 @@ class RewardWorkerPool:
                 payload = pickle.dumps(funcs, protocol=pickle.HIGHEST_PROTOCOL)
             except Exception as exc:
                 raise TypeError(
-                    f"RewardWorkerPool: with the {start_method!r} start method the reward functions are pickled by "
+                    f"FunctionPool: with the {start_method!r} start method the functions are pickled by "
                     f"reference and must be importable module-level functions; this one is not: "
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
@@ -488,7 +489,7 @@ class RewardWorkerPool:
         """Queue ``funcs[func_index](**kwargs)`` and return at once. ``kwargs`` must pickle; ``log_extra`` and
         ``log_metric`` in it are dropped (the worker supplies its own)."""
         if not 0 <= func_index < self.num_funcs:
-            raise IndexError(f"RewardWorkerPool.submit: func_index {func_index} not in [0, {self.num_funcs})")
+            raise IndexError(f"FunctionPool.submit: func_index {func_index} not in [0, {self.num_funcs})")
         kwargs = {key: value for key, value in kwargs.items() if key not in RECORDER_KEYS}
         payload = pickle.dumps((func_index, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
         call = PendingCall(func_index)
@@ -503,7 +504,7 @@ class RewardWorkerPool:
         """Kill the workers. Calls still queued or running resolve with status ``"error"``. Idempotent."""
         self._finalizer()
 
-    def __enter__(self) -> RewardWorkerPool:
+    def __enter__(self) -> FunctionPool:
         return self
 
     def __exit__(self, *exc_info) -> None:
