@@ -119,7 +119,9 @@ def test_shipped_rl_recipes_carry_the_benchmarks_settings(bench, sft_work, tmp_p
     def named(functions):  # the loader imports tool_task.py from the recipe's folder as its own module
         return [(f.__name__, Path(inspect.getfile(f)).resolve()) for f in functions]
 
-    assert named(recipe.tools) == [("add", bench.TASK / "tool_task.py")]
+    from trl_ext.testing.tools import add
+
+    assert recipe.tools == [add]  # tool_task.py:add is the tests' add (the tool the tiny models learn)
     assert named(recipe.reward_funcs) == [("exact_match", bench.TASK / "tool_task.py")]
     assert recipe.reward_model_args is None and (recipe.value_model_args is not None) == (recipe_name == "gae.yaml")
 
