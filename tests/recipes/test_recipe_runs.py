@@ -2,7 +2,9 @@
 process: tests/cli_in_process.py), wandb offline, and 2-process CPU runs through `accelerate launch`.
 
 The demo recipes in recipes/demo are run as shipped, with only output paths (and, for the short runs, step counts)
-overridden. `tiny://` models come from the session's tiny-model directory (TRL_EXT_TINY_DIR).
+overridden. `tiny://` models come from the session's tiny-model directory (TRL_EXT_TINY_DIR). Each threshold on a
+learned number is at least two standard deviations below the worst value measured over seeds 0-2 under the AVX-512,
+AVX2 and default kernels (tests/README.md, "Learning thresholds").
 """
 
 import contextlib
@@ -44,6 +46,13 @@ def history(out_dir):
     return json.loads((Path(out_dir) / "trainer_state.json").read_text())["log_history"]
 
 
+def first_and_last(out_dir, updates):
+    """Mean `objective/scores` of a PPO run's first 8 and last 8 updates (after checking it ran `updates`)."""
+    scores = [h["objective/scores"] for h in history(out_dir) if "objective/scores" in h]
+    assert len(scores) == updates
+    return sum(scores[:8]) / 8, sum(scores[-8:]) / 8
+
+
 @pytest.fixture(scope="module")
 def demo_run(tiny_env, tmp_path_factory):
     """`trl-ext demo --out OUT` (the README's one-command demo, in this process): (OUT, exit code, stdout)."""
@@ -68,7 +77,7 @@ def demo_reward(demo_run):
 
 def test_reward_demo_learns_and_writes_its_output_dir(demo_reward):
     logs = [h for h in history(demo_reward) if "accuracy" in h]
-    assert logs[0]["accuracy"] < 0.9 and logs[-1]["accuracy"] == 1.0
+    assert logs[0]["accuracy"] < logs[-1]["accuracy"] == 1.0
     assert logs[-1]["loss"] < logs[0]["loss"] / 10
     names = {p.name for p in demo_reward.iterdir()}
     assert {"model.safetensors", "config.json", "tokenizer.json", "trl_ext_recipe.yaml", "trainer_state.json"} <= names
@@ -98,10 +107,8 @@ def test_demo_in_one_command_learns_exports_samples_and_plots(demo_run):
     out, code, printed = demo_run
     assert code == 0, printed[-3000:]
     ppo = out / "ppo"
-    scores = [h["objective/scores"] for h in history(ppo) if "objective/scores" in h]
-    assert len(scores) == 64
-    first, last = sum(scores[:8]) / 8, sum(scores[-8:]) / 8
-    assert first < -1.0 and last > 1.5, (first, last)
+    first, last = first_and_last(ppo, 64)
+    assert last > first + 2.0 and last > 1.0, (first, last)  # measured: rise 3.9-4.7, last 2.0-2.8
     assert {"model.safetensors", "tokenizer.json", "trl_ext_recipe.yaml", "trainer_state.json"} <= \
         {p.name for p in ppo.iterdir()}
     policy = AutoModelForCausalLM.from_pretrained(out / "export" / "policy")
@@ -118,6 +125,7 @@ def test_demo_in_one_command_learns_exports_samples_and_plots(demo_run):
     for kind in ("reward", "ppo"):
         png = (out / "plots" / f"{kind}.png").read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    scores = [h["objective/scores"] for h in history(ppo) if "objective/scores" in h]
     tail = sum(scores[-10:]) / 10
     summary = printed[printed.index("trl-ext demo: done"):]
     assert f"{scores[0]:+.2f} at update 1 -> {tail:+.2f} (mean of the last 10 of 64 updates" in summary
@@ -158,10 +166,8 @@ def test_ppo_rloo_demo_learns_without_a_value_model(demo_reward, tmp_path):
     out = tmp_path / "ppo_rloo"
     trainer = train(DEMO / "ppo_rloo.yaml", "--output_dir", out, "--reward_model_path", demo_reward)
     logs = [h for h in history(out) if "objective/scores" in h]
-    scores = [h["objective/scores"] for h in logs]
-    assert len(scores) == 32
-    first, last = sum(scores[:8]) / 8, sum(scores[-8:]) / 8
-    assert first < -1.0 and last > 1.5, (first, last)
+    first, last = first_and_last(out, 32)
+    assert last > first + 1.5 and last > 0.0, (first, last)  # measured: rise 3.4-4.7, last 1.3-2.7
     assert not [key for key in logs[0] if key.startswith("val/")] and "objective/frac_groups_equal_scores" in logs[0]
     from trl_ext.ppo.objective.critic import NoValueModel
 
@@ -171,9 +177,10 @@ def test_ppo_rloo_demo_learns_without_a_value_model(demo_reward, tmp_path):
 
 @pytest.fixture(scope="module")
 def demo_reward_lora(tiny_env, tmp_path_factory):
-    """recipes/demo/reward_lora.yaml for one epoch (16 steps): a LoRA reward adapter on the tiny policy's base."""
+    """recipes/demo/reward_lora.yaml as shipped (2 epochs, 32 steps): a LoRA reward adapter on the tiny policy's base.
+    (After one epoch its scale differed so much between seeds that PPO's rise against it ranged from 0.4 to 3.8.)"""
     out = tmp_path_factory.mktemp("demo") / "reward_lora"
-    train(DEMO / "reward_lora.yaml", "--output_dir", out, "--max_steps", 16)
+    train(DEMO / "reward_lora.yaml", "--output_dir", out)
     return out
 
 
@@ -181,10 +188,9 @@ def test_ppo_shared_demo_learns(demo_reward_lora, tmp_path):
     """The shipped shared-base PPO demo (reward and value as adapters on the policy's base) learns like ppo.yaml."""
     out = tmp_path / "ppo_shared"
     trainer = train(DEMO / "ppo_shared.yaml", "--output_dir", out, "--reward_model_path", demo_reward_lora)
-    scores = [h["objective/scores"] for h in history(out) if "objective/scores" in h]
-    assert len(scores) == 32
-    first, last = sum(scores[:8]) / 8, sum(scores[-8:]) / 8
-    assert last > first + 1.5 and last > 1.5, (first, last)
+    first, last = first_and_last(out, 32)
+    # measured: rise 2.7-5.8 (the first updates' score depends on the reward adapter's scale), last 3.7-4.9
+    assert last > first + 0.75 and last > 2.0, (first, last)
     # one base: policy, reward and value models all run on the policy's weights
     policy = trainer.accelerator.unwrap_model(trainer.model).policy
     assert trainer.reward_model.policy is policy and trainer.model.value_model.policy is policy
