@@ -21,7 +21,11 @@ gives here (GRPOConfig -> ours):
 * clipping: `epsilon` 0.2 -> `cliprange` 0.2;
 * sampling: temperature 1, no top-k, top-p 1 in both (TRL `top_k` 0, `top_p` 1.0);
 * lengths: `max_completion_length` 5 -> `response_length` 5, stop at eos;
-* optimizer: AdamW, lr 3e-4 constant, no warmup (passed through); `max_grad_norm` 0 (no clipping on either side);
+* optimizer: AdamW, the task's lr (`RL_SETTINGS`) constant, no warmup (passed through); `max_grad_norm` 0 (no
+  clipping on either side);
+* precision: float32 on both sides (`bf16` False). GRPOTrainer's default `bf16` autocasts its forward passes,
+  sampling included, to bfloat16, on CPU too; our PPOTrainer, as TRL's PPO, computes in the loaded weights' dtype.
+  ``--trl-bf16`` leaves TRL its default (the section 12 runs of November 28 were measured so);
 * reward: `reward_funcs=[exact_match_reward]` in both, no reward model; the same `prompt`/`answer` dataset, which
   each trainer tokenizes itself.
 
@@ -50,6 +54,7 @@ Needs TRL >= 1.13 (GRPOTrainer with the reward-function contract used here). Wri
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import statistics
 import sys
@@ -76,8 +81,9 @@ def trl_version_ok() -> tuple[bool, str]:
     return Version(trl.__version__) >= Version("1.13"), trl.__version__
 
 
-def trl_grpo_config(out: Path, updates: int, seed: int):
-    """The one GRPOConfig of both sides: the verifiable task's RL_SETTINGS in GRPO's words (module docstring)."""
+def trl_grpo_config(out: Path, updates: int, seed: int, bf16: bool = False):
+    """The one GRPOConfig of both sides: the verifiable task's RL_SETTINGS in GRPO's words (module docstring);
+    ``bf16`` True: GRPOConfig's default, TRL's side autocast to bfloat16."""
     from trl import GRPOConfig
 
     s = RL_SETTINGS
@@ -92,6 +98,7 @@ def trl_grpo_config(out: Path, updates: int, seed: int):
         temperature=s["temperature"], top_k=0, top_p=1.0, max_completion_length=s["response_length"],
         learning_rate=s["learning_rate"], lr_scheduler_type=s["lr_scheduler_type"], warmup_steps=0,
         max_grad_norm=0.0, mask_truncated_completions=False, log_completions=False,
+        bf16=bf16,  # module docstring, "precision"
     )
 
 
@@ -219,8 +226,9 @@ def run_ours(sft_dir, train_rows, out, updates, seed, order="own", draws=False):
     return trainer, trainer.model.policy, clock, reward, calls
 
 
-def run_trl(sft_dir, train_rows, out, updates, seed, order="own", draws=False):
-    """TRL's GRPOTrainer (its own order: ``order`` is ours to change), reward recording, optionally same draws."""
+def run_trl(sft_dir, train_rows, out, updates, seed, order="own", draws=False, bf16=False):
+    """TRL's GRPOTrainer (its own order: ``order`` is ours to change), reward recording, optionally same draws;
+    ``bf16``: :func:`trl_grpo_config`'s."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
@@ -229,7 +237,7 @@ def run_trl(sft_dir, train_rows, out, updates, seed, order="own", draws=False):
     torch.manual_seed(seed)
     reward = RecordedReward()
     trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(sft_dir), reward_funcs=[reward],
-                          args=trl_grpo_config(out, updates, seed), train_dataset=prompt_data(train_rows),
+                          args=trl_grpo_config(out, updates, seed, bf16), train_dataset=prompt_data(train_rows),
                           processing_class=tokenizer)
     calls = same_draws(trainer.model, seed, tokenizer.eos_token_id) if draws else None
     clock = UpdateClock(RL_SETTINGS["num_ppo_epochs"])
@@ -249,6 +257,8 @@ def main(argv=None) -> int:
                    "its way (default); trl: ours takes TRL's RepeatSampler order for the seed")
     p.add_argument("--same-draws", action="store_true", help="both reseed torch's RNG alike before each update's "
                    "generate call (same models sample the same completions)")
+    p.add_argument("--trl-bf16", action="store_true", help="leave GRPOTrainer its default bf16 (bfloat16 autocast, "
+                   "on CPU too); default: float32 on both sides")
     a = p.parse_args(argv)
     setup_env(threads=1)
     ok, version = trl_version_ok()
@@ -291,7 +301,8 @@ def main(argv=None) -> int:
             return result
         return once
 
-    results = alternate({"trl_ext": measured("trl_ext", run_ours), "trl": measured("trl", run_trl)}, repeats)
+    results = alternate({"trl_ext": measured("trl_ext", run_ours),
+                         "trl": measured("trl", functools.partial(run_trl, bf16=a.trl_bf16))}, repeats)
     ratio = [o["seconds_per_update"] / t["seconds_per_update"] for o, t in zip(results["trl_ext"], results["trl"])]
     rows = []
     for name, label in (("trl_ext", "trl_ext PPOTrainer, grpo"), ("trl", f"TRL {version} GRPOTrainer")):
@@ -309,8 +320,8 @@ def main(argv=None) -> int:
     ours_keys = {k: getattr(ours, k) for k in (*RL_SETTINGS, "advantage_estimator", "num_samples_per_prompt", "kl_in",
                                                "loss_aggregation", "use_bias_correction_kl", "total_episodes")}
     write_result("vs_trl_grpo", {"updates": updates, "repeats": repeats, "order": a.order,
-                                 "same_draws": a.same_draws, "ours": ours_keys,
-                                 "trl_config": trl_grpo_config(work, updates, 0).to_dict()},
+                                 "same_draws": a.same_draws, "trl_bf16": a.trl_bf16, "ours": ours_keys,
+                                 "trl_config": trl_grpo_config(work, updates, 0, a.trl_bf16).to_dict()},
                  {"sft": start, "runs": results, "time_ratio": ratio, "paired": paired}, out=a.out)
     print(f"load average now {load_average()}")
     return 0
@@ -338,9 +349,10 @@ def paired_summary(ours: list[dict], theirs: list[dict], block: int = 10) -> dic
     for label, c in cells:
         print(f"ours - TRL, {label}: {c['mean']:+.4f} (95 % interval {c['low']:+.4f} to {c['high']:+.4f}; "
               f"{c['below_zero']} of {c['n']} seeds below 0)")
-    print(f"same prompts in the same order, per seed: {out['same_prompts']}; from which update on (None: never) the "
-          f"sampled tokens differ: {out['sampled_differ_from_update']}, the scored completions: "
-          f"{out['scored_differ_from_update']}")
+    print(f"same prompts in the same order, per seed: {out['same_prompts']}")
+    if ours and ours[0]["sampled_digest"] is not None:
+        print(f"from which update on (None: never) the sampled tokens differ, per seed: "
+              f"{out['sampled_differ_from_update']}; the scored completions: {out['scored_differ_from_update']}")
     return out
 
 

@@ -54,6 +54,7 @@ def test_vs_trl_grpo_both_trainers_run_the_same_updates(sft_dir, tmp_path):
     assert (ours["advantage_estimator"], ours["num_samples_per_prompt"], ours["kl_in"]) == ("grpo", k, "loss")
     assert ours["loss_aggregation"] == "token_mean" and ours["total_episodes"] == 2 * batch
     assert theirs["num_generations"] == k and theirs["max_steps"] == 2 * epochs
+    assert theirs["bf16"] is False and settings["trl_bf16"] is False  # float32 on both sides unless --trl-bf16
     assert accuracy(r["sft"])
     for name in ("trl_ext", "trl"):
         (run,) = r["runs"][name]
