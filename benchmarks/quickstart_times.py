@@ -5,11 +5,11 @@
     python benchmarks/quickstart_times.py --quickstart demo verifiable --json benchmarks/results/quickstart.json
 
 What it does: ``git clone`` of this repository's committed HEAD into a temporary folder; the commands of the README's
-quickstart sections (the ```bash blocks under "### Run the demo" and "### Reward functions: a verifiable task", read
-from the clone's README, so the figures belong to the README they time) run one after the other from the clone's
-root, each through the shell, with this Python environment and ``PYTHONPATH`` pointing at the clone (so the clone's
-``trl_ext`` runs, as after ``pip install -e .`` there). A chain ``a && b`` is timed as two commands. The tiny models
-are built into a fresh folder (``TRL_EXT_TINY_DIR``), so the first command pays for building them, as on a new
+quickstart sections (the ```bash blocks under "### The demo step by step" and "### Reward functions: a verifiable
+task", read from the clone's README, so the figures belong to the README they time) run one after the other from the
+clone's root, each through the shell, with this Python environment and ``PYTHONPATH`` pointing at the clone (so the
+clone's ``trl_ext`` runs, as after ``pip install -e .`` there). A chain ``a && b`` is timed as two commands. The tiny
+models are built into a fresh folder (``TRL_EXT_TINY_DIR``), so the first command pays for building them, as on a new
 machine; ``HF_HUB_OFFLINE=1`` keeps a machine without network from waiting on Hub retries.
 
 It prints each command's wall time and exit code, the headline line of each ``trl-ext train`` summary (the main
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = {"demo": "### Run the demo", "verifiable": "### Reward functions: a verifiable task"}
+SECTIONS = {"demo": "### The demo step by step", "verifiable": "### Reward functions: a verifiable task"}
 
 
 def quickstart_commands(readme: str, heading: str) -> list[str]:

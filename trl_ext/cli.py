@@ -2,6 +2,8 @@
 ``recipes`` (train, check, plan, plot) and ``export`` (export, sample, score).
 
 Commands:
+  demo [--out DIR] [--overwrite]   the README's demo in one command: reward model, PPO, export, sample, plot, then a
+                                   summary of what each step wrote and what its numbers mean (trl_ext/demo.py)
   train RECIPE [--key value ...]   train an SFT, reward, DPO or PPO model from a YAML recipe; ends with a summary
                                    (where the model, recipe and metrics went, the main metric, the next commands)
   check RECIPE [--key value ...]   validate a recipe without loading any model; print the resolved settings
@@ -70,6 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--smoothing", type=float, default=0.0,
                    help="exponential moving average weight in [0, 1) (as wandb's slider; default 0: raw)")
     _add_export_parsers(sub)
+    help_ = "run the README's demo in one command: reward model, PPO, export, sample and plot, then a summary"
+    p = sub.add_parser("demo", help=help_, description=help_ + (
+        ". Needs a clone of the repository (recipes/demo) and matplotlib; runs offline on a CPU in about a minute. "
+        "Each step is the trl-ext command printed before it."))
+    p.add_argument("--out", default="outputs/demo", help="folder for the demo's outputs: reward/, ppo/, export/, "
+                   "samples.jsonl, plots/ (default: outputs/demo, as the step-by-step commands)")
+    p.add_argument("--overwrite", action="store_true", help="replace the outputs of an earlier demo (refused "
+                   "otherwise, before anything runs)")
     return parser
 
 
@@ -167,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from .recipe_loader.loader import resolve_recipe
+
+    if args.command == "demo":  # each step through this dispatch, as its trl-ext command (trl_ext/demo.py)
+        from .demo import run_demo
+
+        return run_demo(args, lambda argv: _run(build_parser().parse_args(argv)))
 
     if args.command in ("export", "sample", "score"):  # trl_ext/export/{export_models,sample,score}.py
         import importlib

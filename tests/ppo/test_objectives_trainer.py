@@ -148,7 +148,8 @@ def test_objective_keys_with_a_shared_base(tiny_models, reward_adapter, tok, dat
 def test_dynamic_sampling_with_reward_functions_keeps_each_completion_with_its_rewards(tiny_models, tok, tmp_path):
     """A verifier-like binary reward function (first token's parity) with its dataset column and a logged extra
     column: every round is scored with its own prompts and columns, and after the groups are selected each episode
-    keeps its own completion, prompt, answer and reward (`rollout.reward_scores` follows the selection)."""
+    keeps its own completion, prompt, answer and reward (`rollout.reward_scores` follows the selection). A completion
+    is the response's tokens before its first pad (the tiny model samples its pad token now and then)."""
     from datasets import Dataset
 
     import trl_ext
@@ -162,7 +163,11 @@ def test_dynamic_sampling_with_reward_functions_keeps_each_completion_with_its_r
     def parity(prompts, completions, completion_ids, answer, log_extra, **kwargs):
         calls.append(len(completions))
         log_extra("answer_seen", list(answer))
-        return [float(ids[0] % 2) for ids in completion_ids]
+        return [float(ids[0] % 2) if ids else 0.0 for ids in completion_ids]
+
+    def before_pad(row):
+        row = row.tolist()
+        return row[:row.index(tok.pad_token_id)] if tok.pad_token_id in row else row
 
     cls = recording_trainer()
     cls.compute_scores = trl_ext.PPOTrainer.compute_scores  # the reward function's score, not the binarised model's
@@ -179,12 +184,12 @@ def test_dynamic_sampling_with_reward_functions_keeps_each_completion_with_its_r
     for rollout in cls.rollouts:
         scores = rollout.reward_scores
         assert torch.equal(rollout.scores, scores.score) and len(scores.completions) == 4
-        first_tokens = rollout.postprocessed_responses[:, 0] % 2
-        assert scores.per_reward[:, 0].tolist() == first_tokens.float().tolist()
+        completion_ids = [before_pad(row) for row in rollout.postprocessed_responses]
+        assert scores.per_reward[:, 0].tolist() == [float(ids[0] % 2) if ids else 0.0 for ids in completion_ids]
         row_of_prompt = {text: i for i, text in enumerate(texts)}
         assert scores.extra_columns["answer_seen"] == [f"#{row_of_prompt[p]}" for p in scores.prompts]
         assert tok.batch_decode(rollout.queries, skip_special_tokens=True) == scores.prompts  # same rows
-        assert tok.batch_decode(rollout.postprocessed_responses, skip_special_tokens=True) == scores.completions
+        assert tok.batch_decode(completion_ids, skip_special_tokens=True) == scores.completions
 
 
 # ------------------------------------------------------------------ the logged loss of each objective key, by hand

@@ -103,6 +103,19 @@ def test_defaults_reproduce_trl_metrics(tiny_models, tok, data, tmp_path, varian
         assert len(parent.checkpoint_files) > 5
 
 
+def test_default_gradient_clip_is_the_one_difference_from_trl(tiny_models, tok, data, tmp_path):
+    """At its plain defaults PPO clips at HF's max_grad_norm 1.0, which TRL's PPO never did: the first update (its
+    rollout precedes any step) is TRL's, the later ones are not; max_grad_norm 0 (the parity test above) is TRL's."""
+    import trl_ext
+
+    parent = parent_run("full", tiny_models, tok, data, tmp_path / "trl")
+    _, clipped = run_scenario(trl_ext.PPOTrainer, trl_ext.PPOConfig, "full", tiny_models, tok, data, tmp_path / "ext",
+                              overrides=dict(max_grad_norm=1.0))
+    assert clipped[0]["objective/kl"] == pytest.approx(parent.logs[0]["objective/kl"], abs=1e-6)
+    assert all(entry["policy/grad_norm"] > 1.0 for entry in clipped)  # every step was clipped
+    assert abs(clipped[1]["objective/kl"] - parent.logs[1]["objective/kl"]) > 1e-4
+
+
 def adaptive(beta, kl, target, horizon, n):
     return beta * (1 + min(max(kl / target - 1, -0.2), 0.2) * n / horizon)
 

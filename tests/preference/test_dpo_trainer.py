@@ -51,11 +51,21 @@ KEYS = ["loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "reward
 
 def test_defaults_reproduce_trl(tiny_models, tokenizer, tmp_path):
     data = Dataset.from_list(rows())
-    _, a = run(trl.DPOTrainer, tiny_models, tokenizer, config(tmp_path, max_steps=3), data)
-    _, b = run(DPOTrainer, tiny_models, tokenizer, config(tmp_path, max_steps=3), data)
+    ta, a = run(trl.DPOTrainer, tiny_models, tokenizer, config(tmp_path, max_steps=3), data)
+    tb, b = run(DPOTrainer, tiny_models, tokenizer, config(tmp_path, max_steps=3), data)
     assert len(a) == 3
     for x, y in zip(a, b):
         assert {k: x[k] for k in KEYS} == {k: y[k] for k in KEYS}
+    assert a[-1]["loss"] != a[0]["loss"]  # it trains
+    for (name, pa), pb in zip(ta.model.named_parameters(), tb.model.parameters()):
+        assert torch.equal(pa, pb), name
+
+
+def test_config_defaults_are_trls():
+    """trl_ext's DPOConfig adds fields (the non-finite policy) and keeps every TRL field's default."""
+    ours, theirs = DPOConfig(output_dir="x", use_cpu=True), trl.DPOConfig(output_dir="x", use_cpu=True)
+    assert {k: v for k, v in ours.to_dict().items() if "nonfinite" not in k} == theirs.to_dict()
+    assert ours.nonfinite_policy == "stop"
 
 
 @pytest.mark.parametrize("loss_type, eps", [("robust", 0.1), ("exo_pair", 1e-3), ("aot", 0.2), ("aot_unpaired", 0.2)])

@@ -86,12 +86,22 @@ def test_defaults_reproduce_trl(scalar_path, tokenizer, tmp_path):
     for name, cls in [("trl", trl.RewardTrainer), ("ext", RewardTrainer)]:
         t = cls(model=load(scalar_path), args=config(tmp_path, max_steps=3), train_dataset=data, processing_class=tokenizer)
         logs[name] = train_log(t)
-        weights[name] = t.model.score.weight.detach().clone()
+        weights[name] = {k: v.detach().clone() for k, v in t.model.named_parameters()}
     keys = ["loss", "accuracy", "margin", "mean_reward", "min_reward", "max_reward", "num_tokens"]
     assert len(logs["trl"]) == 3
     for a, b in zip(logs["trl"], logs["ext"]):
         assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
-    assert torch.equal(weights["trl"], weights["ext"])
+    assert logs["trl"][-1]["loss"] != logs["trl"][0]["loss"]  # it trains
+    assert all(torch.equal(weights["trl"][k], weights["ext"][k]) for k in weights["trl"])
+
+
+def test_config_defaults_are_trls():
+    """trl_ext's RewardConfig adds fields whose defaults leave TRL's training as it is, and keeps TRL's defaults."""
+    ours, theirs = RewardConfig(output_dir="x", use_cpu=True), trl.RewardConfig(output_dir="x", use_cpu=True)
+    added = {"label_smoothing": 0.0, "center_rewards_after_training": False, "nonfinite_policy": "stop",
+             "max_consecutive_nonfinite_skips": 10}
+    assert {k: v for k, v in ours.to_dict().items() if k not in added} == theirs.to_dict()
+    assert {k: getattr(ours, k) for k in added} == added
 
 
 def test_label_smoothing_step_one_by_hand(scalar_path, tokenizer, tmp_path):

@@ -1,6 +1,7 @@
 """The whole RLHF pipeline on the gold task (recipes/gold), short: SFT -> pairs -> reward model -> PPO, with the
 shipped recipes. Asserts only what holds with wide margins (the study's seeds and this test's own numbers under
-both TRL versions: benchmarks README, gold-reward study):
+both TRL versions: benchmarks README, gold-reward study; each threshold at least two standard deviations below the
+worst of seeds 0-2 under the AVX-512 and AVX2 kernels: tests/README.md, "Learning thresholds"):
 
 * the PPO policy's gold reward beats the SFT model's;
 * the reward model's gold accuracy on clean held-out pairs beats chance;
@@ -71,7 +72,7 @@ def test_gold_pipeline(tmp_path):
           f"adaptive kl_coef {logged(adaptive, 'objective/kl_coef')[-1]:.3f}")
 
     assert accuracy > 0.6
-    assert ppo_gold > sft_gold + 0.3
+    assert ppo_gold > sft_gold + 0.05  # measured: 0.47-1.00 above (sd 0.19)
     assert abs(kl_adaptive - KL_TARGET) < abs(kl_fixed - KL_TARGET) - 0.3
     assert logged(fixed, "objective/kl_coef") == [0.05] * PPO_UPDATES
     assert logged(adaptive, "objective/kl_coef")[-1] > 0.05  # the controller raised the coefficient

@@ -2,9 +2,13 @@
 process: tests/cli_in_process.py), wandb offline, and 2-process CPU runs through `accelerate launch`.
 
 The demo recipes in recipes/demo are run as shipped, with only output paths (and, for the short runs, step counts)
-overridden. `tiny://` models come from the session's tiny-model directory (TRL_EXT_TINY_DIR).
+overridden. `tiny://` models come from the session's tiny-model directory (TRL_EXT_TINY_DIR). Each threshold on a
+learned number is at least two standard deviations below the worst value measured over seeds 0-2 under the AVX-512,
+AVX2 and default kernels (tests/README.md, "Learning thresholds").
 """
 
+import contextlib
+import io
 import json
 import os
 import struct
@@ -42,12 +46,29 @@ def history(out_dir):
     return json.loads((Path(out_dir) / "trainer_state.json").read_text())["log_history"]
 
 
+def first_and_last(out_dir, updates):
+    """Mean `objective/scores` of a PPO run's first 8 and last 8 updates (after checking it ran `updates`)."""
+    scores = [h["objective/scores"] for h in history(out_dir) if "objective/scores" in h]
+    assert len(scores) == updates
+    return sum(scores[:8]) / 8, sum(scores[-8:]) / 8
+
+
 @pytest.fixture(scope="module")
-def demo_reward(tiny_env, tmp_path_factory):
-    """The reward demo, as shipped (48 steps): the PPO tests use the reward model it writes."""
-    out = tmp_path_factory.mktemp("demo") / "reward"
-    train(DEMO / "reward.yaml", "--output_dir", out)
-    return out
+def demo_run(tiny_env, tmp_path_factory):
+    """`trl-ext demo --out OUT` (the README's one-command demo, in this process): (OUT, exit code, stdout)."""
+    from trl_ext.cli import main
+
+    out = tmp_path_factory.mktemp("demo") / "out"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["demo", "--out", str(out)])
+    return out, code, printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def demo_reward(demo_run):
+    """The demo's reward model (reward.yaml as shipped, 48 steps): the PPO tests use it."""
+    return demo_run[0] / "reward"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -56,7 +77,7 @@ def demo_reward(tiny_env, tmp_path_factory):
 
 def test_reward_demo_learns_and_writes_its_output_dir(demo_reward):
     logs = [h for h in history(demo_reward) if "accuracy" in h]
-    assert logs[0]["accuracy"] < 0.9 and logs[-1]["accuracy"] == 1.0
+    assert logs[0]["accuracy"] < logs[-1]["accuracy"] == 1.0
     assert logs[-1]["loss"] < logs[0]["loss"] / 10
     names = {p.name for p in demo_reward.iterdir()}
     assert {"model.safetensors", "config.json", "tokenizer.json", "trl_ext_recipe.yaml", "trainer_state.json"} <= names
@@ -74,16 +95,70 @@ def test_dpo_demo_learns(tiny_env, tmp_path):
     assert (out / "model.safetensors").exists() and (out / "trl_ext_recipe.yaml").exists()
 
 
-def test_ppo_demo_learns(demo_reward, tmp_path):
-    """The shipped PPO demo: its policy learns to say what the demo reward model likes."""
-    out = tmp_path / "ppo"
-    train(DEMO / "ppo.yaml", "--output_dir", out, "--reward_model_path", demo_reward)
-    scores = [h["objective/scores"] for h in history(out) if "objective/scores" in h]
-    assert len(scores) == 64
-    first, last = sum(scores[:8]) / 8, sum(scores[-8:]) / 8
-    assert first < -1.0 and last > 1.5, (first, last)
-    names = {p.name for p in out.iterdir()}
-    assert {"model.safetensors", "tokenizer.json", "trl_ext_recipe.yaml", "trainer_state.json"} <= names
+def test_demo_in_one_command_learns_exports_samples_and_plots(demo_run):
+    """`trl-ext demo`: the shipped PPO demo's policy learns what the demo reward model likes; the export loads with
+    plain transformers and scores the samples as the sample step did; the plots are PNG files; the summary's numbers
+    are the files'."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    from trl_ext.preference.ranked_data import tokenize_completion
+
+    out, code, printed = demo_run
+    assert code == 0, printed[-3000:]
+    ppo = out / "ppo"
+    first, last = first_and_last(ppo, 64)
+    assert last > first + 2.0 and last > 1.0, (first, last)  # measured: rise 3.9-4.7, last 2.0-2.8
+    assert {"model.safetensors", "tokenizer.json", "trl_ext_recipe.yaml", "trainer_state.json"} <= \
+        {p.name for p in ppo.iterdir()}
+    policy = AutoModelForCausalLM.from_pretrained(out / "export" / "policy")
+    assert (policy.generation_config.max_new_tokens, policy.generation_config.temperature) == (10, 1.0)  # ppo.yaml's
+    reward = AutoModelForSequenceClassification.from_pretrained(out / "export" / "reward").eval()
+    tokenizer = AutoTokenizer.from_pretrained(out / "export" / "reward")
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    prompts = [json.loads(line)["prompt"] for line in (DEMO / "data" / "prompts.jsonl").read_text().splitlines()]
+    assert [s["prompt"] for s in samples] == prompts[:4] and all(s["response"] for s in samples)
+    for sample in samples:  # the exported reward model, loaded plainly, gives the score the sample step wrote
+        ids = tokenize_completion(sample, sample["response"], tokenizer, False)
+        with torch.no_grad():
+            assert reward(input_ids=torch.tensor([ids])).logits.item() == pytest.approx(sample["score"], abs=1e-4)
+    for kind in ("reward", "ppo"):
+        png = (out / "plots" / f"{kind}.png").read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    scores = [h["objective/scores"] for h in history(ppo) if "objective/scores" in h]
+    tail = sum(scores[-10:]) / 10
+    summary = printed[printed.index("trl-ext demo: done"):]
+    assert f"{scores[0]:+.2f} at update 1 -> {tail:+.2f} (mean of the last 10 of 64 updates" in summary
+    mean = sum(s["score"] for s in samples) / 4
+    assert f"{len(samples)} prompts" in summary and f"mean {mean:+.2f}" in summary
+    assert printed.count("trl-ext demo, step ") == 5 and "trl-ext train " in printed  # each step's command shown
+
+
+def test_demo_refuses_to_overwrite_an_earlier_demo(demo_run, capfd):
+    """A second `trl-ext demo` into the same folder stops before anything runs: one line naming what is there."""
+    out, code, _ = demo_run
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    proc = run_cli(capfd, "demo", "--out", out)
+    _assert_one_line_error(proc, *(str(out / name) for name in ("reward", "ppo", "export", "samples.jsonl", "plots")))
+    assert "--overwrite" in proc.stderr and "step 1" not in proc.stdout
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+
+
+def test_demo_steps_are_the_readme_commands(tiny_env, tmp_path, monkeypatch):
+    """The steps are the README's step-by-step commands on --out's paths, --overwrite passed to export and sample;
+    from another directory the demo uses the clone's recipes/demo by absolute paths."""
+    from trl_ext.demo import demo_folder, steps
+
+    commands = [argv for _, argv in steps(Path("recipes/demo"), Path("o"), overwrite=False)]
+    assert [argv[0] for argv in commands] == ["train", "train", "export", "sample", "plot"]
+    assert commands[1][:6] == ["train", "recipes/demo/ppo.yaml", "--output_dir", "o/ppo", "--reward_model_path",
+                               "o/reward"]
+    assert "--overwrite" not in sum(commands, [])
+    forced = [argv for _, argv in steps(Path("recipes/demo"), Path("o"), overwrite=True)]
+    assert [argv[-1] == "--overwrite" for argv in forced] == [False, False, True, True, False]
+    assert demo_folder() == Path("recipes/demo")
+    monkeypatch.chdir(tmp_path)
+    assert demo_folder() == DEMO
 
 
 def test_ppo_rloo_demo_learns_without_a_value_model(demo_reward, tmp_path):
@@ -91,10 +166,8 @@ def test_ppo_rloo_demo_learns_without_a_value_model(demo_reward, tmp_path):
     out = tmp_path / "ppo_rloo"
     trainer = train(DEMO / "ppo_rloo.yaml", "--output_dir", out, "--reward_model_path", demo_reward)
     logs = [h for h in history(out) if "objective/scores" in h]
-    scores = [h["objective/scores"] for h in logs]
-    assert len(scores) == 32
-    first, last = sum(scores[:8]) / 8, sum(scores[-8:]) / 8
-    assert first < -1.0 and last > 1.5, (first, last)
+    first, last = first_and_last(out, 32)
+    assert last > first + 1.5 and last > 0.0, (first, last)  # measured: rise 3.4-4.7, last 1.3-2.7
     assert not [key for key in logs[0] if key.startswith("val/")] and "objective/frac_groups_equal_scores" in logs[0]
     from trl_ext.ppo.objective.critic import NoValueModel
 
@@ -104,9 +177,10 @@ def test_ppo_rloo_demo_learns_without_a_value_model(demo_reward, tmp_path):
 
 @pytest.fixture(scope="module")
 def demo_reward_lora(tiny_env, tmp_path_factory):
-    """recipes/demo/reward_lora.yaml for one epoch (16 steps): a LoRA reward adapter on the tiny policy's base."""
+    """recipes/demo/reward_lora.yaml as shipped (2 epochs, 32 steps): a LoRA reward adapter on the tiny policy's base.
+    (After one epoch its scale differed so much between seeds that PPO's rise against it ranged from 0.4 to 3.8.)"""
     out = tmp_path_factory.mktemp("demo") / "reward_lora"
-    train(DEMO / "reward_lora.yaml", "--output_dir", out, "--max_steps", 16)
+    train(DEMO / "reward_lora.yaml", "--output_dir", out)
     return out
 
 
@@ -114,10 +188,9 @@ def test_ppo_shared_demo_learns(demo_reward_lora, tmp_path):
     """The shipped shared-base PPO demo (reward and value as adapters on the policy's base) learns like ppo.yaml."""
     out = tmp_path / "ppo_shared"
     trainer = train(DEMO / "ppo_shared.yaml", "--output_dir", out, "--reward_model_path", demo_reward_lora)
-    scores = [h["objective/scores"] for h in history(out) if "objective/scores" in h]
-    assert len(scores) == 32
-    first, last = sum(scores[:8]) / 8, sum(scores[-8:]) / 8
-    assert last > first + 1.5 and last > 1.5, (first, last)
+    first, last = first_and_last(out, 32)
+    # measured: rise 2.7-5.8 (the first updates' score depends on the reward adapter's scale), last 3.7-4.9
+    assert last > first + 0.75 and last > 2.0, (first, last)
     # one base: policy, reward and value models all run on the policy's weights
     policy = trainer.accelerator.unwrap_model(trainer.model).policy
     assert trainer.reward_model.policy is policy and trainer.model.value_model.policy is policy
