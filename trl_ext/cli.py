@@ -3,7 +3,7 @@
 
 Commands:
   demo [--out DIR] [--overwrite]   the README's demo in one command: reward model, PPO, export, sample, plot, then a
-                                   summary of what each step wrote and what its numbers mean (trl_ext/demo.py)
+                                   summary of what each step wrote and what its numbers mean (trl_ext/recipe_loader/demo.py)
   train RECIPE [--key value ...]   train an SFT, reward, DPO or PPO model from a YAML recipe; ends with a summary
                                    (where the model, recipe and metrics went, the main metric, the next commands)
   check RECIPE [--key value ...]   validate a recipe without loading any model; print the resolved settings
@@ -178,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     from .recipe_loader.loader import resolve_recipe
 
-    if args.command == "demo":  # each step through this dispatch, as its trl-ext command (trl_ext/demo.py)
-        from .demo import run_demo
+    if args.command == "demo":  # each step through this dispatch, as its trl-ext command (trl_ext/recipe_loader/demo.py)
+        from .recipe_loader.demo import run_demo
 
         return run_demo(args, lambda argv: _run(build_parser().parse_args(argv)))
 

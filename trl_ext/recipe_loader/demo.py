@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .errors import UserInputError
-from .recipe_loader.summary import headline
+from ..errors import UserInputError
+from .summary import headline
 
 #: What the demo writes under --out, in step order.
 OUTPUTS = ("reward", "ppo", "export", "samples.jsonl", "plots")
