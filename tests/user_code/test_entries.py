@@ -46,6 +46,18 @@ def test_each_form_loads_the_callable_it_names(folder):
     assert load_entry(parse_entry("json.dumps", key="tools"), what="a tool") is json.dumps
 
 
+def test_a_file_imports_its_siblings(tmp_path, monkeypatch):
+    """An environment file that imports a module beside it (recipes/tool_use/dice_quiz_env.py imports quiz_env.py)
+    loads from a recipe anywhere, as `python file.py` would run it."""
+    import sys
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "rules_of_my_game.py").write_text("ROUNDS = 4\n")
+    (tmp_path / "my_env.py").write_text("from rules_of_my_game import ROUNDS\n\n\nclass Env:\n    rounds = ROUNDS\n")
+    env = load_entry(parse_entry("my_env.py:Env", key="environment_factory"), tmp_path, what="an environment")
+    assert env.rounds == 4
+
+
 @pytest.mark.parametrize("value, expected", [
     ("http://localhost:1/add", "recipe: key 'tools' entry 1 'http://localhost:1/add': a tool is a Python function "
      "called in the training process; give 'module:function' or 'path/to/file.py:function'"),

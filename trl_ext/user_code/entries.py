@@ -157,7 +157,8 @@ def _split_target(target: str, where: str) -> tuple[Optional[str], Optional[str]
 
 def _import_file(path: Path, where: str, shown: str):
     """Import a Python file once, under a module name made from its resolved path (worker processes and pickle find
-    its functions by that name); ``shown``: its name in messages."""
+    its functions by that name), its folder on ``sys.path`` as ``python file.py`` puts it (so the file can import its
+    siblings); ``shown``: its name in messages."""
     if not path.is_file():
         raise UserInputError(f"{where}: file '{shown}' does not exist (looked for '{path}')")
     resolved = path.resolve()
@@ -166,6 +167,8 @@ def _import_file(path: Path, where: str, shown: str):
     name = f"trl_ext_file_{stem}_{digest}"
     if name in sys.modules:
         return sys.modules[name]
+    if str(resolved.parent) not in sys.path:
+        sys.path.insert(0, str(resolved.parent))
     module_spec = importlib.util.spec_from_file_location(name, resolved)
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module
