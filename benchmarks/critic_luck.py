@@ -7,7 +7,7 @@ model can learn it and take it out of the round's advantage; RLOO's and GRPO's 4
 and their group mean cannot. The SFT start (recipes/tool_use/sft_dice.yaml) is the careless player of the quiz (right
 on 0-4, mostly repeating the number on 5-8), on 4- and 8-round quizzes. Every run: 30 updates of 32 episodes (GAE 32
 quizzes x 1, RLOO and GRPO 8 x 4), the quiz's RL settings (benchmarks/turn_credit.py ``QUIZ_RL``, lr 1e-4), seeds
-0..4. The GAE rows: the value model's settings (``CRITIC``, policy lambda 0.8) and, first, value pretraining: 64
+0..4. The GAE rows: the value model's settings (``CRITIC``, policy lambda 0.8) and, first, value pretraining: 128
 updates that train the value model alone on the SFT policy's episodes, once per luck and horizon.
 
 Measured: the held-out quizzes greedily (the share of rounds right; dice rolled from seed 0, luck left out) after RL,
@@ -46,7 +46,7 @@ SEEDS = 5
 LUCK = (0.0, 0.5, 1.0)
 #: Value pretraining (VAPO): updates of a value-only run (the policy held: ``critic_warmup`` for every update) on the
 #: SFT policy's episodes, done once per luck and horizon; every GAE seed with ``value_pretraining`` starts from it.
-PRETRAIN_UPDATES, PRETRAIN_SEED = 64, 1000
+PRETRAIN_UPDATES, PRETRAIN_SEED = 128, 1000
 #: GAE's settings: the value model's (``CRITIC``) and a policy lambda of 0.8 (less of the next round's die in a round's
 #: advantage). At lr 3e-4 one GAE run in five collapsed at its last update; the study runs at the quiz's 1e-4.
 GAE = {"advantage_estimator": "gae", **CRITIC, "lam": 0.8}
@@ -83,7 +83,9 @@ def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rou
     settings = {**RL_SETTINGS, **QUIZ_RL, "response_length": RESPONSE_LENGTH[rounds],
                 "max_tool_calling_iterations": rounds, **variant, **overrides}
     value_dir = pretrained_value(work, settings, luck, rounds, pretraining) if pretraining else None
-    out = work / f"rl-{settings['advantage_estimator']}{'-pre' if pretraining else ''}-luck{luck}-r{rounds}-seed{seed}"
+    tag = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:6]  # rows run at once stay apart
+    pre = "-pre" if pretraining else ""
+    out = work / f"rl-{settings['advantage_estimator']}{pre}-{tag}-luck{luck}-r{rounds}-seed{seed}"
     trainer = dice_trainer(work, out, settings, luck, rounds, updates, seed, value_dir)
     rounds_right = rounds_right_callback(trainer)
     trainer.add_callback(rounds_right)
@@ -249,12 +251,13 @@ def _mean(xs) -> float:
 
 def report(start, runs) -> None:
     headers = ["start -> RL", "seeds", "held-out share right: mean ± sd (per seed)", "large rounds right",
-               f"episodes to {REACHED} (per seed)", "explained var., last 5 (turns)", "s per run"]
+               f"episodes to {REACHED} (per seed)", "explained var., last 5 (rounds)", "s per run"]
     table = [["SFT", "-", f"{start['reward']:.3f}", f"{start['large']:.3f}", "-", "-", "-"]]
     for name, run in runs.items():
         seeds = run["seeds"]
         reached = [first_reached(r["rounds_right"], r["settings"]["per_device_train_batch_size"]) for r in seeds]
-        health = " / ".join(f"{_mean(r['health'][k] for r in seeds):.2f}" for k in seeds[0]["health"]) or "-"
+        answers = [k for k in seeds[0]["health"] if int(k) <= seeds[0]["rounds"]]  # not the final message's turn
+        health = " / ".join(f"{_mean(r['health'][k] for r in seeds):.2f}" for k in answers) or "-"
         table.append([name, len(seeds), seed_spread(r["end"]["reward"] for r in seeds),
                       f"{_mean(r['end']['large'] for r in seeds):.3f}",
                       " / ".join("-" if e is None else str(e) for e in reached), health,
