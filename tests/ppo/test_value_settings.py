@@ -120,6 +120,17 @@ def test_health_per_turn():
     assert "critic/vf_explained_var/turn_3" not in health  # no token: not logged
 
 
+def test_a_turn_whose_returns_barely_vary_is_not_logged():
+    """Turn 2's returns spread by 1e-5 (the KL penalties after the last reward): without the floor its explained
+    variance would be 1 - 0.01 / 1e-10, about -1e8; turn 1's spread (1) keeps its key."""
+    steps = torch.tensor([[True, True, False, True, True]])
+    returns = torch.tensor([[1.0, 3.0, 0.0, 0.5, 0.50002]])
+    values = returns + torch.tensor([[0.0, 0.0, 0.0, 0.1, -0.1]])
+    health = critic_health(SimpleNamespace(returns=returns, values=values, padding_mask_p1=~steps), turns=2)
+    assert health["critic/vf_explained_var/turn_1"] == pytest.approx(1.0)
+    assert "critic/vf_explained_var/turn_2" not in health and "critic/value_rmse/turn_2" not in health
+
+
 @pytest.fixture(scope="module")
 def trained(tiny_models, tmp_path_factory):
     """One update, one PPO epoch, one mini-batch (one Adam step), the value model at 100x the policy's rate."""

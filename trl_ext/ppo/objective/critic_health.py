@@ -11,6 +11,10 @@ import torch.nn.functional as F
 
 __all__ = ["critic_health", "explained_variance", "turn_index"]
 
+#: Returns that vary less than this have nothing to explain: a turn after the last reward, whose returns are the KL
+#: penalties still to come (sd about 1e-5), would otherwise log an explained variance of -1e8.
+MIN_RETURN_SD = 1e-4
+
 
 def turn_index(steps: torch.Tensor) -> torch.Tensor:
     """``(batch, T)``: 1, 2, ... on the tokens of each row's first, second, ... run of ``steps`` (a turn of the
@@ -28,10 +32,10 @@ def _moments(returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) ->
 
 def explained_variance(moments: torch.Tensor) -> tuple[float, float] | None:
     """``(1 - Var(R - V) / Var(R), sqrt(mean((R - V)^2)))`` from :func:`_moments`; None for fewer than 2 tokens or
-    returns without spread."""
+    returns without spread (a standard deviation under ``MIN_RETURN_SD``)."""
     n, sum_r, sum_r2, sum_e, sum_e2 = moments.tolist()
     var_r = sum_r2 / n - (sum_r / n) ** 2 if n >= 2 else 0.0
-    if var_r <= 1e-12:
+    if var_r < MIN_RETURN_SD**2:
         return None
     var_e = sum_e2 / n - (sum_e / n) ** 2
     return 1.0 - var_e / var_r, (sum_e2 / n) ** 0.5
