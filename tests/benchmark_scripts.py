@@ -76,3 +76,29 @@ def in_process_children(script):
 
     run_child.calls = calls
     return run_child
+
+
+def study_fixtures(name: str):
+    """Module fixtures ``(bench, sft_work)`` of a quiz study's tests: ``benchmarks/<name>.py`` loaded, and its data
+    (8 training quizzes) with its SFT recipe for 2 steps in a folder (the study's ``--sft-dir``)."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def bench():
+        with loaded_script(name) as script:
+            yield script
+
+    @pytest.fixture(scope="module")
+    def sft_work(bench, tmp_path_factory):
+        folder = tmp_path_factory.mktemp(name)
+        bench.setup_env(threads=1)
+        bench.sft(folder, train=8, max_steps=2)
+        return folder
+
+    return bench, sft_work
+
+
+def run_study(bench, sft_dir: Path, out: Path, *argv) -> dict:
+    """``main(--sft-dir sft_dir --out out *argv)`` of a study script, which must succeed; its result file."""
+    assert bench.main(["--sft-dir", str(sft_dir), "--out", str(out), *argv]) == 0
+    return json.loads(out.read_text())

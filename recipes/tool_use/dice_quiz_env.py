@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import random
 
-from quiz_env import HIGHEST, LARGE_FROM, OVER, careless_answer
+import quiz_env
+from quiz_env import FINAL, LARGE_FROM, OVER
 
 FACES = 5
-FINAL = "Done."
 LUCK = 1.0  # the luck of the shipped recipes (gae_dice.yaml): where the value model pays (benchmarks README)
 #: Positions of the dice quiz's model: the prompt with the tool schema (~240 tokens) + an 8-round quiz + room.
 MAX_POSITIONS = 768
@@ -44,8 +44,9 @@ class DiceQuizEnv:
         self.numbers, self.dice, self.right, self.scored, self.fixed = [], [], [], 0, None
 
     def reset(self, numbers=(0,) * 4, dice=None, **kwargs) -> str:
-        """Start a quiz on the row's ``numbers`` and roll round 1's die (Python's ``random``, which ``trl-ext train`` seeds
-        from ``seed``; a row's ``dice`` column fixes them instead); the returned text is appended to the user message."""
+        """Start a quiz on the row's ``numbers`` and roll round 1's die (Python's ``random``, which ``trl-ext train``
+        seeds from ``seed``; a row's ``dice`` column fixes them instead); the returned text is appended to the user
+        message."""
         self.numbers, self.right, self.scored = [int(n) for n in numbers], [], 0
         self.fixed = None if dice is None else [int(d) for d in dice]
         self.dice = [self._roll(0)]
@@ -104,26 +105,12 @@ def transcript(numbers, rng: random.Random) -> tuple[list[dict], list[dict], lis
     dice rolled from ``rng``."""
     env, dice = DiceQuizEnv(), [rng.randrange(FACES) for _ in numbers]
     prompt = [{"role": "user", "content": instruction(len(numbers)) + env.reset(numbers=numbers, dice=dice)}]
-    completion = []
-    for number in numbers:
-        given = careless_answer(number, rng)
-        completion += [{"role": "assistant", "content": "", "tool_calls": [
-                           {"type": "function", "function": {"name": "answer", "arguments": {"number": given}}}]},
-                       {"role": "tool", "name": "answer", "content": env.answer(given)}]
-    completion.append({"role": "assistant", "content": FINAL})
-    return prompt, completion, dice
+    return prompt, quiz_env.careless_completion(env, numbers, rng), dice
 
 
 def split(rounds: int, seed: int = 0, train: int = 1000, heldout: int = 200) -> tuple[list[tuple], list[tuple]]:
-    """Disjoint training and held-out quizzes of ``rounds`` numbers, uniform in 0..HIGHEST."""
-    rng = random.Random(seed * 1000 + rounds)
-    seen, quizzes = set(), []
-    while len(quizzes) < train + heldout:
-        q = tuple(rng.randint(0, HIGHEST) for _ in range(rounds))
-        if q not in seen:
-            seen.add(q)
-            quizzes.append(q)
-    return quizzes[heldout:], quizzes[:heldout]
+    """Disjoint training and held-out quizzes of ``rounds`` numbers (quiz_env's split, its own draw per horizon)."""
+    return quiz_env.split(seed * 1000 + rounds, train, heldout, rounds)
 
 
 def sft_rows(quizzes, seed: int = 0) -> list[dict]:

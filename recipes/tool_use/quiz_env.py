@@ -137,22 +137,28 @@ def transcript(numbers, rng: random.Random) -> tuple[list[dict], list[dict]]:
     """(prompt as RL shows it after ``reset``, completion) of one quiz of the careless player."""
     env = QuizEnv()
     prompt = [{"role": "user", "content": INSTRUCTION + env.reset(numbers=numbers)}]
+    return prompt, careless_completion(env, numbers, rng)
+
+
+def careless_completion(env, numbers, rng: random.Random) -> list[dict]:
+    """The careless player's turns in ``env`` (already reset on ``numbers``): each round's ``answer`` call and its
+    result, then the final message."""
     completion = []
     for number in numbers:
         given = careless_answer(number, rng)
         completion += [{"role": "assistant", "content": "", "tool_calls": [
                            {"type": "function", "function": {"name": "answer", "arguments": {"number": given}}}]},
                        {"role": "tool", "name": "answer", "content": env.answer(given)}]
-    completion.append({"role": "assistant", "content": FINAL})
-    return prompt, completion
+    return completion + [{"role": "assistant", "content": FINAL}]
 
 
-def split(seed: int = 0, train: int = 1000, heldout: int = 200) -> tuple[list[tuple], list[tuple]]:
-    """Disjoint training and held-out quizzes: tuples of :data:`ROUNDS` numbers, uniform in 0..HIGHEST."""
+def split(seed: int = 0, train: int = 1000, heldout: int = 200,
+          rounds: int = ROUNDS) -> tuple[list[tuple], list[tuple]]:
+    """Disjoint training and held-out quizzes: tuples of ``rounds`` numbers, uniform in 0..HIGHEST."""
     rng = random.Random(seed)
     seen, quizzes = set(), []
     while len(quizzes) < train + heldout:
-        q = tuple(rng.randint(0, HIGHEST) for _ in range(ROUNDS))
+        q = tuple(rng.randint(0, HIGHEST) for _ in range(rounds))
         if q not in seen:
             seen.add(q)
             quizzes.append(q)

@@ -10,30 +10,17 @@ from __future__ import annotations
 import json
 
 import pytest
-from benchmark_scripts import loaded_script
+from benchmark_scripts import run_study, study_fixtures
 
-TINY = ["--updates", "1", "--pretrain-updates", "1", "--heldout", "4", "--figures", "", "--set", "per_device_train_batch_size=4",
-        "local_rollout_forward_batch_size=4", "num_ppo_epochs=1"]
-
-
-@pytest.fixture(scope="module")
-def bench():
-    with loaded_script("critic_luck") as script:
-        yield script
+TINY = ["--updates", "1", "--pretrain-updates", "1", "--heldout", "4", "--figures", "", "--set",
+        "per_device_train_batch_size=4", "local_rollout_forward_batch_size=4", "num_ppo_epochs=1"]
 
 
-@pytest.fixture(scope="module")
-def sft_work(bench, tmp_path_factory):
-    """The dice quiz's data (8 training quizzes per horizon) and sft_dice.yaml for 2 steps."""
-    work = tmp_path_factory.mktemp("critic_luck")
-    bench.setup_env(threads=1)
-    bench.sft(work, train=8, max_steps=2)
-    return work
+bench, sft_work = study_fixtures("critic_luck")
 
 
 def run(bench, sft_work, out, *extra):
-    assert bench.main(["--sft-dir", str(sft_work), "--out", str(out), *TINY, *extra]) == 0
-    return json.loads(out.read_text())
+    return run_study(bench, sft_work, out, *TINY, *extra)
 
 
 @pytest.fixture(scope="module")

@@ -12,30 +12,17 @@ from __future__ import annotations
 import json
 
 import pytest
-from benchmark_scripts import loaded_script
+from benchmark_scripts import run_study, study_fixtures
 
 TINY = ["--updates", "1", "--figures", "", "--set", "per_device_train_batch_size=4",
         "local_rollout_forward_batch_size=4", "num_ppo_epochs=1"]
 
 
-@pytest.fixture(scope="module")
-def bench():
-    with loaded_script("turn_credit") as script:
-        yield script
-
-
-@pytest.fixture(scope="module")
-def sft_work(bench, tmp_path_factory):
-    """The quiz's data (8 training quizzes) and sft_quiz.yaml for 2 steps."""
-    work = tmp_path_factory.mktemp("turn_credit")
-    bench.setup_env(threads=1)
-    bench.sft(work, train=8, max_steps=2)
-    return work
+bench, sft_work = study_fixtures("turn_credit")
 
 
 def run(bench, sft_work, out, *extra):
-    assert bench.main(["--sft-dir", str(sft_work), "--out", str(out), *TINY, *extra]) == 0
-    return json.loads(out.read_text())
+    return run_study(bench, sft_work, out, *TINY, *extra)
 
 
 @pytest.mark.parametrize("name", ["GAE, per-turn rewards", "GAE, per-turn rewards, critic warm-up 3",
