@@ -1,23 +1,5 @@
 """trl-ext's own PPO base trainer: TRL 1.12's `experimental.ppo.PPOTrainer` minus its training loop, for TRL >= 1.13.
-
-TRL removed its PPO trainer in 1.13. From then on :class:`trl_ext.PPOTrainer` extends :class:`PPOBaseTrainer`
-instead (the choice is made in :mod:`trl_ext.ppo.base`). It does what TRL 1.12's trainer does outside `train()`, so
-that trl-ext's trainer logs the same numbers and writes the same checkpoints on every TRL version:
-
-* the constructor: same arguments and checks; PEFT wrapping of the policy; the reference model (the one given, the
-  policy with adapters disabled for a PEFT policy, else a frozen copy); batch sizes derived into the config
-  (`world_size`, `local_batch_size`, `batch_size`, `mini_batch_size`, `num_total_batches`, ...); dropout off;
-  policy and value model wrapped together (:class:`PolicyAndValueWrapper`) so one `accelerator.prepare` covers
-  both; optimizer and LR scheduler (HF Trainer's `create_optimizer_and_scheduler`); HF callbacks and an
-  :class:`OnlineTrainerState`; the shuffled prompt DataLoader prepared under `torch.manual_seed(args.seed)`, then the
-  process's own seed `args.seed + 100003 * rank`; the eval DataLoader; the reward and reference models placed on
-  the device or prepared for DeepSpeed;
-* `null_ref_context` (reference = adapters disabled, or `ref_adapter_name` active), `save_model` (the policy only),
-  `generate_completions` (the sample-generation table: console, wandb, Comet), `_save_checkpoint` with TRL's model
-  card (TRL's shared `_BaseTrainer`).
-
-The update loop itself is :meth:`trl_ext.PPOTrainer.train`, written as named steps; this class has none.
-"""
+How it works: docs/ppo-internals.md#the-ppo-base-trainer."""
 
 from __future__ import annotations
 

@@ -1,19 +1,6 @@
 """The rollout's sampling keys (TRL ``GRPOConfig``'s: ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``,
-``generation_kwargs``) and the generation configs the trainer builds from them.
-
-Every path that samples for training takes them: the ``generate`` rollout (:mod:`trl_ext.ppo.rollout.logprobs`),
-the continuous-batching rollout (:mod:`trl_ext.ppo.rollout.engine`), each turn of a multi-turn episode (the same
-:meth:`~trl_ext.ppo.rollout.steps.RolloutStepsMixin.sample_turn`) and the sample generations
-(``generate_completions``, at its near-greedy temperature). A greedy config (``do_sample`` false) gets none of them,
-so that transformers has no sampling flag to warn about.
-
-Which distribution the log-probs come from. The keys shape what is *sampled*; the rollout's stored log-probs (the
-old log-probs of the ratio) and the loss's log-probs are both ``log_softmax(logits / (temperature + 1e-7))`` of the
-full vocabulary at the sampled tokens, as in TRL's ``GRPOTrainer`` (which recomputes its old log-probs with a forward
-pass over the temperature-scaled logits): the top-k/top-p/min-p truncation, the repetition penalty and any logits
-processor of ``generation_kwargs`` do not enter them. With every key at its "off" default the sampling distribution
-is that one, so the numbers are TRL's PPO's.
-"""
+``generation_kwargs``) and the generation configs the trainer builds from them. How it works:
+docs/ppo-internals.md#sampling-keys."""
 
 from __future__ import annotations
 
