@@ -1,25 +1,5 @@
-"""The rules every trl-ext config checks about each of its own fields, when it is constructed.
-
-Derived from the dataclass fields (their type, default and metadata) of the config, so that a field added later is
-checked too:
-
-* **null**: ``None`` is valid only where the field's type is ``Optional`` or its default is ``None``;
-* **choices**: a ``Literal`` (or ``Enum``) field takes one of its values (``typing.get_args``: the one place they
-  are written), a field with ``metadata={"choices": ...}`` one of those;
-* **numbers**: a float must be finite, an integer must fit in 64 bits, and a number whose default is not negative
-  (or ``None``) must not be negative.
-
-What cannot be derived is stated in :data:`RANGES` (one row per key, interval notation; ``inf`` is infinity). A
-field may state its own range in its metadata (``field(..., metadata={"range": "[1, inf)"})``). The reward and value
-models' ``reward_*``/``value_*`` recipe keys take the row of the ``ModelConfig`` key they prefix.
-
-:func:`mapping_value` reads a dict-valued field given as JSON text (the command line's form).
-
-:func:`check_fields` raises :class:`~trl_ext.errors.UserInputError` with one line, ``<key>: <problem> (valid:
-<range or choices>)``; the recipe loader (:mod:`trl_ext.recipe_loader.loader`) prints the same line as ``recipe: key
-'<key>': <problem> (valid: ...)``. The rules about how several keys combine live beside each config (PPO:
-:mod:`trl_ext.ppo.config_rules`).
-"""
+"""The rules every trl-ext config checks about each of its own fields, when it is constructed. How it works:
+docs/internals.md#config-rules."""
 
 from __future__ import annotations
 

@@ -1,17 +1,5 @@
-"""The trainer's prompt datasets as TRL's `GRPOTrainer` takes them: a `prompt` column, text or chat messages.
-
-:class:`trl_ext.PPOTrainer` trains on tokenized prompts (`input_ids`, TRL's PPO). A dataset with a `prompt` column
-instead is tokenized when the trainer is built (:func:`prepare_prompt_datasets`), the way TRL 1.16's
-`GRPOTrainer._tokenize_prompts` does it:
-
-* text: ``tokenizer(text)["input_ids"]`` (with the tokenizer's special tokens, e.g. BOS);
-* chat messages (a list of ``{"role", "content"}`` dicts): ``tokenizer.apply_chat_template(messages,
-  add_generation_prompt=True, tokenize=True, **chat_template_kwargs)``.
-
-The other columns stay beside `input_ids` when the trainer has `reward_funcs` (they receive them, as in GRPO);
-without reward functions only `input_ids` is kept (the padding collator takes tensors only). A dataset that already
-has `input_ids` is used as it is. The prompts are padded on the left, as GRPOTrainer pads them.
-"""
+"""The trainer's prompt datasets as TRL's `GRPOTrainer` takes them: a `prompt` column, text or chat messages. How it
+works: docs/ppo-internals.md#prompt-datasets."""
 
 from __future__ import annotations
 
