@@ -111,39 +111,9 @@ def _cast_for_bf16_kbit_training(model: nn.Module) -> None:
 
 
 class PPOBaseTrainer(BaseTrainer):
-    """The PPO trainer base trl-ext carries for TRL >= 1.13: TRL 1.12's `experimental.ppo.PPOTrainer` but `train()`.
-
-    Same constructor arguments, attributes, checkpoints and sample generations as TRL 1.12's trainer (see the module
-    docstring); :class:`trl_ext.PPOTrainer` adds the training loop.
-
-    Args:
-        args ([`~trl_ext.ppo.base.base_config.PPOBaseConfig`]):
-            Training arguments.
-        processing_class ([`~transformers.PreTrainedTokenizerBase`]):
-            The tokenizer (its pad token pads prompts and responses).
-        model ([`~transformers.PreTrainedModel`]):
-            The policy to train.
-        ref_model ([`~transformers.PreTrainedModel`], *optional*):
-            Reference model for the KL penalty. If `None`: the policy with its adapters disabled for a PEFT policy,
-            else a frozen copy of the policy.
-        reward_model ([`~transformers.PreTrainedModel`]):
-            Scalar-headed model that scores the responses.
-        train_dataset ([`~datasets.Dataset`]):
-            Tokenized prompts (`input_ids`).
-        value_model ([`~transformers.PreTrainedModel`]):
-            Scalar-headed model that predicts per-token values.
-        data_collator ([`~transformers.DataCollatorWithPadding`], *optional*):
-            Batches and pads the prompts; defaults to `DataCollatorWithPadding(processing_class)`.
-        eval_dataset ([`~datasets.Dataset`] or `dict` of [`~datasets.Dataset`], *optional*):
-            Prompts for the sample generations.
-        optimizers (`tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]`, *optional*):
-            Optimizer and LR scheduler; by default (`(None, None)`) created by HF Trainer's
-            `create_optimizer_and_scheduler`.
-        callbacks (`list` of [`~transformers.TrainerCallback`], *optional*):
-            Callbacks besides HF's defaults and the reporting integrations of `args.report_to`.
-        peft_config ([`~peft.PeftConfig`], *optional*):
-            Wrap the policy in this PEFT adapter.
-    """
+    """The PPO trainer base trl-ext carries for TRL >= 1.13: TRL 1.12's `experimental.ppo.PPOTrainer` but `train()`
+    (same constructor arguments, attributes, checkpoints and sample generations; the arguments: docs/ppo.md, "The
+    trainer's arguments"); :class:`trl_ext.PPOTrainer` adds the training loop."""
 
     _tag_names = ["trl", "ppo"]
     _name = "PPO"
