@@ -369,6 +369,21 @@ def check_steps(config) -> None:
                              "(valid: a number > 0, or set max_steps >= 1)")
 
 
+def mapping_field(help_: str):
+    """A dict-valued config key, None by default; :class:`MappingArgs` parses its JSON text (the command line's form)."""
+    return dataclasses.field(default=None, metadata={"help": help_, "mapping": True})
+
+
+class MappingArgs:
+    """Config mixin: each :func:`mapping_field` of the dataclass goes through :func:`mapping_value` after init."""
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            if f.metadata.get("mapping"):
+                setattr(self, f.name, mapping_value(f.name, getattr(self, f.name)))
+        super().__post_init__()
+
+
 def mapping_value(name: str, value):
     """A dict-valued config key: a dict, None, or its JSON text (the command line's form) -> dict or None."""
     if isinstance(value, str):

@@ -4,17 +4,17 @@ them. How it works: docs/ppo-internals.md#models-given-by-id."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ...config_rules import mapping_value
+from ...config_rules import MappingArgs, mapping_field
 from ...errors import UserInputError
 
 __all__ = ["ModelInitArgs", "LoadedModels", "load_model_ids"]
 
 
 @dataclass
-class ModelInitArgs:
+class ModelInitArgs(MappingArgs):
     """Config field of models given by id, mixed into :class:`trl_ext.PPOConfig` (TRL `GRPOConfig`'s key).
 
     Parameters:
@@ -26,15 +26,8 @@ class ModelInitArgs:
             their models from their model keys instead and refuse it.
     """
 
-    model_init_kwargs: dict[str, Any] | str | None = field(
-        default=None,
-        metadata={"help": "from_pretrained keyword arguments of the models given to PPOTrainer as ids (GRPOConfig's "
-                  "key)."},
-    )
-
-    def __post_init__(self):
-        self.model_init_kwargs = mapping_value("model_init_kwargs", self.model_init_kwargs)
-        super().__post_init__()
+    model_init_kwargs: dict[str, Any] | str | None = mapping_field(
+        "from_pretrained keyword arguments of the models given to PPOTrainer as ids (GRPOConfig's key).")
 
 
 class LoadedModels(NamedTuple):

@@ -3,17 +3,17 @@ works: docs/ppo-internals.md#prompt-datasets."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from ...config_rules import mapping_value
+from ...config_rules import MappingArgs, mapping_field
 from ...errors import UserInputError
 
 __all__ = ["PromptArgs", "prepare_prompt_datasets", "tokenize_prompts"]
 
 
 @dataclass
-class PromptArgs:
+class PromptArgs(MappingArgs):
     """Config field of the prompt rendering, mixed into :class:`trl_ext.PPOConfig` (TRL `GRPOConfig`'s key).
 
     Parameters:
@@ -22,14 +22,8 @@ class PromptArgs:
             column of message lists), e.g. `{"enable_thinking": false}`. As TRL's `GRPOConfig` key of that name.
     """
 
-    chat_template_kwargs: dict[str, Any] | str | None = field(
-        default=None,
-        metadata={"help": "Keyword arguments of apply_chat_template for chat-message prompts (GRPOConfig's key)."},
-    )
-
-    def __post_init__(self):
-        self.chat_template_kwargs = mapping_value("chat_template_kwargs", self.chat_template_kwargs)
-        super().__post_init__()
+    chat_template_kwargs: dict[str, Any] | str | None = mapping_field(
+        "Keyword arguments of apply_chat_template for chat-message prompts (GRPOConfig's key).")
 
 
 def tokenize_prompts(dataset, tokenizer, *, num_proc: int | None = None, keep_columns: bool = False,

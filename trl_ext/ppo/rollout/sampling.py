@@ -4,10 +4,10 @@ docs/ppo-internals.md#sampling-keys."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
-from ...config_rules import help_from_docstring, mapping_value
+from ...config_rules import MappingArgs, help_from_docstring, mapping_field
 
 __all__ = ["SamplingArgs", "NAMED_KEYS", "OWNED_KEYS", "rollout_generation_kwargs", "sample_generation_kwargs",
            "reshapes_sampling", "generation_kwargs_problem"]
@@ -32,7 +32,7 @@ OWNED_KEYS: dict[str, str] = {
 
 @help_from_docstring
 @dataclass
-class SamplingArgs:
+class SamplingArgs(MappingArgs):
     """Config fields of the rollout's sampling, mixed into :class:`trl_ext.PPOConfig` (TRL `GRPOConfig`'s keys,
     same names, defaults and meaning; :mod:`trl_ext.ppo.rollout.sampling`). They shape what is sampled, not the
     log-probs: the rollout's and the loss's log-probs are those of the temperature-scaled full distribution
@@ -67,14 +67,8 @@ class SamplingArgs:
     top_k: int = 0
     min_p: Optional[float] = None
     repetition_penalty: float = 1.0
-    generation_kwargs: dict[str, Any] | str | None = field(
-        default=None,
-        metadata={"help": "More transformers GenerationConfig keys for the rollout's sampling (GRPOConfig's key)."},
-    )
-
-    def __post_init__(self):
-        self.generation_kwargs = mapping_value("generation_kwargs", self.generation_kwargs)
-        super().__post_init__()
+    generation_kwargs: dict[str, Any] | str | None = mapping_field(
+        "More transformers GenerationConfig keys for the rollout's sampling (GRPOConfig's key).")
 
 
 def _sampling_keys(args) -> dict:
