@@ -11,17 +11,13 @@ import json
 from pathlib import Path
 
 import pytest
-from recipe_modules import recipe_module
+from recipe_modules import read_jsonl, recipe_module
 
 exact_match_reward = recipe_module("verifiable", "arithmetic_task").exact_match_reward
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = ROOT / "recipes" / "verifiable"
 K = 4
-
-
-def read(path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +47,7 @@ def sft_run(task_modules, tmp_path_factory):
 
 def test_data_and_sft(sft_run, task_modules):
     work, trainer = sft_run
-    rows = {name: read(work / "data" / f"{name}.jsonl") for name in ("train", "heldout")}
+    rows = {name: read_jsonl(work / "data" / f"{name}.jsonl") for name in ("train", "heldout")}
     assert (len(rows["train"]), len(rows["heldout"])) == (16, 32)
     assert not {r["prompt"] for r in rows["train"]} & {r["prompt"] for r in rows["heldout"]}
     assert rows["heldout"] == task_modules[0].split(seed=0, heldout=32, train=16)[1]  # deterministic
@@ -86,7 +82,7 @@ def test_accuracy_is_the_share_of_generated_answers_equal_to_the_sum(sft_run, ta
 
     work, _ = sft_run
     addition_task, _, evaluate = task_modules
-    rows = read(work / "data" / "train.jsonl") + read(work / "data" / "heldout.jsonl")
+    rows = read_jsonl(work / "data" / "train.jsonl") + read_jsonl(work / "data" / "heldout.jsonl")
     model, tok = AutoModelForCausalLM.from_pretrained(work / "sft"), AutoTokenizer.from_pretrained(work / "sft")
     acc = evaluate.accuracy(model, tok, rows, samples=2, seed=3)
     model.eval()
@@ -121,7 +117,7 @@ def test_two_grpo_updates_with_the_reward_function_only(sft_run, tmp_path):
     import trl_ext
 
     work, _ = sft_run
-    rows = read(work / "data" / "train.jsonl")
+    rows = read_jsonl(work / "data" / "train.jsonl")
     tok = AutoTokenizer.from_pretrained(work / "sft", padding_side="left")
     data = Dataset.from_dict({"input_ids": [tok(r["prompt"])["input_ids"] for r in rows],
                               "prompt": [r["prompt"] for r in rows], "answer": [r["answer"] for r in rows]})
@@ -138,7 +134,7 @@ def test_two_grpo_updates_with_the_reward_function_only(sft_run, tmp_path):
     trainer.train()
 
     logs = [h for h in trainer.state.log_history if "rewards/exact_match_reward/mean" in h]
-    logged = read(tmp_path / "completions.jsonl")
+    logged = read_jsonl(tmp_path / "completions.jsonl")
     assert len(logs) == 2 and len(logged) == 32
     assert 0 < sum(r["exact_match_reward"] for r in logged) < 32  # mixed rewards: the checks below mean something
     answer_of = {r["prompt"]: r["answer"] for r in rows}
@@ -175,7 +171,7 @@ def test_the_shipped_grpo_recipe_trains_from_the_reward_function(sft_run, task_m
     from trl_ext.recipe_loader.pipeline import run
 
     work, _ = sft_run
-    problems = read(work / "data" / "train.jsonl") + read(work / "data" / "heldout.jsonl")
+    problems = read_jsonl(work / "data" / "train.jsonl") + read_jsonl(work / "data" / "heldout.jsonl")
     (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in problems))
     recipe = resolve_recipe(TASK / "grpo.yaml", [
         "--model_name_or_path", str(work / "sft"), "--dataset_name", str(work / "data" / "train.jsonl"),
@@ -191,8 +187,8 @@ def test_the_shipped_grpo_recipe_trains_from_the_reward_function(sft_run, task_m
     assert 0 < greedy < 1 and evals[-1]["eval_reward"] == pytest.approx(greedy)
     assert evals[-1]["eval_rewards/exact_match_reward/mean"] == pytest.approx(greedy)
     logs = [h for h in trainer.state.log_history if "rewards/exact_match_reward/mean" in h]
-    logged = read(tmp_path / "grpo" / "completions.jsonl")
-    answer_of = {r["prompt"]: r["answer"] for r in read(work / "data" / "train.jsonl")}
+    logged = read_jsonl(tmp_path / "grpo" / "completions.jsonl")
+    answer_of = {r["prompt"]: r["answer"] for r in read_jsonl(work / "data" / "train.jsonl")}
     assert len(logs) == 2 and len(logged) == 32
     assert 0 < sum(r["exact_match_reward"] for r in logged) < 32
     assert trainer.args.advantage_estimator == "grpo" and trainer.args.num_samples_per_prompt == 4
