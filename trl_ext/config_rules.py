@@ -316,9 +316,9 @@ def choices_of(literal) -> tuple:
 
 def help_from_docstring(cls):
     """Class decorator: each field of ``cls`` that its class docstring documents (TRL's ``Parameters:`` layout,
-    ``name (`type`, ...):`` then the indented description) and that has no ``help`` of its own gets the first
-    sentence of that description as its ``metadata["help"]`` (the command line's help): one description per field,
-    written once, in the docstring."""
+    ``name (`type`, ...):`` then the indented description, or a line ``- ``name``: description``) and that has no
+    ``help`` of its own gets the first sentence of that description as its ``metadata["help"]`` (the command line's
+    help): one description per field, written once, in the docstring."""
     described = docstring_fields(cls.__doc__ or "")
     for f in dataclasses.fields(cls):
         if f.name in described and "help" not in f.metadata:
@@ -327,12 +327,18 @@ def help_from_docstring(cls):
 
 
 def docstring_fields(doc: str) -> dict[str, str]:
-    """``{field: description}`` of a docstring's ``name (`type`, ...):`` entries (descriptions on one line)."""
+    """``{field: description}`` of a docstring's ``name (`type`, ...):`` entries and ``- ``name``: description``
+    lines (descriptions on one line)."""
     out: dict[str, str] = {}
     name, lines, indent = None, [], 0
     for line in doc.splitlines():
         m = re.match(r"^(\s*)(\w+) \(`[^`]*`.*\):\s*$", line)
-        if m:
+        bullet = re.match(r"^\s*- ``(\w+)``: (.+)$", line)
+        if bullet:
+            if name:
+                out[name], name = " ".join(lines), None
+            out[bullet.group(1)] = bullet.group(2).strip()
+        elif m:
             if name:
                 out[name] = " ".join(lines)
             name, lines, indent = m.group(2), [], len(m.group(1))
@@ -370,7 +376,7 @@ def check_steps(config) -> None:
 
 
 def mapping_field(help_: str):
-    """A dict-valued config key, None by default; :class:`MappingArgs` parses its JSON text (the command line's form)."""
+    """A dict-valued config key, None by default; :class:`MappingArgs` parses its JSON text (the command line's)."""
     return dataclasses.field(default=None, metadata={"help": help_, "mapping": True})
 
 

@@ -1,9 +1,9 @@
 """Configuration of :class:`trl_ext.PPOTrainer`."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Optional, get_args
 
-from ..config_rules import check_fields
+from ..config_rules import check_fields, help_from_docstring
 from ..rewards.config import RewardFunctionArgs
 from ..runtime.engines import EngineOnCPUArgsMixin
 from ..runtime.nonfinite import NonFinitePolicyArgs
@@ -27,83 +27,89 @@ KLIn = Literal["reward", "loss"]
 PTX_MODES, KL_IN = get_args(PTXMode), get_args(KLIn)
 
 
+@help_from_docstring
 @dataclass
 class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArgs, PromptArgs, SamplingArgs,
                 NonFinitePolicyArgs, EvaluationArgs, ParentPPOConfig):
-    """Configuration of :class:`trl_ext.PPOTrainer`: TRL 1.12's PPO keys (:mod:`trl_ext.ppo.base`) plus the ones
-    below, each defaulting to TRL's behaviour; their meanings, defaults and rules: docs/ppo.md, "Every key"."""
+    """:class:`trl_ext.PPOTrainer`'s configuration: TRL 1.12's PPO keys (:mod:`trl_ext.ppo.base`) plus these, which
+    default to TRL's behaviour. A line here is its key's command-line help; meanings, rules: docs/ppo.md, "Every key".
 
-    local_rollout_forward_batch_size: rollout_chunk_value = field(default=64, metadata={
-        "help": 'Per-device sequences per generation call and scoring forward pass, or "auto" (fits max_memory_gib).'})
-    max_memory_gib: Optional[float] = field(default=None, metadata={
-        "help": "Memory target of one device's whole process, in GiB, for the \"auto\" batch sizes."})
-    train_micro_batch_size: micro_batch_value = field(default=None, metadata={
-        "help": 'Sequences per forward/backward of the PPO epochs (an integer or "auto"); the update does not '
-                "depend on it."})
-    rollout_engine: RolloutEngineName = field(default="generate", metadata={
-        "help": "How the rollout samples: generate, continuous_batching or auto."})
-    rollout_cuda_graphs: bool = field(default=False, metadata={
-        "help": "With the generate engine: a static KV cache, its decoding steps replayed as a CUDA graph."})
+    - ``local_rollout_forward_batch_size``: sequences per generation and scoring chunk, or "auto".
+    - ``max_memory_gib``: memory target of one device's process, in GiB, for the "auto" sizes.
+    - ``train_micro_batch_size``: sequences per forward/backward of the PPO epochs, or "auto".
+    - ``rollout_engine``: how the rollout samples: generate, continuous_batching or auto.
+    - ``rollout_cuda_graphs``: with the generate engine, replay each decoding step as a CUDA graph.
+    - ``value_clip``: how the value loss uses the clipped prediction: max (TRL), mean or none.
+    - ``kl_controller``: how the KL coefficient evolves from kl_coef: fixed (TRL), adaptive or doubling.
+    - ``kl_target``: target KL (summed over the response) of the adaptive and doubling controllers.
+    - ``kl_horizon``: horizon, in episodes, of the adaptive controller.
+    - ``ptx_coef``: weight of the pretraining LM loss (PPO-ptx); > 0 needs the trainer's ptx_dataset.
+    - ``ptx_mode``: joint (the ptx loss joins each PPO micro-batch loss) or separate (its own step).
+    - ``ptx_batch_size``: ptx sequences per micro-batch and device (default: per_device_train_batch_size).
+    - ``ptx_max_length``: length, in tokens, ptx texts are truncated to.
+    - ``reward_clip``: clip each reward-model score to [-reward_clip, reward_clip] before the KL penalty.
+    - ``advantage_estimator``: gae (TRL) or critic-free rloo, grpo, reinforce_pp, reinforce_pp_baseline.
+    - ``num_samples_per_prompt``: samples of each prompt per update; must divide the per-process batch.
+    - ``kl_in``: where the KL to the reference goes: reward (PPO) or loss (GRPO's default).
+    - ``grpo_scale_by_std``: grpo only: divide by the group's std.
+    - ``critic_warmup``: updates at the start in which only the value model trains.
+    - ``critic_learning_rate``: the value model's learning rate (default: learning_rate).
+    - ``critic_lam``: GAE lambda of the value model's targets (VAPO's decoupled GAE; default: lam).
+    - ``length_adaptive_lam_alpha``: VAPO's length-adaptive lambda, lam = 1 - 1 / (alpha * length).
+    - ``loss_aggregation``: how per-token losses become a micro-batch loss (TRL GRPO's loss_type).
+    - ``cliprange_low``: lower clip of the ratio, 1 - cliprange_low (default: cliprange).
+    - ``cliprange_high``: upper clip of the ratio, 1 + cliprange_high (DAPO's clip-higher; default: cliprange).
+    - ``dual_clip``: dual clip c > 1: for negative advantages the loss is at most -c * A.
+    - ``delta``: two-sided clip (INTELLECT-2): the unclipped ratio capped at delta.
+    - ``ratio_level``: one ratio per token (PPO) or per sequence (GSPO).
+    - ``policy_loss``: clipped (the PPO surrogate) or cispo (a clipped importance weight).
+    - ``entropy_coef``: weight of the entropy bonus in the loss.
+    - ``kl_estimator``: KL estimator of the reward penalty and the loss term: k1, k2, k3 or low_var_kl.
+    - ``use_bias_correction_kl``: with kl_in=loss, each token's KL term times the ratio pi/pi_old.
+    - ``mask_truncated_completions``: completions without the stop token leave the policy loss (DAPO).
+    - ``dynamic_sampling``: drop groups of equal scores and sample more prompts (DAPO).
+    - ``max_sampling_rounds``: with dynamic_sampling, the most generation rounds per update.
+    """
 
-    value_clip: ValueClip = field(default="max", metadata={
-        "help": "How the value loss uses the clipped prediction: max (TRL), mean or none."})
-    kl_controller: KLControllerName = field(default="fixed", metadata={
-        "help": "How the KL coefficient evolves from kl_coef: fixed (TRL), adaptive or doubling."})
-    kl_target: float = field(default=6.0, metadata={
-        "help": "Target KL (summed over the response) of the adaptive and doubling controllers."})
-    kl_horizon: int = field(default=10000, metadata={"help": "Horizon, in episodes, of the adaptive controller."})
-    ptx_coef: float = field(default=0.0, metadata={
-        "help": "Weight of the pretraining LM loss (PPO-ptx); > 0 needs the trainer's ptx_dataset."})
-    ptx_mode: PTXMode = field(default="joint", metadata={
-        "help": "joint: the ptx loss joins each PPO micro-batch loss; separate: its own optimizer step."})
-    ptx_batch_size: Optional[int] = field(default=None, metadata={
-        "help": "Per-device ptx sequences per micro-batch (default: per_device_train_batch_size)."})
-    ptx_max_length: int = field(default=512, metadata={"help": "Length, in tokens, ptx texts are truncated to."})
+    local_rollout_forward_batch_size: rollout_chunk_value = 64
+    max_memory_gib: Optional[float] = None
+    train_micro_batch_size: micro_batch_value = None
+    rollout_engine: RolloutEngineName = "generate"
+    rollout_cuda_graphs: bool = False
 
-    reward_clip: Optional[float] = field(default=None, metadata={
-        "help": "Clip each reward-model score to [-reward_clip, reward_clip] before the KL penalty."})
+    value_clip: ValueClip = "max"
+    kl_controller: KLControllerName = "fixed"
+    kl_target: float = 6.0
+    kl_horizon: int = 10000
+    ptx_coef: float = 0.0
+    ptx_mode: PTXMode = "joint"
+    ptx_batch_size: Optional[int] = None
+    ptx_max_length: int = 512
 
-    advantage_estimator: AdvantageEstimator = field(default="gae", metadata={
-        "help": "gae (TRL, with a value model) or a critic-free rloo, grpo, reinforce_pp, reinforce_pp_baseline."})
-    num_samples_per_prompt: int = field(default=1, metadata={
-        "help": "Samples of each prompt per update; must divide the per-process batch."})
-    kl_in: Optional[KLIn] = field(default=None, metadata={
-        "help": "Where the KL to the reference goes: reward (PPO) or loss (GRPO's default)."})
-    grpo_scale_by_std: bool = field(default=True, metadata={"help": "grpo only: divide by the group's std."})
-    critic_warmup: int = field(default=0, metadata={
-        "help": "Updates at the start in which only the value model trains."})
-    critic_learning_rate: Optional[float] = field(default=None, metadata={
-        "help": "The value model's learning rate (default: learning_rate)."})
-    critic_lam: Optional[float] = field(default=None, metadata={
-        "help": "GAE lambda of the value model's targets (VAPO's decoupled GAE; default: lam)."})
-    length_adaptive_lam_alpha: Optional[float] = field(default=None, metadata={
-        "help": "VAPO's length-adaptive lambda of the policy's advantages, lam = 1 - 1 / (alpha * length)."})
+    reward_clip: Optional[float] = None
 
-    loss_aggregation: LossAggregation = field(default="token_mean", metadata={
-        "help": "How per-token losses become a micro-batch loss (TRL GRPO's loss_type)."})
-    cliprange_low: Optional[float] = field(default=None, metadata={
-        "help": "Lower clip of the ratio, 1 - cliprange_low (default: cliprange)."})
-    cliprange_high: Optional[float] = field(default=None, metadata={
-        "help": "Upper clip of the ratio, 1 + cliprange_high (DAPO's clip-higher; default: cliprange)."})
-    dual_clip: Optional[float] = field(default=None, metadata={
-        "help": "Dual clip c > 1: for negative advantages the loss is at most -c * A."})
-    delta: Optional[float] = field(default=None, metadata={
-        "help": "Two-sided clip (INTELLECT-2): the unclipped ratio capped at delta."})
-    ratio_level: RatioLevel = field(default="token", metadata={
-        "help": "One ratio per token (PPO) or per sequence (GSPO)."})
-    policy_loss: PolicyLossName = field(default="clipped", metadata={
-        "help": "clipped (the PPO surrogate) or cispo (a clipped importance weight)."})
-    entropy_coef: float = field(default=0.0, metadata={"help": "Weight of the entropy bonus in the loss."})
-    kl_estimator: Optional[KLEstimator] = field(default=None, metadata={
-        "help": "KL estimator of the reward penalty and the loss term: k1, k2, k3 or low_var_kl."})
-    use_bias_correction_kl: bool = field(default=False, metadata={
-        "help": "With kl_in=loss: each token's KL term times the ratio pi/pi_old."})
-    mask_truncated_completions: bool = field(default=False, metadata={
-        "help": "Completions without the stop token leave the policy loss (DAPO)."})
-    dynamic_sampling: bool = field(default=False, metadata={
-        "help": "Drop groups of equal scores and sample more prompts (DAPO)."})
-    max_sampling_rounds: int = field(default=3, metadata={
-        "help": "With dynamic_sampling: the most generation rounds per update."})
+    advantage_estimator: AdvantageEstimator = "gae"
+    num_samples_per_prompt: int = 1
+    kl_in: Optional[KLIn] = None
+    grpo_scale_by_std: bool = True
+    critic_warmup: int = 0
+    critic_learning_rate: Optional[float] = None
+    critic_lam: Optional[float] = None
+    length_adaptive_lam_alpha: Optional[float] = None
+
+    loss_aggregation: LossAggregation = "token_mean"
+    cliprange_low: Optional[float] = None
+    cliprange_high: Optional[float] = None
+    dual_clip: Optional[float] = None
+    delta: Optional[float] = None
+    ratio_level: RatioLevel = "token"
+    policy_loss: PolicyLossName = "clipped"
+    entropy_coef: float = 0.0
+    kl_estimator: Optional[KLEstimator] = None
+    use_bias_correction_kl: bool = False
+    mask_truncated_completions: bool = False
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 3
 
     @classmethod
     def from_grpo_config(cls, grpo_config, **overrides) -> "PPOConfig":
