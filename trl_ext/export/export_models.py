@@ -1,5 +1,5 @@
 """``trl-ext export RUN_DIR OUT_DIR``: a run's models as standalone full-precision ``transformers`` models. How it
-works: docs/internals.md#trl-ext-export."""
+works: docs/internals-recipes.md#trl-ext-export."""
 
 from __future__ import annotations
 

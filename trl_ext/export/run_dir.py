@@ -1,5 +1,5 @@
 """What a trl-ext output directory holds, and loading each of its models as a plain ``transformers`` model. How it
-works: docs/internals.md#run-directories."""
+works: docs/internals-recipes.md#run-directories."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``trl-ext sample RUN_DIR --prompts FILE``: generations from a run's policy, optionally scored by a reward model.
-How it works: docs/internals.md#trl-ext-sample."""
+How it works: docs/internals-recipes.md#trl-ext-sample."""
 
 from __future__ import annotations
 

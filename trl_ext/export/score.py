@@ -1,5 +1,5 @@
 """``trl-ext score REWARD_DIR --data FILE``: a reward model's scores of a data file. How it works:
-docs/internals.md#trl-ext-score."""
+docs/internals-recipes.md#trl-ext-score."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Datasets for recipes: open a split from the hub, a local file or a ``save_to_disk`` directory, check its columns.
-How it works: docs/internals.md#recipe-data."""
+How it works: docs/internals-recipes.md#recipe-data."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Row checks of recipe datasets: bad rows found before training, each as one line naming the file, row and column.
-How it works: docs/internals.md#data-rows."""
+How it works: docs/internals-recipes.md#data-rows."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """YAML recipes: load, merge command-line overrides, validate, resolve into TRL/trl-ext dataclasses. How it works:
-docs/internals.md#loading-a-recipe."""
+docs/internals-recipes.md#loading-a-recipe."""
 
 from __future__ import annotations
 

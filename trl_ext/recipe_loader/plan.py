@@ -1,5 +1,5 @@
 """``trl-ext plan RECIPE [--gpu-memory GIB] [--prompt-length N] [--key value ...]``: a PPO recipe's memory budget.
-How it works: docs/internals.md#trl-ext-plan."""
+How it works: docs/internals-recipes.md#trl-ext-plan."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The recipe keys of multi-turn episodes: ``tools`` (functions the model may call) and ``environment_factory`` (a
 callable that builds an environment, or ``{name: callable}`` with an ``environment`` column choosing one per row),
 passed to ``trl_ext.PPOTrainer(tools=..., environment_factory=...)`` (TRL GRPOTrainer's contract,
-:mod:`trl_ext.ppo.episodes`). How it works: docs/internals.md#tool-keys-of-a-recipe."""
+:mod:`trl_ext.ppo.episodes`). How it works: docs/internals-recipes.md#tool-keys-of-a-recipe."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Value checks of recipe keys that the configs cannot make themselves, and the bridge from the configs' errors. How
-it works: docs/internals.md#recipe-validation."""
+it works: docs/internals-recipes.md#recipe-validation."""
 
 from __future__ import annotations
 

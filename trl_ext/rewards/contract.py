@@ -1,5 +1,5 @@
 """TRL GRPO's reward-function contract: how a reward function is named, called and what it may return. How it works:
-docs/internals.md#the-reward-contract."""
+docs/internals-recipes.md#the-reward-contract."""
 
 from __future__ import annotations
 

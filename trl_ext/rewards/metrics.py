@@ -1,5 +1,5 @@
 """The metrics of a reward-function run, in TRL GRPO's names (``GRPOTrainer._generate_and_score_completions``). How
-it works: docs/internals.md#reward-metrics."""
+it works: docs/internals-recipes.md#reward-metrics."""
 
 from __future__ import annotations
 

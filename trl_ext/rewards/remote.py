@@ -1,5 +1,5 @@
 """A reward function served over HTTP: OpenRLHF's remote reward contract (``--reward.remote_url``). How it works:
-docs/internals.md#remote-rewards."""
+docs/internals-recipes.md#remote-rewards."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The scorer :class:`trl_ext.PPOTrainer` calls: reward models and reward functions -> one score per completion. How
-it works: docs/internals.md#reward-scoring."""
+it works: docs/internals-recipes.md#reward-scoring."""
 
 from __future__ import annotations
 
