@@ -39,7 +39,8 @@ def test_game_rules():
 
 
 def test_data_files(tool_use_data):
-    sft, rl = read_jsonl(tool_use_data / "data" / "guess_sft.jsonl"), read_jsonl(tool_use_data / "data" / "guess_train.jsonl")
+    data = tool_use_data / "data"
+    sft, rl = read_jsonl(data / "guess_sft.jsonl"), read_jsonl(data / "guess_train.jsonl")
     assert len(sft) == len(rl) == 6
     assert all(sorted(r) == ["completion_mask", "input_ids"] for r in sft)
     assert all(len(r["input_ids"]) == len(r["completion_mask"]) <= guess_env.MAX_POSITIONS for r in sft)

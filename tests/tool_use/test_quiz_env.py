@@ -67,8 +67,9 @@ def test_careless_player_errs_only_on_large_numbers_by_repeating_them():
 
 
 def test_data_files(tool_use_data):
-    sft, rl = read_jsonl(tool_use_data / "data" / "quiz_sft.jsonl"), read_jsonl(tool_use_data / "data" / "quiz_train.jsonl")
-    heldout = read_jsonl(tool_use_data / "data" / "quiz_heldout.jsonl")
+    data = tool_use_data / "data"
+    sft, rl = read_jsonl(data / "quiz_sft.jsonl"), read_jsonl(data / "quiz_train.jsonl")
+    heldout = read_jsonl(data / "quiz_heldout.jsonl")
     assert len(sft) == len(rl) == 6 and len(heldout) == 200
     assert all(r["prompt"] == quiz_env.prompt_messages() and len(r["numbers"]) == quiz_env.ROUNDS for r in rl)
     assert not {tuple(r["numbers"]) for r in rl} & {tuple(r["numbers"]) for r in heldout}

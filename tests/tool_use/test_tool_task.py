@@ -166,7 +166,8 @@ def test_sft_loss_covers_only_the_policys_tokens(tool_use_data, modules):
     policy's to predict, as RL masks it), 1 on the call and the answer; TRL's SFTTrainer with
     completion_only_loss (sft_tools.yaml) turns it into labels -100 on exactly those tokens."""
     tok, trainer = sft_tools_trainer(tool_use_data)
-    for (a, b, calls), example in zip(demonstrated(tool_use_data), read_jsonl(tool_use_data / "data" / "sft_tools.jsonl")):
+    examples = read_jsonl(tool_use_data / "data" / "sft_tools.jsonl")
+    for (a, b, calls), example in zip(demonstrated(tool_use_data), examples):
         prompt, call, suffix, answer = rl_pieces(tok, a, b, modules, calls)
         assert example["completion_mask"] == [0] * len(prompt) + [1] * len(call) + [0] * len(suffix) + [1] * len(answer)
     for k, example in enumerate(read_jsonl(tool_use_data / "data" / "sft_tools.jsonl")):
