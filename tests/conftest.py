@@ -72,6 +72,21 @@ def tiny_models(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_env(tiny_models):
+    """tiny:// points at the session's tiny models (in this process and in subprocesses) and the working directory
+    is the repository's; yields the environment of a subprocess that imports this checkout."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TRL_EXT_TINY_DIR", str(tiny_models.root))
+    mp.chdir(root)
+    yield {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1"}
+    mp.undo()
+
+
+@pytest.fixture(scope="session")
 def tokenizer(tiny_models):
     from transformers import AutoTokenizer
 

@@ -5,6 +5,7 @@ may import both (a plain `import make_data` would hand the second test the first
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -30,3 +31,8 @@ def recipe_module(folder: str, name: str):
     finally:
         sys.path.remove(str(path.parent))
     return module
+
+
+def read_jsonl(path) -> list[dict]:
+    """The rows of a JSON-lines file a recipe's `make_data.py` wrote."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]

@@ -1,27 +1,5 @@
-"""The ``trl-ext`` command line (also ``python -m trl_ext``), above the packages whose commands it runs:
-``recipes`` (train, check, plan, plot) and ``export`` (export, sample, score).
-
-Commands:
-  demo [--out DIR] [--overwrite]   the README's demo in one command: reward model, PPO, export, sample, plot, then a
-                                   summary of what each step wrote and what its numbers mean (trl_ext/recipe_loader/demo.py)
-  train RECIPE [--key value ...]   train an SFT, reward, DPO or PPO model from a YAML recipe; ends with a summary
-                                   (where the model, recipe and metrics went, the main metric, the next commands)
-  check RECIPE [--key value ...]   validate a recipe without loading any model; print the resolved settings
-  plan RECIPE [--gpu-memory GIB] [--prompt-length N] [--key value ...]
-                                   a PPO recipe's memory budget from the checkpoints' config.json: does it fit, and
-                                   which settings do (exit 0 if it fits as written, 1 if not)
-  plot OUTPUT_DIR [OUTPUT_DIR ...] draw the runs' logged curves into PNG files, by default in OUTPUT_DIR/plots
-                                   (needs matplotlib: trl-ext[plot])
-  export RUN_DIR OUT_DIR           write a run's models as standalone transformers models (adapters merged)
-  sample RUN_DIR --prompts FILE    generate from a run's policy (its sampling settings), optionally scored
-  score REWARD_DIR --data FILE     reward scores of prompt/response rows; accuracy and margin of preference data
-
-Every command keeps the known, harmless warnings of the libraries underneath off the console (`train --verbose`
-shows them; see trl_ext/runtime/quiet_console.py). Bad input exits with code 2 and one line on stderr (no traceback). SIGINT (Ctrl-C) or SIGTERM during training saves
-a checkpoint at the end of the current step and exits with 130 / 143 and a line saying where the checkpoint is
-(resume with `--resume_from_checkpoint true`). NaN/inf scores or losses exit with code 3 and a line naming the
-update and the quantity.
-"""
+"""The ``trl-ext`` command line (also ``python -m trl_ext``), above the packages whose commands it runs: ``recipes``
+(train, check, plan, plot) and ``export`` (export, sample, score). How it works: docs/internals.md#the-command-line."""
 
 from __future__ import annotations
 

@@ -1,25 +1,5 @@
-"""The rules every trl-ext config checks about each of its own fields, when it is constructed.
-
-Derived from the dataclass fields (their type, default and metadata) of the config, so that a field added later is
-checked too:
-
-* **null**: ``None`` is valid only where the field's type is ``Optional`` or its default is ``None``;
-* **choices**: a ``Literal`` (or ``Enum``) field takes one of its values (``typing.get_args``: the one place they
-  are written), a field with ``metadata={"choices": ...}`` one of those;
-* **numbers**: a float must be finite, an integer must fit in 64 bits, and a number whose default is not negative
-  (or ``None``) must not be negative.
-
-What cannot be derived is stated in :data:`RANGES` (one row per key, interval notation; ``inf`` is infinity). A
-field may state its own range in its metadata (``field(..., metadata={"range": "[1, inf)"})``). The reward and value
-models' ``reward_*``/``value_*`` recipe keys take the row of the ``ModelConfig`` key they prefix.
-
-:func:`mapping_value` reads a dict-valued field given as JSON text (the command line's form).
-
-:func:`check_fields` raises :class:`~trl_ext.errors.UserInputError` with one line, ``<key>: <problem> (valid:
-<range or choices>)``; the recipe loader (:mod:`trl_ext.recipe_loader.loader`) prints the same line as ``recipe: key
-'<key>': <problem> (valid: ...)``. The rules about how several keys combine live beside each config (PPO:
-:mod:`trl_ext.ppo.config_rules`).
-"""
+"""The rules every trl-ext config checks about each of its own fields, when it is constructed. How it works:
+docs/internals.md#config-rules."""
 
 from __future__ import annotations
 
@@ -336,9 +316,9 @@ def choices_of(literal) -> tuple:
 
 def help_from_docstring(cls):
     """Class decorator: each field of ``cls`` that its class docstring documents (TRL's ``Parameters:`` layout,
-    ``name (`type`, ...):`` then the indented description) and that has no ``help`` of its own gets the first
-    sentence of that description as its ``metadata["help"]`` (the command line's help): one description per field,
-    written once, in the docstring."""
+    ``name (`type`, ...):`` then the indented description, or a line ``- ``name``: description``) and that has no
+    ``help`` of its own gets the first sentence of that description as its ``metadata["help"]`` (the command line's
+    help): one description per field, written once, in the docstring."""
     described = docstring_fields(cls.__doc__ or "")
     for f in dataclasses.fields(cls):
         if f.name in described and "help" not in f.metadata:
@@ -347,12 +327,18 @@ def help_from_docstring(cls):
 
 
 def docstring_fields(doc: str) -> dict[str, str]:
-    """``{field: description}`` of a docstring's ``name (`type`, ...):`` entries (descriptions on one line)."""
+    """``{field: description}`` of a docstring's ``name (`type`, ...):`` entries and ``- ``name``: description``
+    lines (descriptions on one line)."""
     out: dict[str, str] = {}
     name, lines, indent = None, [], 0
     for line in doc.splitlines():
         m = re.match(r"^(\s*)(\w+) \(`[^`]*`.*\):\s*$", line)
-        if m:
+        bullet = re.match(r"^\s*- ``(\w+)``: (.+)$", line)
+        if bullet:
+            if name:
+                out[name], name = " ".join(lines), None
+            out[bullet.group(1)] = bullet.group(2).strip()
+        elif m:
             if name:
                 out[name] = " ".join(lines)
             name, lines, indent = m.group(2), [], len(m.group(1))
@@ -387,6 +373,21 @@ def check_steps(config) -> None:
     if epochs is not None and epochs <= 0 and getattr(config, "max_steps", -1) <= 0:
         raise UserInputError(f"num_train_epochs: {epochs!r} with no max_steps trains zero steps "
                              "(valid: a number > 0, or set max_steps >= 1)")
+
+
+def mapping_field(help_: str):
+    """A dict-valued config key, None by default; :class:`MappingArgs` parses its JSON text (the command line's)."""
+    return dataclasses.field(default=None, metadata={"help": help_, "mapping": True})
+
+
+class MappingArgs:
+    """Config mixin: each :func:`mapping_field` of the dataclass goes through :func:`mapping_value` after init."""
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            if f.metadata.get("mapping"):
+                setattr(self, f.name, mapping_value(f.name, getattr(self, f.name)))
+        super().__post_init__()
 
 
 def mapping_value(name: str, value):

@@ -9,15 +9,6 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "recipes" / "demo"
 
 
-@pytest.fixture(scope="session")
-def tiny_env(tiny_models):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TRL_EXT_TINY_DIR", str(tiny_models.root))
-    mp.chdir(ROOT)
-    yield
-    mp.undo()
-
-
 def train(recipe, *overrides):
     from trl_ext.recipe_loader import resolve_recipe
     from trl_ext.recipe_loader.pipeline import run

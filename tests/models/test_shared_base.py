@@ -211,9 +211,18 @@ def test_4bit_shared_base_scores_like_a_4bit_reward_model(tiny_models, reward_ad
                                    separate(input_ids=QR, attention_mask=QR != 0).logits)
 
 
-def test_adapter_directories_that_cannot_share_the_base_are_refused(tiny_models, reward_adapter, tmp_path):
+def altered_adapter(adapter, path, key, tensor):
+    """A copy of the LoRA adapter directory `adapter` at `path`, with its weight `key` set to `tensor`."""
     import safetensors.torch
 
+    shutil.copytree(adapter, path)
+    weights = safetensors.torch.load_file(path / "adapter_model.safetensors")
+    weights[key] = tensor
+    safetensors.torch.save_file(weights, path / "adapter_model.safetensors")
+    return path
+
+
+def test_adapter_directories_that_cannot_share_the_base_are_refused(tiny_models, reward_adapter, tmp_path):
     from trl_ext.errors import UserInputError
     from trl_ext.models.shared_base import add_scalar_adapter, read_scalar_adapter
 
@@ -227,18 +236,11 @@ def test_adapter_directories_that_cannot_share_the_base_are_refused(tiny_models,
     (other / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": "Qwen/Qwen2.5-7B"}))
     with pytest.raises(UserInputError, match=r"trained on base 'Qwen/Qwen2.5-7B', but the policy's base is"):
         read_scalar_adapter(other, policy_base=base)
-    extra = tmp_path / "extra_module"
-    shutil.copytree(reward_adapter, extra)
-    weights = safetensors.torch.load_file(extra / "adapter_model.safetensors")
-    weights["base_model.model.model.embed_tokens.weight"] = torch.zeros(8, 64)
-    safetensors.torch.save_file(weights, extra / "adapter_model.safetensors")
+    extra = altered_adapter(reward_adapter, tmp_path / "extra_module", "base_model.model.model.embed_tokens.weight",
+                            torch.zeros(8, 64))
     with pytest.raises(UserInputError, match="one score head.*embed_tokens"):
         read_scalar_adapter(extra, policy_base=base)
-    two = tmp_path / "two_outputs"
-    shutil.copytree(reward_adapter, two)
-    weights = safetensors.torch.load_file(two / "adapter_model.safetensors")
-    weights["base_model.model.score.weight"] = torch.zeros(2, 64)
-    safetensors.torch.save_file(weights, two / "adapter_model.safetensors")
+    two = altered_adapter(reward_adapter, tmp_path / "two_outputs", "base_model.model.score.weight", torch.zeros(2, 64))
     with pytest.raises(UserInputError, match="score head has 2 outputs"):
         read_scalar_adapter(two)
 

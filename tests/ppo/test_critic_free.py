@@ -8,17 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ppo_helpers import config_kwargs, left_tokenizer, load_models, prompt_dataset, seed_all, update_logs
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_models):
-    return left_tokenizer(tiny_models)
-
-
-@pytest.fixture(scope="module")
-def data(tok):
-    return prompt_dataset(tok, n=8), prompt_dataset(tok, n=4, seed=5)
+from ppo_helpers import config_kwargs, load_models, prompt_dataset, seed_all, update_logs
 
 
 def make(tiny_models, tok, data, out, trainer_cls=None, value_model=None, **overrides):

@@ -10,14 +10,9 @@ import statistics
 import pytest
 import torch
 
-from ppo_helpers import config_kwargs, left_tokenizer, load_models, seed_all, update_logs
+from ppo_helpers import config_kwargs, load_models, seed_all, update_logs
 
 EVAL_KEYS = ("eval_reward", "eval_reward_std", "eval_runtime")
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_models):
-    return left_tokenizer(tiny_models)
 
 
 def rows(tok, n: int, seed: int, tag: str, length: int | None = None) -> dict:

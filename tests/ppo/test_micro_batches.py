@@ -8,17 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ppo_helpers import config_kwargs, left_tokenizer, load_models, prompt_dataset, seed_all
+from ppo_helpers import config_kwargs, load_models, prompt_dataset, seed_all
 
 # per_device_train_batch_size 2 x gradient_accumulation_steps 2: mini-batches of 4; one update, 2 PPO epochs. Plain
 # SGD: Adam's first steps are lr * sign(gradient), which turns a rounding difference of a gradient near 0 into lr.
 SETTINGS = dict(total_episodes=4, num_sample_generations=0, learning_rate=0.05, optim="sgd")
 TOLERANCE = 1e-6
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_models):
-    return left_tokenizer(tiny_models)
 
 
 def trained_weights(tiny_models, tok, tmp_path, *, micro, shared_adapter=None, train=True, **overrides):

@@ -9,23 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ppo_helpers import config_kwargs, left_tokenizer, load_models, prompt_dataset, seed_all, update_logs
+from ppo_helpers import config_kwargs, load_models, seed_all, update_logs
 
 CRITIC_FREE = dict(advantage_estimator="grpo", num_samples_per_prompt=2, loss_aggregation="global_token_mean",
                    cliprange_high=0.28, dual_clip=3.0, delta=4.0, entropy_coef=0.01, kl_estimator="low_var_kl",
                    mask_truncated_completions=True, dynamic_sampling=True, max_sampling_rounds=3)
 GAE = dict(loss_aggregation="seq_mean_token_sum_norm", policy_loss="cispo", cliprange_high=1.0,
            ratio_level="sequence", kl_estimator="k2", entropy_coef=0.01)
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_models):
-    return left_tokenizer(tiny_models)
-
-
-@pytest.fixture(scope="module")
-def data(tok):
-    return prompt_dataset(tok, n=8), prompt_dataset(tok, n=4, seed=5)
 
 
 def recording_trainer():

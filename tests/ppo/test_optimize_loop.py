@@ -7,12 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ppo_helpers import config_kwargs, count_optimizer_steps, left_tokenizer, load_models, prompt_dataset, seed_all
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_models):
-    return left_tokenizer(tiny_models)
+from ppo_helpers import config_kwargs, count_optimizer_steps, load_models, prompt_dataset, seed_all
 
 
 def trainer_for(tiny_models, tok, tmp_path, trainer_cls=None, **overrides):

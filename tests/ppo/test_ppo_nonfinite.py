@@ -10,15 +10,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 from transformers import TrainerCallback
 
-from ppo_helpers import config_kwargs, left_tokenizer, load_models, prompt_dataset, seed_all, update_logs
+from ppo_helpers import config_kwargs, load_models, prompt_dataset, seed_all, update_logs
 
 # Tensor methods that copy a device value to the host (and so wait for the device)
 HOST_SYNCS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy", "cpu", "nonzero"}
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_models):
-    return left_tokenizer(tiny_models)
 
 
 def make_trainer(tiny_models, tok, out, trainer_cls=None, callbacks=None, dtype=None, **overrides):

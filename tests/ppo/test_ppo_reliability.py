@@ -10,21 +10,11 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from ppo_helpers import config_kwargs, left_tokenizer, load_models, prompt_dataset, ptx_dataset, seed_all, update_logs
+from ppo_helpers import config_kwargs, load_models, ptx_dataset, seed_all, update_logs
 from signal_callbacks import SendSignalAfterStep
 
 EXCLUDED_PREFIXES = ("eps", "time/")  # wall clock
 N_UPDATES = 5  # 8 prompts, 4 per update: an epoch is 2 updates, so resumes land mid-epoch and at an epoch's end
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_models):
-    return left_tokenizer(tiny_models)
-
-
-@pytest.fixture(scope="module")
-def data(tok):
-    return prompt_dataset(tok, n=8), prompt_dataset(tok, n=4, seed=5)
 
 
 def lora_config():

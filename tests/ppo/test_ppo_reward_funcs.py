@@ -12,12 +12,7 @@ import math
 
 import pytest
 
-from ppo_helpers import config_kwargs, left_tokenizer, load_models, seed_all, update_logs
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_models):
-    return left_tokenizer(tiny_models)
+from ppo_helpers import config_kwargs, load_models, seed_all, update_logs
 
 
 @pytest.fixture(scope="module")

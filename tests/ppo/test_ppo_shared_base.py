@@ -12,14 +12,9 @@ import re
 import pytest
 import torch
 
-from ppo_helpers import config_kwargs, left_tokenizer, prompt_dataset, seed_all, update_logs
+from ppo_helpers import config_kwargs, prompt_dataset, seed_all, update_logs
 
 EXCLUDED_PREFIXES = ("eps", "time/")
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_models):
-    return left_tokenizer(tiny_models)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from transformers import TrainerCallback
 
 from ppo_helpers import (
     config_kwargs,
-    left_tokenizer,
     load_models,
     ptx_dataset,
     seed_all,
@@ -27,11 +26,6 @@ from ppo_reference import (
     run_scenario,
     scenario_data,
 )
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_models):
-    return left_tokenizer(tiny_models)
 
 
 @pytest.fixture(scope="module")

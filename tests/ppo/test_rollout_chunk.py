@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from ppo_helpers import config_kwargs, left_tokenizer, prompt_dataset, seed_all, update_logs
+from ppo_helpers import config_kwargs, prompt_dataset, seed_all, update_logs
 from trl_ext.errors import UserInputError
 from trl_ext.ppo.rollout.memory_budget import GIB, ModelShape, PPOShape, ppo_memory_budget
 from trl_ext.ppo.rollout.chunk import largest_fitting_chunk, rollout_chunk_value
@@ -93,11 +93,6 @@ def test_recipe_key(tmp_path):
     with pytest.raises(UserInputError) as err:
         resolve_recipe("recipes/demo/ppo.yaml", out + ["--local_rollout_forward_batch_size", "many"])
     assert "must be a positive integer or 'auto', got 'many'" in str(err.value)
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_models):
-    return left_tokenizer(tiny_models)
 
 
 def make_trainer(tiny_models, tok, tmp_path, **overrides):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ppo_helpers import config_kwargs, left_tokenizer, prompt_dataset, seed_all, update_logs
+from ppo_helpers import config_kwargs, prompt_dataset, seed_all, update_logs
 from trl_ext.errors import UserInputError
 from trl_ext.ppo.rollout.memory_budget import ModelShape, kv_cache_bytes
 from trl_ext.ppo.rollout.engine import (
@@ -26,11 +26,6 @@ if not has_continuous_batching():
     pytest.skip("transformers without the continuous batching trl-ext drives", allow_module_level=True)
 
 TEXTS = ["hello world the", "a b", "the quick brown fox jumps", "x", "one two three four five six", "b a"]
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_models):
-    return left_tokenizer(tiny_models)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ppo_helpers import config_kwargs, left_tokenizer, prompt_dataset, seed_all
+from ppo_helpers import config_kwargs, prompt_dataset, seed_all
 from trl_ext.ppo.base import PPO_BASE
 from trl_ext.ppo.rollout.engine import has_continuous_batching, teacher_forced_logprobs
 
@@ -20,11 +20,6 @@ ENGINES = ["generate", pytest.param("continuous_batching", marks=pytest.mark.ski
     not has_continuous_batching(), reason="transformers without the continuous batching trl-ext drives"))]
 TEXTS = ["hello world the", "a b", "the quick brown fox jumps", "x"]
 LENGTH = 8
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_models):
-    return left_tokenizer(tiny_models)
 
 
 def build(tiny_models, tok, tmp_path, reward_model=None, **overrides):

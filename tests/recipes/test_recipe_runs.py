@@ -10,7 +10,6 @@ AVX2 and default kernels (tests/README.md, "Learning thresholds").
 import contextlib
 import io
 import json
-import os
 import struct
 import subprocess
 from pathlib import Path
@@ -22,17 +21,6 @@ from launch_commands import accelerate_launch
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "recipes" / "demo"
-
-
-@pytest.fixture(scope="module")
-def tiny_env(tiny_models):
-    """Point tiny:// at the session's tiny models (in this process and in subprocesses)."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TRL_EXT_TINY_DIR", str(tiny_models.root))
-    mp.chdir(ROOT)
-    yield {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1"}
-    mp.undo()
 
 
 def train(recipe, *overrides):

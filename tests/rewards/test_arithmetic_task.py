@@ -3,13 +3,9 @@ generator (recipes/verifiable/addition_task.py): right answers, disjoint determi
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from recipe_modules import recipe_module
 
-TASK = Path(__file__).resolve().parents[2] / "recipes" / "verifiable"
 _checker = recipe_module("verifiable", "arithmetic_task")  # the demo task's checker lives with its recipes
 exact_match_reward, parse_answer, reference_answer = (
     _checker.exact_match_reward, _checker.parse_answer, _checker.reference_answer)
@@ -62,12 +58,7 @@ def test_exact_match_reward_refuses_mismatched_columns():
 
 @pytest.fixture(scope="module")
 def task():
-    sys.path.insert(0, str(TASK))
-    try:
-        import addition_task
-    finally:
-        sys.path.remove(str(TASK))
-    return addition_task
+    return recipe_module("verifiable", "addition_task")
 
 
 def operands(row: dict) -> tuple[int, int]:

@@ -42,21 +42,16 @@ SAMPLED_TOLERANCE = 0.1
 
 
 @pytest.fixture(scope="module")
-def modules():
-    return tuple(recipe_module("verifiable", name) for name in ("addition_task", "make_data", "evaluate"))
-
-
-@pytest.fixture(scope="module")
-def data(modules, tmp_path_factory):
+def data(verifiable_modules, tmp_path_factory):
     """Step 1 of the quickstart at the reduced size: base model and data (seed 0), shared by the SFT seeds."""
     work = tmp_path_factory.mktemp("verifiable_quickstart")
-    modules[1].make_data(work, train=TRAIN, heldout=HELDOUT)
+    verifiable_modules[1].make_data(work, train=TRAIN, heldout=HELDOUT)
     return work
 
 
-def test_the_reduced_data_fixes_the_demonstrators_share(data, modules):
+def test_the_reduced_data_fixes_the_demonstrators_share(data, verifiable_modules):
     """The band's anchor: 23 of the 32 training completions are the true sum, the other 9 a forgotten units carry."""
-    addition_task = modules[0]
+    addition_task = verifiable_modules[0]
     rows = read(data / "data" / "train.jsonl")
     assert len(rows) == TRAIN and len(read(data / "data" / "heldout.jsonl")) == HELDOUT
     right = [r["completion"] == addition_task.completion_text(int(r["answer"])) for r in rows]
@@ -74,7 +69,7 @@ def train(recipe_file: str, args: list[str]):
     return run(resolve_recipe(TASK / recipe_file, args))
 
 
-def sft_start(data: Path, out: Path, seed: int, modules) -> dict:
+def sft_start(data: Path, out: Path, seed: int, verifiable_modules) -> dict:
     """Step 2 at the reduced size (sft.yaml, SFT seed ``seed``) and the start as evaluate.py measures it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -82,7 +77,7 @@ def sft_start(data: Path, out: Path, seed: int, modules) -> dict:
                                  "--dataset_name", str(data / "data" / "train.jsonl"), "--output_dir", str(out),
                                  "--seed", str(seed), *SFT_OVERRIDES])
     assert trainer.state.global_step == 150 and trainer.lr_scheduler.get_last_lr()[0] == pytest.approx(0, abs=1e-9)
-    evaluate = modules[2]
+    evaluate = verifiable_modules[2]
     model, tok = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
     rows = read(data / "data" / "train.jsonl")
     model.eval()
@@ -93,10 +88,10 @@ def sft_start(data: Path, out: Path, seed: int, modules) -> dict:
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_the_reduced_quickstart_starts_in_its_band_and_grpo_runs_from_it(data, modules, tmp_path, seed):
+def test_the_reduced_quickstart_starts_in_its_band_and_grpo_runs_from_it(data, verifiable_modules, tmp_path, seed):
     from transformers import AutoModelForCausalLM
 
-    start = sft_start(data, tmp_path / "sft", seed, modules)
+    start = sft_start(data, tmp_path / "sft", seed, verifiable_modules)
     assert start["imitated"] >= TRAIN - 1  # the demonstrator's answer, right or wrong, on the training prompts
     assert START_BAND[0] <= start["train"]["greedy"] <= START_BAND[1]
     assert start["heldout"]["greedy"] <= HELDOUT_MAX

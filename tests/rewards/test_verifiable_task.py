@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from recipe_modules import recipe_module
+from recipe_modules import read_jsonl, recipe_module
 
 exact_match_reward = recipe_module("verifiable", "arithmetic_task").exact_match_reward
 
@@ -20,25 +20,14 @@ TASK = ROOT / "recipes" / "verifiable"
 K = 4
 
 
-def read(path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines()]
-
-
 @pytest.fixture(scope="module")
-def task_modules():
-    from recipe_modules import recipe_module
-
-    return tuple(recipe_module("verifiable", name) for name in ("addition_task", "make_data", "evaluate"))
-
-
-@pytest.fixture(scope="module")
-def sft_run(task_modules, tmp_path_factory):
+def sft_run(verifiable_modules, tmp_path_factory):
     """make_data (16 training problems, 32 held out) and 60 SFT steps of recipes/verifiable/sft.yaml: the model
     learns most of its 16 training sums by heart, so RL on them sees mixed rewards (groups that differ)."""
     from trl_ext.recipe_loader import resolve_recipe
     from trl_ext.recipe_loader.pipeline import run
 
-    _, make_data, _ = task_modules
+    _, make_data, _ = verifiable_modules
     work = tmp_path_factory.mktemp("verifiable")
     make_data.make_data(work, train=16, heldout=32)
     recipe = resolve_recipe(TASK / "sft.yaml", [
@@ -49,13 +38,13 @@ def sft_run(task_modules, tmp_path_factory):
     return work, trainer
 
 
-def test_data_and_sft(sft_run, task_modules):
+def test_data_and_sft(sft_run, verifiable_modules):
     work, trainer = sft_run
-    rows = {name: read(work / "data" / f"{name}.jsonl") for name in ("train", "heldout")}
+    rows = {name: read_jsonl(work / "data" / f"{name}.jsonl") for name in ("train", "heldout")}
     assert (len(rows["train"]), len(rows["heldout"])) == (16, 32)
     assert not {r["prompt"] for r in rows["train"]} & {r["prompt"] for r in rows["heldout"]}
-    assert rows["heldout"] == task_modules[0].split(seed=0, heldout=32, train=16)[1]  # deterministic
-    assert rows["train"] == task_modules[0].split(seed=0, heldout=32, train=16)[0]  # the careless demonstrator's
+    assert rows["heldout"] == verifiable_modules[0].split(seed=0, heldout=32, train=16)[1]  # deterministic
+    assert rows["train"] == verifiable_modules[0].split(seed=0, heldout=32, train=16)[0]  # the careless demonstrator's
     assert exact_match_reward([r["completion"] for r in rows["heldout"]], [r["answer"] for r in rows["heldout"]]) \
         == [1.0] * 32
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -76,7 +65,7 @@ def hand_answer(tok, response_ids: list[int]) -> int | None:
     return int("".join(digits)) if digits else None
 
 
-def test_accuracy_is_the_share_of_generated_answers_equal_to_the_sum(sft_run, task_modules):
+def test_accuracy_is_the_share_of_generated_answers_equal_to_the_sum(sft_run, verifiable_modules):
     """The evaluator against `generate` by hand: each prompt alone greedily (the evaluator batches them), and the
     sampled answers at temperature 1 with seeds `seed + s` as the evaluator's docstring says; the answers parsed
     from the tokens, not by the checker. Training rows (learnt by heart) and held-out ones: the accuracy is neither
@@ -85,8 +74,8 @@ def test_accuracy_is_the_share_of_generated_answers_equal_to_the_sum(sft_run, ta
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     work, _ = sft_run
-    addition_task, _, evaluate = task_modules
-    rows = read(work / "data" / "train.jsonl") + read(work / "data" / "heldout.jsonl")
+    addition_task, _, evaluate = verifiable_modules
+    rows = read_jsonl(work / "data" / "train.jsonl") + read_jsonl(work / "data" / "heldout.jsonl")
     model, tok = AutoModelForCausalLM.from_pretrained(work / "sft"), AutoTokenizer.from_pretrained(work / "sft")
     acc = evaluate.accuracy(model, tok, rows, samples=2, seed=3)
     model.eval()
@@ -121,7 +110,7 @@ def test_two_grpo_updates_with_the_reward_function_only(sft_run, tmp_path):
     import trl_ext
 
     work, _ = sft_run
-    rows = read(work / "data" / "train.jsonl")
+    rows = read_jsonl(work / "data" / "train.jsonl")
     tok = AutoTokenizer.from_pretrained(work / "sft", padding_side="left")
     data = Dataset.from_dict({"input_ids": [tok(r["prompt"])["input_ids"] for r in rows],
                               "prompt": [r["prompt"] for r in rows], "answer": [r["answer"] for r in rows]})
@@ -138,7 +127,7 @@ def test_two_grpo_updates_with_the_reward_function_only(sft_run, tmp_path):
     trainer.train()
 
     logs = [h for h in trainer.state.log_history if "rewards/exact_match_reward/mean" in h]
-    logged = read(tmp_path / "completions.jsonl")
+    logged = read_jsonl(tmp_path / "completions.jsonl")
     assert len(logs) == 2 and len(logged) == 32
     # mixed rewards, so that the checks below mean something: at temperature 1 this short SFT's answers were right
     # 4, 0 and 2 times of 32 with seeds 0, 1, 2; at 0.5 15-18 times (tests/README.md)
@@ -166,7 +155,7 @@ def test_two_grpo_updates_with_the_reward_function_only(sft_run, tmp_path):
     assert trainer.state.global_step == 2
 
 
-def test_the_shipped_grpo_recipe_trains_from_the_reward_function(sft_run, task_modules, tmp_path):
+def test_the_shipped_grpo_recipe_trains_from_the_reward_function(sft_run, verifiable_modules, tmp_path):
     """recipes/verifiable/grpo.yaml as shipped (reward_funcs: the checker, no reward model) but sampled at
     temperature 0.5 (mixed rewards with every seed tried: tests/README.md), 2 updates of 16,
     evaluated every update (the recipe's eval keys, eval_steps 1 here) on the training and held-out problems (the
@@ -178,7 +167,7 @@ def test_the_shipped_grpo_recipe_trains_from_the_reward_function(sft_run, task_m
     from trl_ext.recipe_loader.pipeline import run
 
     work, _ = sft_run
-    problems = read(work / "data" / "train.jsonl") + read(work / "data" / "heldout.jsonl")
+    problems = read_jsonl(work / "data" / "train.jsonl") + read_jsonl(work / "data" / "heldout.jsonl")
     (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in problems))
     recipe = resolve_recipe(TASK / "grpo.yaml", [
         "--model_name_or_path", str(work / "sft"), "--dataset_name", str(work / "data" / "train.jsonl"),
@@ -191,12 +180,12 @@ def test_the_shipped_grpo_recipe_trains_from_the_reward_function(sft_run, task_m
     evals = [h for h in trainer.state.log_history if "eval_reward" in h]
     assert [h["step"] for h in evals] == [1, 2]
     tok = AutoTokenizer.from_pretrained(work / "sft")
-    greedy = task_modules[2].accuracy(trainer.model.policy, tok, problems, samples=0)["greedy"]
+    greedy = verifiable_modules[2].accuracy(trainer.model.policy, tok, problems, samples=0)["greedy"]
     assert 0 < greedy < 1 and evals[-1]["eval_reward"] == pytest.approx(greedy)
     assert evals[-1]["eval_rewards/exact_match_reward/mean"] == pytest.approx(greedy)
     logs = [h for h in trainer.state.log_history if "rewards/exact_match_reward/mean" in h]
-    logged = read(tmp_path / "grpo" / "completions.jsonl")
-    answer_of = {r["prompt"]: r["answer"] for r in read(work / "data" / "train.jsonl")}
+    logged = read_jsonl(tmp_path / "grpo" / "completions.jsonl")
+    answer_of = {r["prompt"]: r["answer"] for r in read_jsonl(work / "data" / "train.jsonl")}
     assert len(logs) == 2 and len(logged) == 32
     assert 0 < sum(r["exact_match_reward"] for r in logged) < 32
     assert trainer.args.advantage_estimator == "grpo" and trainer.args.num_samples_per_prompt == 4

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
 import signal
 
 import pytest
@@ -13,31 +12,10 @@ from trl_ext.runtime.checkpoints import latest_checkpoint, resolve_checkpoint
 from trl_ext.errors import UserInputError
 from trl_ext.runtime.interruption import SignalWatcher, TrainingInterrupted
 from trl_ext.runtime.nonfinite import NonFiniteError
-from trl_ext.testing import build_causal_lm, tiny_corpus
+from trl_ext.testing import build_causal_lm
 
 from signal_callbacks import SendSignalAfterStep
-
-WORDS = tiny_corpus(40, seed=21)
-MAX_STEPS = 4
-
-
-def ranked_rows(ks, seed=0):
-    rng = random.Random(seed)
-    return [{"prompt": rng.choice(WORDS)[:20], "responses": [" " + rng.choice(WORDS) for _ in range(k)]} for k in ks]
-
-
-def pair_rows(n, seed=0):
-    rng = random.Random(seed)
-    return [{"prompt": rng.choice(WORDS)[:20], "chosen": " " + rng.choice(WORDS), "rejected": " " + rng.choice(WORDS)}
-            for _ in range(n)]
-
-
-def common(out, **kw):
-    base = dict(output_dir=str(out), use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False,
-                max_steps=MAX_STEPS, per_device_train_batch_size=3, logging_steps=1, save_strategy="no",
-                learning_rate=1e-2, seed=0, max_length=64, disable_tqdm=True)
-    base.update(kw)
-    return base
+from trainer_helpers import MAX_STEPS, common, pair_rows, ranked_rows
 
 
 def reward_trainer(tiny_models, tokenizer, out, callbacks=None, trainer_cls=None, **kw):

@@ -5,7 +5,6 @@ test_train_model_dtype does). PPO's side is in tests/ppo/test_ppo_nonfinite.py."
 from __future__ import annotations
 
 import copy
-import random
 
 import pytest
 import torch
@@ -14,10 +13,9 @@ from transformers import TrainerCallback
 
 from trl_ext.errors import UserInputError
 from trl_ext.runtime.nonfinite import NonFiniteError, StepGuard
-from trl_ext.testing import build_causal_lm, tiny_corpus
+from trl_ext.testing import build_causal_lm
 
-WORDS = tiny_corpus(40, seed=21)
-MAX_STEPS = 4
+from trainer_helpers import MAX_STEPS, common, pair_rows
 
 
 # ------------------------------------------------------------------ StepGuard
@@ -95,20 +93,6 @@ def test_bad_policy_values_are_one_line_errors(tmp_path, config, key, value, mes
 
 
 # ------------------------------------------------------------------ the HF-Trainer-based trainers
-
-
-def pair_rows(n, seed=0):
-    rng = random.Random(seed)
-    return [{"prompt": rng.choice(WORDS)[:20], "chosen": " " + rng.choice(WORDS), "rejected": " " + rng.choice(WORDS)}
-            for _ in range(n)]
-
-
-def common(out, **kw):
-    base = dict(output_dir=str(out), use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False,
-                max_steps=MAX_STEPS, per_device_train_batch_size=3, logging_steps=1, save_strategy="no",
-                learning_rate=1e-2, lr_scheduler_type="linear", seed=0, max_length=64, disable_tqdm=True)
-    base.update(kw)
-    return base
 
 
 def make(kind, tiny_models, tokenizer, out, trainer_cls=None, callbacks=None, dtype=None, **kw):

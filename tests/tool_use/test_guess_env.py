@@ -11,25 +11,12 @@ the recipe's logged reward is the mean of its environments' ``get_reward()``."""
 
 from __future__ import annotations
 
-import json
 
 import episode_replay
 import pytest
-from recipe_modules import recipe_module
+from recipe_modules import read_jsonl, recipe_module
 
 guess_env = recipe_module("tool_use", "guess_env")
-
-
-@pytest.fixture(scope="module")
-def game_data(tmp_path_factory):
-    """make_data with 6 training problems: 6 SFT games and 6 RL rows of the guessing game."""
-    work = tmp_path_factory.mktemp("guess")
-    recipe_module("tool_use", "make_data").make_data(work, train=6, heldout=3)
-    return work
-
-
-def read(path) -> list[dict]:
-    return [json.loads(line) for line in open(path)]
 
 
 def games(seed: int = 0, n: int = 6) -> list[dict]:
@@ -51,8 +38,9 @@ def test_game_rules():
     assert tool.__name__ == "guess" and isinstance(tool.__self__, guess_env.GuessEnv)
 
 
-def test_data_files(game_data):
-    sft, rl = read(game_data / "data" / "guess_sft.jsonl"), read(game_data / "data" / "guess_train.jsonl")
+def test_data_files(tool_use_data):
+    data = tool_use_data / "data"
+    sft, rl = read_jsonl(data / "guess_sft.jsonl"), read_jsonl(data / "guess_train.jsonl")
     assert len(sft) == len(rl) == 6
     assert all(sorted(r) == ["completion_mask", "input_ids"] for r in sft)
     assert all(len(r["input_ids"]) == len(r["completion_mask"]) <= guess_env.MAX_POSITIONS for r in sft)
@@ -66,13 +54,13 @@ def replay(tokenizer, example: dict, secret: int):
                                  response_length=guess_env.RESPONSE_LENGTH)
 
 
-def test_sft_game_is_the_rl_episode(game_data):
+def test_sft_game_is_the_rl_episode(tool_use_data):
     """Each SFT game replayed by the trainer's rollout: the same prompt tokens (the guess schema, the reset text),
     the same episode tokens, the action mask equal to completion_mask, and the game's reward at the end."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(game_data / "guess_base")
-    for game, example in zip(games(), read(game_data / "data" / "guess_sft.jsonl")):
+    tok = AutoTokenizer.from_pretrained(tool_use_data / "guess_base")
+    for game, example in zip(games(), read_jsonl(tool_use_data / "data" / "guess_sft.jsonl")):
         secret = int(game["completion"][-1]["content"][len("Found it: "):-1])
         guesses = sum(m["role"] == "tool" for m in game["completion"])
         rollout, episode, env = replay(tok, example, secret)
@@ -85,7 +73,7 @@ def test_sft_game_is_the_rl_episode(game_data):
         assert tok.decode(episode.ids).count("<tool_response>") == guesses
 
 
-def test_sft_loss_covers_only_the_guesses_and_the_final_message(game_data):
+def test_sft_loss_covers_only_the_guesses_and_the_final_message(tool_use_data):
     """TRL's SFTTrainer with sft_guess.yaml's completion_only_loss: labels -100 on the prompt and the
     environment's answers, the tokens elsewhere; the labelled text is the guesses and "Found it"."""
     import yaml
@@ -97,14 +85,14 @@ def test_sft_loss_covers_only_the_guesses_and_the_final_message(game_data):
 
     recipe = yaml.safe_load(open(RECIPES / "tool_use" / "sft_guess.yaml"))
     assert recipe["completion_only_loss"] is True
-    base = game_data / "guess_base"
+    base = tool_use_data / "guess_base"
     tok = AutoTokenizer.from_pretrained(base)
-    ds = load_dataset("json", data_files=str(game_data / "data" / "guess_sft.jsonl"), split="train")
-    args = trl_ext.SFTConfig(output_dir=str(game_data / "sft"), max_length=recipe["max_length"], use_cpu=True,
+    ds = load_dataset("json", data_files=str(tool_use_data / "data" / "guess_sft.jsonl"), split="train")
+    args = trl_ext.SFTConfig(output_dir=str(tool_use_data / "sft"), max_length=recipe["max_length"], use_cpu=True,
                              report_to="none", completion_only_loss=recipe["completion_only_loss"])
     trainer = trl_ext.SFTTrainer(model=AutoModelForCausalLM.from_pretrained(base), args=args, train_dataset=ds,
                                  processing_class=tok)
-    for k, (game, example) in enumerate(zip(games(), read(game_data / "data" / "guess_sft.jsonl"))):
+    for k, (game, example) in enumerate(zip(games(), read_jsonl(tool_use_data / "data" / "guess_sft.jsonl"))):
         labels = trainer.data_collator([dict(trainer.train_dataset[k])])["labels"][0].tolist()
         assert labels == [t if m else -100 for t, m in zip(example["input_ids"], example["completion_mask"])]
         kept = tok.decode([t for t in labels if t != -100])
@@ -113,7 +101,7 @@ def test_sft_loss_covers_only_the_guesses_and_the_final_message(game_data):
                                % n for n in calls) + game["completion"][-1]["content"] + "<|im_end|>"
 
 
-def test_the_shipped_grpo_recipe_trains_on_the_environment(game_data, tmp_path):
+def test_the_shipped_grpo_recipe_trains_on_the_environment(tool_use_data, tmp_path):
     """recipes/tool_use/grpo_guess.yaml as shipped (environment_factory: GuessEnv, no reward function), on the game's
     base model and its RL rows, for one update of 8 episodes: the environment is the only reward source and the
     logged reward is the mean of the update's environments' get_reward()."""
@@ -123,8 +111,8 @@ def test_the_shipped_grpo_recipe_trains_on_the_environment(game_data, tmp_path):
     from trl_ext.recipe_loader.pipeline import run
 
     recipe = resolve_recipe(RECIPES / "tool_use" / "grpo_guess.yaml", [
-        "--model_name_or_path", str(game_data / "guess_base"),
-        "--dataset_name", str(game_data / "data" / "guess_train.jsonl"), "--output_dir", str(tmp_path / "grpo"),
+        "--model_name_or_path", str(tool_use_data / "guess_base"),
+        "--dataset_name", str(tool_use_data / "data" / "guess_train.jsonl"), "--output_dir", str(tmp_path / "grpo"),
         "--total_episodes", "8", "--per_device_train_batch_size", "8", "--local_rollout_forward_batch_size", "8",
         "--num_ppo_epochs", "1", "--response_length", "48", "--disable_tqdm", "true"])
     assert recipe.environment_factory.__name__ == "GuessEnv" and not recipe.reward_funcs
@@ -136,6 +124,6 @@ def test_the_shipped_grpo_recipe_trains_on_the_environment(game_data, tmp_path):
     assert len(environments) == 8 and {type(e).__name__ for e in environments} == {"GuessEnv"}
     secrets = [e.secret for e in environments]  # each of the 2 prompts' rows reset 4 environments (k = 4)
     assert len(set(secrets[:4])) == len(set(secrets[4:])) == 1
-    assert set(secrets) <= {r["secret"] for r in read(game_data / "data" / "guess_train.jsonl")}
+    assert set(secrets) <= {r["secret"] for r in read_jsonl(tool_use_data / "data" / "guess_train.jsonl")}
     assert log["rewards/GuessEnv/mean"] == pytest.approx(sum(e.get_reward() for e in environments) / 8)
     assert log["reward"] == pytest.approx(log["rewards/GuessEnv/mean"]) and trainer.state.global_step == 1

@@ -9,26 +9,13 @@ round's reward sits on the last token (``<|im_end|>``) of the turn that answered
 
 from __future__ import annotations
 
-import json
 import random
 
 import episode_replay
 import pytest
-from recipe_modules import recipe_module
+from recipe_modules import read_jsonl, recipe_module
 
 quiz_env = recipe_module("tool_use", "quiz_env")
-
-
-@pytest.fixture(scope="module")
-def quiz_data(tmp_path_factory):
-    """make_data with 6 training problems: 6 SFT quizzes, 6 RL rows, 200 held-out quizzes."""
-    work = tmp_path_factory.mktemp("quiz")
-    recipe_module("tool_use", "make_data").make_data(work, train=6, heldout=3)
-    return work
-
-
-def read(path) -> list[dict]:
-    return [json.loads(line) for line in open(path)]
 
 
 def test_quiz_rules_and_rewards():
@@ -79,9 +66,10 @@ def test_careless_player_errs_only_on_large_numbers_by_repeating_them():
             assert given.count(n) / len(given) == pytest.approx(quiz_env.REPEAT_RATE, abs=0.03)
 
 
-def test_data_files(quiz_data):
-    sft, rl = read(quiz_data / "data" / "quiz_sft.jsonl"), read(quiz_data / "data" / "quiz_train.jsonl")
-    heldout = read(quiz_data / "data" / "quiz_heldout.jsonl")
+def test_data_files(tool_use_data):
+    data = tool_use_data / "data"
+    sft, rl = read_jsonl(data / "quiz_sft.jsonl"), read_jsonl(data / "quiz_train.jsonl")
+    heldout = read_jsonl(data / "quiz_heldout.jsonl")
     assert len(sft) == len(rl) == 6 and len(heldout) == 200
     assert all(r["prompt"] == quiz_env.prompt_messages() and len(r["numbers"]) == quiz_env.ROUNDS for r in rl)
     assert not {tuple(r["numbers"]) for r in rl} & {tuple(r["numbers"]) for r in heldout}
@@ -96,16 +84,16 @@ def replay(tokenizer, example: dict, numbers: list[int]):
                                  response_length=quiz_env.RESPONSE_LENGTH)
 
 
-def test_sft_quiz_is_the_rl_episode_with_each_round_rewarded_on_its_turn(quiz_data):
+def test_sft_quiz_is_the_rl_episode_with_each_round_rewarded_on_its_turn(tool_use_data):
     """Each SFT quiz replayed by the trainer's rollout: the same tokens, the action mask equal to completion_mask;
     4 per-turn rewards, each on the <|im_end|> that closes an answer turn (the last action token before an
     environment result), 0.25 exactly where the careless player answered right."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(quiz_data / "quiz_base")
+    tok = AutoTokenizer.from_pretrained(tool_use_data / "quiz_base")
     quizzes = quiz_env.sft_rows(quiz_env.split(seed=0, train=6, heldout=200)[0], seed=0)
-    for rl_row, quiz, example in zip(read(quiz_data / "data" / "quiz_train.jsonl"), quizzes,
-                                     read(quiz_data / "data" / "quiz_sft.jsonl")):
+    for rl_row, quiz, example in zip(read_jsonl(tool_use_data / "data" / "quiz_train.jsonl"), quizzes,
+                                     read_jsonl(tool_use_data / "data" / "quiz_sft.jsonl")):
         rollout, episode, env = replay(tok, example, rl_row["numbers"])
         assert rollout.prompt_ids[0] + episode.ids == example["input_ids"]
         assert [0] * len(episode.prompt_ids) + [int(a) for a in episode.action] == example["completion_mask"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from recipe_modules import recipe_module
+from recipe_modules import read_jsonl, recipe_module
 
 tool_task = recipe_module("tool_use", "tool_task")
 
@@ -22,19 +22,6 @@ tool_task = recipe_module("tool_use", "tool_task")
 @pytest.fixture(scope="module")
 def modules():
     return tool_task, recipe_module("tool_use", "make_data"), recipe_module("tool_use", "evaluate")
-
-
-@pytest.fixture(scope="module")
-def task_data(modules, tmp_path_factory):
-    """make_data with 6 training problems and 3 held out."""
-    _, make_data, _ = modules
-    work = tmp_path_factory.mktemp("tool_use")
-    make_data.make_data(work, train=6, heldout=3)
-    return work
-
-
-def read(path) -> list[dict]:
-    return [json.loads(line) for line in open(path)]
 
 
 def operands(row: dict) -> tuple[int, int]:
@@ -77,8 +64,8 @@ def test_split_is_disjoint_and_deterministic():
     assert tool_task.split(seed=0, train=50, heldout=20) == (train, heldout)
 
 
-def test_data_files(task_data):
-    rows = {name: read(task_data / "data" / f"{name}.jsonl")
+def test_data_files(tool_use_data):
+    rows = {name: read_jsonl(tool_use_data / "data" / f"{name}.jsonl")
             for name in ("train", "heldout", "sft_tools", "sft_no_tools")}
     assert [len(rows[n]) for n in rows] == [6, 3, 6, 6]
     for rl, with_tool, without in zip(rows["train"], rows["sft_tools"], rows["sft_no_tools"]):
@@ -90,7 +77,7 @@ def test_data_files(task_data):
         assert len(with_tool["input_ids"]) == len(with_tool["completion_mask"]) <= tool_task.MAX_POSITIONS
 
 
-def sft_tools_trainer(task_data):
+def sft_tools_trainer(tool_use_data):
     """trl_ext.SFTTrainer on the pre-tokenized tool transcripts, with ``sft_tools.yaml``'s completion_only_loss
     (without it TRL ignores the data's completion_mask and the labels cover the whole sequence)."""
     import yaml
@@ -101,10 +88,10 @@ def sft_tools_trainer(task_data):
     import trl_ext
 
     recipe = yaml.safe_load(open(RECIPES / "tool_use" / "sft_tools.yaml"))
-    base = task_data / "base"
+    base = tool_use_data / "base"
     tok = AutoTokenizer.from_pretrained(base)
-    ds = load_dataset("json", data_files=str(task_data / "data" / "sft_tools.jsonl"), split="train")
-    args = trl_ext.SFTConfig(output_dir=str(task_data / "sft"), max_length=tool_task.MAX_POSITIONS, use_cpu=True,
+    ds = load_dataset("json", data_files=str(tool_use_data / "data" / "sft_tools.jsonl"), split="train")
+    args = trl_ext.SFTConfig(output_dir=str(tool_use_data / "sft"), max_length=tool_task.MAX_POSITIONS, use_cpu=True,
                              report_to="none",
                              completion_only_loss=recipe.get("completion_only_loss"))
     return tok, trl_ext.SFTTrainer(model=AutoModelForCausalLM.from_pretrained(base), args=args, train_dataset=ds,
@@ -127,9 +114,9 @@ def rl_pieces(tok, a: int, b: int, modules, calls: bool = True):
     return prompt, call, suffix, answer
 
 
-def demonstrated(task_data):
+def demonstrated(tool_use_data):
     """(a, b, whether the demonstrator called the tool) of each SFT transcript, from the training problems."""
-    pairs = [operands(row) for row in read(task_data / "data" / "train.jsonl")]
+    pairs = [operands(row) for row in read_jsonl(tool_use_data / "data" / "train.jsonl")]
     return [(a, b, len(c) == 3) for (a, b), c in zip(pairs, tool_task.demonstrator_transcripts(pairs, seed=0))]
 
 
@@ -150,7 +137,7 @@ def test_the_demonstrator_skips_the_tool_below_careful_from_most_of_the_time():
                for ((a, b), c), call in zip(small, called) if not call)
 
 
-def test_sft_transcript_is_the_rl_episode(task_data, modules):
+def test_sft_transcript_is_the_rl_episode(tool_use_data, modules):
     """The pre-tokenized tool transcripts are the RL prompt rendered with tools=[add] then the RL episode's tokens:
     the call the model writes, TRL's tool-result suffix, the answer through its end of turn."""
     from transformers import AutoTokenizer
@@ -158,11 +145,11 @@ def test_sft_transcript_is_the_rl_episode(task_data, modules):
 
     from trl_ext.ppo.episodes.toolbox import parse_turn  # TRL's parse_response on TRL 1.12 too
 
-    tok = AutoTokenizer.from_pretrained(task_data / "base")
+    tok = AutoTokenizer.from_pretrained(tool_use_data / "base")
     add_response_schema(tok)
-    kinds = demonstrated(task_data)
+    kinds = demonstrated(tool_use_data)
     assert {calls for _, _, calls in kinds} == {True, False}  # both kinds among the 6 problems
-    for (a, b, calls), example in zip(kinds, read(task_data / "data" / "sft_tools.jsonl")):
+    for (a, b, calls), example in zip(kinds, read_jsonl(tool_use_data / "data" / "sft_tools.jsonl")):
         prompt, call, suffix, answer = rl_pieces(tok, a, b, modules, calls)
         assert example["input_ids"] == prompt + call + suffix + answer
         if not calls:
@@ -174,20 +161,21 @@ def test_sft_transcript_is_the_rl_episode(task_data, modules):
                                      "<|im_start|>assistant\n"
 
 
-def test_sft_loss_covers_only_the_policys_tokens(task_data, modules):
+def test_sft_loss_covers_only_the_policys_tokens(tool_use_data, modules):
     """completion_mask is 0 exactly on the prompt and on the tool-result suffix (the tool's result is not the
     policy's to predict, as RL masks it), 1 on the call and the answer; TRL's SFTTrainer with
     completion_only_loss (sft_tools.yaml) turns it into labels -100 on exactly those tokens."""
-    tok, trainer = sft_tools_trainer(task_data)
-    for (a, b, calls), example in zip(demonstrated(task_data), read(task_data / "data" / "sft_tools.jsonl")):
+    tok, trainer = sft_tools_trainer(tool_use_data)
+    examples = read_jsonl(tool_use_data / "data" / "sft_tools.jsonl")
+    for (a, b, calls), example in zip(demonstrated(tool_use_data), examples):
         prompt, call, suffix, answer = rl_pieces(tok, a, b, modules, calls)
         assert example["completion_mask"] == [0] * len(prompt) + [1] * len(call) + [0] * len(suffix) + [1] * len(answer)
-    for k, example in enumerate(read(task_data / "data" / "sft_tools.jsonl")):
+    for k, example in enumerate(read_jsonl(tool_use_data / "data" / "sft_tools.jsonl")):
         ids, mask = example["input_ids"], example["completion_mask"]
         labels = trainer.data_collator([dict(trainer.train_dataset[k])])["labels"][0].tolist()
         assert labels == [t if m else -100 for t, m in zip(ids, mask)]
         # the labelled tokens are the call and the answer (or the answer alone), the tool's result nowhere among them
         kept = tok.decode([t for t in labels if t != -100])
-        calls = demonstrated(task_data)[k][2]
+        calls = demonstrated(tool_use_data)[k][2]
         assert "<tool_response>" not in kept and kept.count("<|im_end|>") == 1 + calls
         assert kept.startswith("<tool_call>" if calls else "The sum is")

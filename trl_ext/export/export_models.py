@@ -1,20 +1,5 @@
-"""``trl-ext export RUN_DIR OUT_DIR``: a run's models as standalone full-precision ``transformers`` models.
-
-Each role (see :mod:`trl_ext.export.run_dir`) goes to ``OUT_DIR/<role>/``: ``policy/`` loads with
-``AutoModelForCausalLM``, ``reward/`` and ``value/`` with ``AutoModelForSequenceClassification`` (one output),
-each with the run's tokenizer, no adapter files and no trl-ext or peft needed. ``OUT_DIR/trl_ext_export.json``
-says where each came from. A LoRA adapter is merged into its base reloaded unquantized (see
-:func:`~trl_ext.export.run_dir.load_merged`). A PPO policy's ``generation_config.json`` gets the run's sampling
-settings.
-
-A reward model centred by ``center_rewards_after_training`` keeps its offset in the score head's bias. Decoder
-classifiers (Llama, Qwen2, Mistral, ...) have no bias in ``transformers``; such a model is saved with the
-self-contained loader ``biased_score_model.py`` (torch and transformers only) and an ``auto_map`` entry, and loads
-with ``AutoModelForSequenceClassification.from_pretrained(path, trust_remote_code=True)``.
-
-Nothing is written unless everything succeeds: the export is built in a sibling folder and renamed to ``OUT_DIR``
-at the end; an existing non-empty ``OUT_DIR`` is refused.
-"""
+"""``trl-ext export RUN_DIR OUT_DIR``: a run's models as standalone full-precision ``transformers`` models. How it
+works: docs/internals-recipes.md#trl-ext-export."""
 
 from __future__ import annotations
 

@@ -1,23 +1,5 @@
-"""What a trl-ext output directory holds, and loading each of its models as a plain ``transformers`` model.
-
-A *run* is what ``trl-ext train`` writes into ``output_dir`` (the model or LoRA adapter, the tokenizer,
-``trl_ext_recipe.yaml``, ``trainer_state.json``; PPO adds ``value_model/``), or one of its ``checkpoint-N`` folders
-(the recipe is read from the run above it). A checkpoint written by a trainer used from Python (``trainer_state.json``
-and no recipe) is a run too; its kind is read from its files. :func:`open_run` finds the models of a run by role:
-
-* ``policy``: the causal LM of an SFT, DPO or PPO run (a full model or a LoRA adapter);
-* ``reward``: the model of a reward run; for a PPO run, the reward model its recipe names (``reward_model_path``);
-* ``value``: a PPO run's ``value_model/`` (a full model, or a LoRA adapter with its score head: the shared-base
-  format of :mod:`trl_ext.models.shared_base`).
-
-:func:`load_merged` loads one role in full precision with every adapter merged: what ``trl-ext export`` saves and
-``trl-ext sample``/``score`` run. A LoRA adapter is put on its base reloaded *unquantized* (a 4-bit or 8-bit run's
-base at the recipe's ``dtype``), merged in float32 with peft's ``merge_and_unload`` and cast to the asked dtype: a
-quantized base is never merged into (peft would requantize the merged weights and lose the adapter's precision).
-
-Everything that can be wrong (not a run, no such role, a missing base, a score head with several outputs) raises a
-one-line :class:`~trl_ext.errors.UserInputError` before any weights load.
-"""
+"""What a trl-ext output directory holds, and loading each of its models as a plain ``transformers`` model. How it
+works: docs/internals-recipes.md#run-directories."""
 
 from __future__ import annotations
 

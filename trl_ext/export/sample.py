@@ -1,20 +1,5 @@
 """``trl-ext sample RUN_DIR --prompts FILE``: generations from a run's policy, optionally scored by a reward model.
-
-The policy is loaded as ``trl-ext export`` writes it (adapters merged into the unquantized base,
-:func:`~trl_ext.export.run_dir.load_merged`); a run, a checkpoint, an export or a plain causal-LM directory works.
-Prompts are tokenized as PPO tokenizes them (:func:`trl_ext.recipe_loader.data.tokenize_prompts`: chat messages through
-the chat template with the generation prompt) and left-padded.
-
-Sampling settings: a PPO run's (or its export's) are the recipe's rollout settings
-(:func:`~trl_ext.export.export_models.ppo_sampling_settings`: ``temperature``, ``response_length`` new tokens, the
-recipe's ``top_k``/``top_p``/``min_p``/``repetition_penalty`` (off by default), the stop token if the recipe sets one,
-else none: as PPO, responses then run to ``response_length`` and are cut at nothing); other runs use the model's ``generation_config`` (stopping at EOS). ``--greedy``,
-``--temperature`` and ``--max-new-tokens`` override them.
-
-With ``--reward`` each sample gets the reward model's score of ``{prompt, response}``, tokenized as
-``trl-ext score`` tokenizes a prompt/response row, so the written file can be scored again with ``trl-ext score``
-and gives the same numbers.
-"""
+How it works: docs/internals-recipes.md#trl-ext-sample."""
 
 from __future__ import annotations
 

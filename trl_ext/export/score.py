@@ -1,24 +1,5 @@
-"""``trl-ext score REWARD_DIR --data FILE``: a reward model's scores of a data file.
-
-Rows are tokenized exactly as :class:`trl_ext.RewardTrainer` tokenizes a completion for training
-(:func:`trl_ext.preference.ranked_data.tokenize_completion`: ``prompt + response`` plus EOS for plain text, the chat
-template for messages) and scored in right-padded batches, as the trainer scores them (the score head's output at
-each sequence's last non-pad token). Three kinds of data, told apart by their columns:
-
-* ``response`` (or ``completion``), with an optional ``prompt``: each row's reward (``score``); prints their mean.
-* ``chosen`` and ``rejected`` (optional ``prompt``): a preference pair per row (``scores`` = [chosen, rejected]).
-* ``responses``, a list ranked best first (optional ``prompt``): every pair of the list, as in ranked reward
-  training.
-
-For preference data it prints the pairwise accuracy (``score(better) > score(worse)``; a tie counts as wrong, as
-TRL's ``accuracy`` metric) and the mean margin ``score(better) - score(worse)``, both over all pairs.
-
-``--reward-funcs SPEC [SPEC ...]`` (the entries of a recipe's ``reward_funcs``: ``module:function``,
-``file.py:function``, a factory as JSON ``{"name": ..., "kwargs": {...}}``, ``{"url": ...}``) scores prompt/response
-rows with reward functions, with or without a reward model, called as the PPO trainer calls them
-(:func:`score_with_reward_funcs`); it prints each function's mean over the rows it scored (``None``: not
-applicable, counted apart).
-"""
+"""``trl-ext score REWARD_DIR --data FILE``: a reward model's scores of a data file. How it works:
+docs/internals-recipes.md#trl-ext-score."""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
-"""Loads a sequence-classification model whose score head was given a bias by reward centering.
-
-Most decoder reward models (`LlamaForSequenceClassification`, Qwen2, Mistral, Gemma, ... all built on
-transformers' `GenericForSequenceClassification`) have a score head without a bias, and no config flag adds
-one. When :class:`trl_ext.RewardTrainer` centres such a model it makes it an instance of
-`biased_score_class(<its class>)` with a biased `nn.Linear` head, whose `save_pretrained` writes this file next to
-the weights and adds to `config.json`::
-
-    "auto_map": {"AutoModelForSequenceClassification": "biased_score_model.BiasedScoreForSequenceClassification"}
-
-`AutoModelForSequenceClassification.from_pretrained(path, trust_remote_code=True)` then builds the model's own
-class (chosen from the config, e.g. `LlamaForSequenceClassification`) with a biased score head, and loads
-`score.bias` with the other weights. This file must stay self-contained (torch and transformers only): the
-Hub's custom-code mechanism copies it alone.
-"""
+"""Loads a sequence-classification model whose score head was given a bias by reward centering. How it works:
+docs/internals.md#biased-score-model."""
 
 import os
 import shutil

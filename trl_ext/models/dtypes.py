@@ -1,27 +1,5 @@
-"""Which dtype each parameter has, and keeping it so: the rule, and what makes it hold.
-
-The rule (tested for every trainer and both model roles, quantized or not): after loading and after the trainer is
-built, every parameter is in the requested ``dtype``, in float32, or in the quantized storage type; with
-mixed-precision float16 (``fp16: true``) every *trainable* parameter is float32 (the GPU loss scaler refuses
-float16/bfloat16 gradients); and a forward pass runs without autocast (CPU, ``bf16: false``).
-
-Four things keep it:
-
-* :func:`prepare_kbit_model_keeping_dtypes`: peft's ``prepare_model_for_kbit_training`` without its float32 upcast of
-  the non-quantized weights (``upcast_non_quantized: false``): embeddings, LM head and norms stay in the compute
-  dtype, so the residual stream, the KV cache and the activations are bfloat16/float16 instead of float32.
-* :func:`float32_trainable_parameters`: trainable parameters of a LoRA model (its score head, which peft copies
-  from the base in the base's dtype) become float32, as peft makes the LoRA weights: AdamW updates smaller than
-  bfloat16's resolution would otherwise be lost (a PPO value head at ``learning_rate`` 3e-6 would never move).
-* :func:`cast_inputs_to_weight_dtype`: a score head casts what it reads to its own dtype (as peft's LoRA layers do),
-  so a float32 head reads a bfloat16 residual stream without autocast.
-* :class:`KeptParameterDtypes`: TRL's SFT, reward and DPO trainers cast every trainable parameter of a quantized
-  model to bfloat16 (hard-coded, whatever ``dtype`` and ``fp16`` say: the cause of "expected m1 and m2 to have the
-  same dtype, but got: float != c10::BFloat16" without autocast, and of the loss scaler's
-  "_amp_foreach_non_finite_check_and_unscale_cuda not implemented for 'BFloat16'" with ``fp16: true``). trl-ext's
-  trainers put back the tensors the model had (the same values, not a rounded copy), and with ``fp16: true`` make
-  every trainable parameter float32.
-"""
+"""Which dtype each parameter has, and keeping it so: the rule, and what makes it hold. How it works:
+docs/internals.md#dtypes."""
 
 from __future__ import annotations
 

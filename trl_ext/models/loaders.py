@@ -1,15 +1,5 @@
-"""Load the tokenizer, the policy and the scalar-headed (reward/value) model from a ``trl.ModelConfig``.
-
-* :func:`load_tokenizer`: ``AutoTokenizer``; a missing pad token is set to the eos token.
-* :func:`load_policy`: ``AutoModelForCausalLM``, optionally in 4/8 bits, with a LoRA adapter.
-* :func:`load_scalar_model`: ``AutoModelForSequenceClassification`` with exactly one output, from a reward
-  checkpoint or a plain causal-LM checkpoint (new score head), optionally quantized, with a LoRA adapter that
-  trains and saves the score head.
-
-Everything the user can get wrong (paths, quantization flags, LoRA targets, multi-output heads) is checked from
-the checkpoint's config, before any weights are loaded, and reported as a one-line
-:class:`~trl_ext.errors.UserInputError`.
-"""
+"""Load the tokenizer, the policy and the scalar-headed (reward/value) model from a ``trl.ModelConfig``. How it
+works: docs/internals.md#model-loaders."""
 
 from __future__ import annotations
 

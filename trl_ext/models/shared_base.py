@@ -1,34 +1,6 @@
-"""One base model for four PPO roles: the reward and value models as LoRA adapters, each with its own score head,
-on the policy's own (4-bit, 8-bit or full-precision) base; the reference is that base with adapters disabled.
-
-A QLoRA PPO run otherwise holds the base weights three times (policy, reward, value). Here the policy is a
-``peft.PeftModel`` for causal LM whose LoRA layers carry, besides the policy's adapter, a ``"reward"`` adapter
-(frozen) and a ``"value"`` adapter (trained with the policy); :class:`SharedBaseScalarModel` is the reward or value
-model made of one such adapter and a ``Linear(hidden, 1)`` score head of its own. Its backbone is the policy's
-decoder (``LlamaModel``, ``Qwen2Model``, ...) run with that adapter active, so PPO's scoring code (TRL's
-``get_reward``, :func:`trl_ext.models.scalar_heads.scalar_model_outputs`, TRL's ``PolicyAndValueWrapper``) uses
-it like a ``*ForSequenceClassification`` model.
-
-Three things make this exact (same numbers as separate models with the same weights; tested):
-
-* **Switching adapters without touching ``requires_grad``** (:class:`AdapterSwitch`). peft's ``set_adapter`` and
-  ``disable_adapter()`` (which TRL uses for the reference) set ``requires_grad=False`` on every adapter that is not
-  active: after one reference pass the value adapter would silently stop training. The switch sets the active
-  adapter of each LoRA layer directly and leaves ``requires_grad`` alone.
-* **Activation checkpointing restores the adapter of the forward** (:meth:`AdapterSwitch.protect_checkpointing`).
-  With checkpointing, the backward pass re-runs each layer's forward; the value head's layers are re-run while the
-  policy's adapter is active, and the gradients come out silently wrong (the recomputed activations belong to
-  another adapter; the shapes match, so torch's checks pass). Each checkpointed layer gets a ``context_fn``
-  (non-reentrant ``torch.utils.checkpoint``) that re-activates, during recomputation, the adapter that was active
-  during that layer's forward. Reentrant checkpointing has no such hook and is refused.
-* **Saved like a LoRA reward model.** :meth:`SharedBaseScalarModel.save_pretrained` writes the format a reward
-  recipe with ``use_peft`` writes (``adapter_config.json`` with ``task_type: SEQ_CLS``, the LoRA weights and the
-  score head in ``adapter_model.safetensors``), so a saved value model loads as a reward/value model either way
-  (:func:`add_scalar_adapter` or ``PeftModel.from_pretrained`` on a sequence-classification base).
-
-Adapters are read from such directories (:func:`read_scalar_adapter`, which checks, before any weights load, that the
-adapter was trained on the policy's base and holds nothing but LoRA weights and a one-output head).
-"""
+"""One base model for four PPO roles: the reward and value models as LoRA adapters, each with its own score head, on
+the policy's own (4-bit, 8-bit or full-precision) base; the reference is that base with adapters disabled. How it
+works: docs/internals.md#shared-base."""
 
 from __future__ import annotations
 

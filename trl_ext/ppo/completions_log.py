@@ -1,15 +1,8 @@
-"""``log_completions: true``: each update's prompts, completions, rewards and advantages, where people look for them
-(TRL GRPO's ``log_completions``).
-
-One row per completion (all processes gathered): ``step``, ``prompt``, ``completion``, one column per reward (NaN
-where it said None, timed out or failed), ``score`` (the weighted sum, or the reward model's score without
-``reward_funcs``; before ``missing_eos_penalty`` and ``reward_clip``), ``advantage`` (the mean advantage over the
-response's tokens: for ``rloo``/``grpo`` the sequence's advantage itself) and the columns reward functions added with
-``log_extra``; with ``tools``, ``episode``: the episode's text, tool results between ``[observation]`` and
-``[/observation]``. The main process appends the rows to ``<output_dir>/completions.jsonl``, logs them to wandb as a
-``wandb.Table`` named ``completions`` (when wandb is in ``report_to`` and a run is active) and prints
-the first ``num_completions_to_print`` of them (default 4: the console stays readable; the file and table get all).
-"""
+"""``log_completions: true``: each update's prompts, completions, rewards and advantages in ``completions.jsonl``,
+a wandb table and the console (TRL GRPO's ``log_completions``); the columns: docs/reward-functions.md, "The
+completions log". A missing reward is NaN; ``score`` is taken before ``missing_eos_penalty`` and ``reward_clip``;
+with ``tools`` an ``episode`` column holds the episode's text, tool results between ``[observation]`` and
+``[/observation]``."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
-"""Every rule about how :class:`trl_ext.PPOConfig`'s settings combine, checked when the config is constructed.
-
-Each field's own nullability, choices and range are checked first, for every trl-ext config, by
-:func:`trl_ext.config_rules.check_fields`; this module holds what involves several fields, or a field and the
-launch (DeepSpeed, FSDP, the installed transformers). ``PPOConfig.__post_init__`` calls :func:`check_launch` before
-TRL's own ``__post_init__`` (before accelerate's state is set up for the engine) and :func:`check_combinations`
-after it. Each rule raises :class:`~trl_ext.errors.UserInputError` with one line that starts with the key at fault,
-``<key>: <problem>``; a recipe prints the same line as ``recipe: key '<key>': <problem>``.
-
-What needs the models or the data is checked by :class:`trl_ext.PPOTrainer` when it is built (the value model
-against the estimator, ``ptx_coef`` against ``ptx_dataset``, ``reward_weights`` against the rewards, a shared base).
-TRL's PPO trainer checks some of these combinations too, but only after every model has loaded.
-"""
+"""Every rule about how :class:`trl_ext.PPOConfig`'s settings combine, checked when the config is constructed. How it
+works: docs/ppo-internals.md#how-the-settings-combine."""
 
 from __future__ import annotations
 

@@ -1,30 +1,6 @@
-"""Evaluation during training: HF's ``eval_strategy: steps`` / ``eval_steps`` on :class:`trl_ext.PPOTrainer`'s
-``eval_dataset``, scored with the run's rewards as TRL's ``GRPOTrainer`` scores its evaluation.
-
-When HF's ``DefaultFlowCallback`` asks for an evaluation (``control.should_evaluate``: every ``eval_steps`` updates
-from ``eval_delay`` on, and after the last update when that is off the grid), the trainer's ``evaluate()`` runs
-:meth:`Evaluation.run` right after the update's ``on_step_end``, logs its metrics and calls the callbacks'
-``on_evaluate``:
-
-* every prompt of ``eval_dataset`` once, in batches of ``per_device_eval_batch_size``, each process its own
-  contiguous shard (padded with repeats of a row to equal batch counts, the repeats dropped before the metrics);
-* one completion per prompt, greedy (``eval_do_sample: true`` samples at the run's ``temperature``), at most
-  ``response_length`` tokens with ``generate``, truncated at the stop token as the rollouts are;
-* scored by the run's rewards: the reward functions and reward models of ``reward_funcs`` with their weights, or
-  the reward model alone (named ``reward_model``); no ``missing_eos_penalty``, ``reward_clip`` or KL term, as
-  GRPO's logged ``reward``;
-* the metrics of :func:`trl_ext.rewards.metrics.reward_metrics` over all processes, prefixed ``eval_`` as HF's
-  ``Trainer.evaluate`` and GRPOTrainer log them: ``eval_reward``, ``eval_reward_std``,
-  ``eval_rewards/<name>/mean``, ``eval_rewards/<name>/std``, ``eval_rewards/unscorable``,
-  ``eval_completions/mean_length`` (``/min_length``, ``/max_length``, ``/clipped_ratio``), and HF's
-  ``eval_runtime``, ``eval_samples_per_second``, ``eval_steps_per_second``. Weights & Biases shows ``eval_<key>``
-  as ``eval/<key>`` (HF's integration rewrites the prefix).
-
-The training numbers do not depend on whether evaluation runs: the torch (CPU and the current CUDA device), numpy
-and Python RNG states are restored after each evaluation, so sampling (and anything a reward function draws)
-leaves the training stream where it was. Multi-turn runs (``tools``, ``environment_factory``) are refused
-(:func:`trl_ext.ppo.config_rules.check_eval_inputs`).
-"""
+"""Evaluation during training (``eval_strategy: steps``) on :class:`trl_ext.PPOTrainer`'s ``eval_dataset``, scored
+with the run's rewards as TRL's ``GRPOTrainer`` scores its evaluation; the training RNG streams are left as they
+were. How it works: docs/ppo-internals.md#evaluation-during-training."""
 
 from __future__ import annotations
 

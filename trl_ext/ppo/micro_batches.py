@@ -1,29 +1,5 @@
-"""``train_micro_batch_size``: how many sequences each forward/backward of the PPO epochs takes.
-
-Unset (None), the PPO epochs run their forward/backward passes in micro-batches of ``per_device_train_batch_size``
-sequences, each micro-batch's loss as TRL computes it. Set, the mini-batches, the optimizer steps (one per
-mini-batch) and the rollout stay exactly as the batch keys define them; only the forward/backward passes inside a
-mini-batch change: micro-batches of ``train_micro_batch_size`` sequences (the last one smaller when it does not
-divide the mini-batch), whose gradients accumulate into the mini-batch's one optimizer step (the one loop of
-:mod:`trl_ext.ppo.optimize_loop`). ``"auto"`` takes the largest
-micro-batch whose :mod:`trl_ext.ppo.rollout.memory_budget` training peak fits the memory target beside the persistent memory
-(:func:`largest_fitting_micro_batch`), evened out over the passes it needs (:func:`balanced_micro_batch`).
-
-So that the update does not depend on the micro-batch, every loss term is weighted by its share of the mini-batch
-(:func:`micro_batch_weights`; ``M`` = the mini-batch's sequences, ``m_j`` micro-batch ``j``'s):
-
-* sequence-level aggregations (``seq_mean_token_mean``, ``seq_mean_token_sum_norm``): micro-batch ``j``'s
-  sequence mean times ``m_j / M``, which sums to the mean over the mini-batch's sequences;
-* ``global_token_mean``: the token sum of micro-batch ``j`` over the mini-batch's token count (summed over the
-  processes), the normaliser of :func:`trl_ext.ppo.objective.objectives.global_token_normalizer` with one micro-batch step;
-* ``token_mean``: with ``train_micro_batch_size`` set its normaliser is the mini-batch's token count (the trainer's
-  objective is then ``global_token_mean``, :func:`objective_for_micro_batches`), not each micro-batch's (TRL's
-  per-micro-batch mean, whose update moves with the micro-batch); documented in ``docs/ppo-memory.md``;
-* the value loss (a token mean per micro-batch): times micro-batch ``j``'s share of the mini-batch's value tokens;
-* the joint ptx loss (one ptx batch per micro-batch): times ``1 / number of micro-batches``.
-
-Not under DeepSpeed (its engine counts the accumulation steps itself): refused there.
-"""
+"""``train_micro_batch_size``: how many sequences each forward/backward of the PPO epochs takes. How it works:
+docs/ppo-internals.md#micro-batches-of-the-ppo-epochs."""
 
 from __future__ import annotations
 

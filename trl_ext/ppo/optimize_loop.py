@@ -1,30 +1,6 @@
-"""The PPO epochs of :meth:`trl_ext.PPOTrainer.optimize`: one optimizer step per mini-batch, always.
-
-:func:`run_ppo_epochs` gets what it calls (:class:`UpdateSteps`: the trainer's loss, step and ptx methods), how the
-rollout is cut (:class:`MiniBatchPlan`, read once from the config), the update's ``kl_coef`` and the accelerator, and
-returns the update's statistics with the number of optimizer steps taken. Each update runs ``num_ppo_epochs`` passes
-over the rollout, each in a fresh ``np.random.permutation`` (the numpy RNG order of TRL's PPO), cut into
-``num_mini_batches`` mini-batches of ``local_mini_batch_size`` sequences. Each mini-batch is one optimizer step: its
-micro-batches run forward/backward with their gradients accumulated (``no_sync`` under DDP on all but the last), then
-the step checks the step's losses and gradients, clips the gradients to ``max_grad_norm`` (:class:`GradientClip`)
-and steps. So an update takes ``num_ppo_epochs * num_mini_batches`` optimizer steps whatever
-``gradient_accumulation_steps``, ``train_micro_batch_size``, the number of processes or the engine.
-
-The micro-batches (:class:`MiniBatchPlan`): of ``train_micro_batch_size`` sequences when it is set, each loss term
-weighted by its share of the mini-batch (:func:`trl_ext.ppo.micro_batches.micro_batch_weights`); unset, of
-``per_device_train_batch_size``, each micro-batch's loss as TRL computes it (its own means) and the mini-batch's
-gradient the mean over its ``n`` micro-batches. Every loss goes to ``accelerator.backward`` times
-``gradient_accumulation_steps`` (which accelerate, or DeepSpeed's engine, divides it by): unset, a micro-batch's loss
-times ``gradient_accumulation_steps / n``, which is 1 (TRL's arithmetic, bit for bit) when a mini-batch holds
-``gradient_accumulation_steps`` micro-batches, i.e. with one mini-batch per update.
-
-TRL's PPO steps through ``accelerator.accumulate`` instead, every ``gradient_accumulation_steps`` micro-batches
-whatever the mini-batch boundaries, and on every micro-batch of an update in which accelerate's most recent
-DataLoader is at its last batch (``sync_with_dataloader``). Its counts agree with this loop's when
-``gradient_accumulation_steps`` is 1, or with one mini-batch per update outside those epoch-end updates
-(``docs/ppo.md`` lists where they differ). Under DeepSpeed the engine is told where each mini-batch ends
-(``set_gradient_accumulation_boundary``) instead of counting ``gradient_accumulation_steps`` micro-steps itself.
-"""
+"""The PPO epochs of :meth:`trl_ext.PPOTrainer.optimize`: one optimizer step per mini-batch, always, its
+micro-batches' gradients accumulated (:func:`run_ppo_epochs`, :class:`MiniBatchPlan`, :class:`GradientClip`). How it
+works: docs/ppo-internals.md#the-ppo-epochs."""
 
 from __future__ import annotations
 

@@ -1,55 +1,6 @@
-"""PPO trainer: TRL 1.12's `experimental.ppo.PPOTrainer` with extensions and a training loop made of named steps.
-
-The parent is TRL's trainer on TRL 1.10-1.12 and trl-ext's own copy of its behaviour from TRL 1.13 on
-(:mod:`trl_ext.ppo.base` chooses); nothing below depends on which.
-
-One update of :meth:`PPOTrainer.train` runs these methods in order; override one to change one step:
-
-1. ``next_prompt_batch()``: the next batch of prompts from ``self.prompt_iterator``.
-2. ``generate_rollouts(queries) -> Rollout``: sample responses and their log-probs (torch RNG), the log-probs taken
-   as the tokens are sampled (:mod:`trl_ext.ppo.rollout.logprobs`), each turn by ``sample_turn``; with ``tools``, a
-   multi-turn episode per prompt (:mod:`trl_ext.ppo.episodes`).
-3. ``score_rollouts(rollout)``: reference log-probs (``compute_ref_logprobs``), values (``compute_values``),
-   truncation at the stop token (``postprocess_responses``), scores (``compute_scores``), padding masks.
-   Then ``check_finite("objective/scores", ...)`` and ``clip_scores`` (``reward_clip``); ``sample_and_score(data)``
-   runs steps 2-3 so, for the update's batch and for each dynamic-sampling round (``resample_groups``). Losses
-   and gradients are checked once per optimizer step, before it (``optimizer_step``, :mod:`trl_ext.runtime.nonfinite`).
-4. ``compute_rewards(rollout, kl_coef)``: per-token reward ``-kl_coef * KL`` plus the score at the last token (and
-   environments' per-turn rewards at their turns' last tokens).
-5. ``compute_advantages(rollout)``: the run's critic (``self.critic``, :mod:`trl_ext.ppo.objective.critic`): GAE
-   and whitening with a value model; with a critic-free ``advantage_estimator`` (RLOO, GRPO, REINFORCE++) the
-   estimator instead (no value model; ``num_samples_per_prompt`` samples of each prompt, repeated by
-   ``next_prompt_batch``).
-6. ``optimize(rollout, kl_coef) -> UpdateStats``: PPO epochs (numpy permutation per epoch) over mini/micro-batches, one
-   optimizer step per mini-batch (:mod:`trl_ext.ppo.optimize_loop`); each micro-batch calls
-   ``compute_micro_batch_loss`` (policy, value and joint ptx losses from :mod:`trl_ext.ppo.objective.losses`); each
-   step goes through ``optimizer_step`` (NaN/inf check, ``max_grad_norm`` clip); separate ptx steps through
-   ``ptx_step``.
-7. ``update_metrics(...) -> dict`` and ``log_update(metrics)`` (:mod:`trl_ext.ppo.update_metrics`): TRL's metrics
-   plus ours, then the KL controller (``self.kl_ctl``) updates from the update's ``objective/kl``.
-8. Callbacks, ``evaluate()`` when due (``eval_strategy``), sample generations, then the checkpoint if one is due
-   (``save_extra_checkpoint_files`` adds the value model and the trl-ext state; ``load_checkpoint`` restores them).
-
-Each extension is one object, built once from the config by ``build_features`` (None when off) and called at the steps
-above: ``reward_scoring`` (:class:`~trl_ext.ppo.rollout.reward_funcs.RewardFunctionScoring`), ``critic``
-(:class:`~trl_ext.ppo.objective.critic.ValueCritic` or :class:`~trl_ext.ppo.objective.critic.CriticFree`: what the
-values, advantages, value loss, metrics, checkpoints and memory budgets do with or without a value model; never None),
-``dynamic_sampling``
-(:class:`~trl_ext.ppo.rollout.dynamic_sampling.DynamicSampling`), ``ptx``
-(:class:`~trl_ext.ppo.ptx_data.PretrainingMix`), ``completions_log``
-(:class:`~trl_ext.ppo.completions_log.CompletionsLog`), ``evaluation`` (:class:`~trl_ext.ppo.evaluation.Evaluation`),
-``multi_turn`` (:class:`~trl_ext.ppo.episodes.multi_turn.MultiTurnRollout`, with ``tools``/``environment_factory``),
-``turn_rewards`` (:class:`~trl_ext.ppo.episodes.turn_rewards.TurnRewards`, environments with ``get_turn_reward``),
-``critic_warmup`` (:class:`~trl_ext.ppo.objective.critic_warmup.CriticWarmup`: the first updates train the value
-model alone).
-Per-step values (the update's KL coefficient, a mini-batch's token normaliser) travel as arguments, not on the
-``Rollout``. The sampling and scoring steps are in :mod:`trl_ext.ppo.rollout.steps`, the parent's fixes in
-:mod:`trl_ext.ppo.base.parent_fixes`.
-
-Reward and value models may be adapters on the policy's own base (:mod:`trl_ext.models.shared_base`): the steps are
-the same; the reference then switches adapters without peft's ``disable_adapter`` (which would freeze the value
-adapter) and ``save_model`` writes the policy's adapter only.
-"""
+"""PPO trainer: TRL 1.12's `experimental.ppo.PPOTrainer` (:mod:`trl_ext.ppo.base`) with extensions, and a training
+loop made of named steps that a subclass overrides one at a time. The steps and the extensions they call:
+docs/ppo.md, "One update, step by step"."""
 
 from __future__ import annotations
 
@@ -109,56 +60,9 @@ __all__ = ["PPOConfig", "PPOTrainer", "VALUE_MODEL_DIR", "ppo_state_file"]
 
 class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFixesMixin, PPOCheckpointMixin,
                  AtomicCheckpointMixin, ParentPPOTrainer):
-    """TRL's PPO trainer (see :mod:`trl_ext.ppo.base`) with value-clip modes, KL controllers, PPO-ptx and steps.
-
-    Takes every argument of TRL's trainer (same order), and GRPOTrainer's: a `GRPOConfig`, model ids or paths (then
-    `processing_class` is optional), datasets with a `prompt` column (:mod:`trl_ext.ppo.grpo_compat.grpo_inputs`). Plus:
-
-    Args:
-        ptx_dataset ([`~datasets.Dataset`], *optional*):
-            Pretraining-mix data for PPO-ptx: plain text in a `text` column, or tokenized `input_ids`. Required
-            when `args.ptx_coef > 0`; ignored with a warning when `args.ptx_coef == 0`.
-        kl_controller ([`trl_ext.ppo.objective.kl_controllers.KLController`], *optional*):
-            Your own KL controller (any object with a float `value` and `update(kl, n_steps)`); overrides
-            `args.kl_controller`. Its `value` is the coefficient of the next update's rewards.
-        reward_funcs (`callable`, [`~torch.nn.Module`] or a list of them, *optional*):
-            Rewards computed by programs, with TRL GRPO's contract (:mod:`trl_ext.rewards.contract`): each callable
-            gets `prompts`, `completions`, `completion_ids`, every other column of `train_dataset` (one value per
-            completion) and `trainer_state`, and returns one float or None per completion. Scalar-headed models
-            (same tokenizer as the policy) may be mixed in. `reward_model` may then be None; when both are given the
-            reward model is the first reward. The score is `sum_i reward_weights[i] * r_i` over the rewards that did
-            not return None; it then goes through the same pipeline as a reward model's score. Guide:
-            `docs/reward-functions.md`.
-        tools (list of `callable`, *optional*):
-            TRL GRPOTrainer's tools: typed, docstring'd functions (sync or async) the model may call; each episode
-            then runs several turns (:mod:`trl_ext.ppo.episodes`), tool results masked out of every loss term and
-            GAE advancing over the policy's tokens only. The train dataset's `prompt` column must be chat messages
-            and the chat template must support tool calling. Guide: `docs/tools.md`.
-        environment_factory (`callable` or `dict[str, callable]`, *optional*):
-            TRL GRPOTrainer's environments: a callable returning an object whose public methods are tools, with
-            `reset(**row)` (its text, if any, appended to the last user message) and optionally `get_reward()` (an
-            extra reward of weight 1 named after the class); a dict chooses one per row by an `environment` column.
-            trl-ext's addition: an optional `get_turn_reward()`, the reward of each turn whose tool calls ran
-            (:mod:`trl_ext.ppo.episodes.turn_rewards`).
-
-    `value_model` is None with a critic-free `args.advantage_estimator` (:mod:`trl_ext.ppo.objective.critic`).
-    `reward_model` and `value_model` may be [`trl_ext.models.shared_base.SharedBaseScalarModel`]s made by
-    `add_scalar_adapter(model, ...)`: LoRA adapters with their own score heads on the policy's base (one base for
-    policy, reference, reward and value; `peft_config` must then be None, the policy being a peft model already;
-    `trainer.shared_base` is then True). The numbers are those of separate models with the same weights (tested).
-
-    With every extension at its default it logs the same numbers as TRL's trainer (tested), plus
-    `objective/kl_coef` and `time/rollout`, `time/scoring`, `time/optimization` (seconds per update), and
-    `loss/ptx_avg` when ptx is on.
-
-    Checkpoints (`save_strategy`/`save_steps`/`save_total_limit`, as in HF Trainer) are complete and atomic (written
-    under `tmp-checkpoint-N`, then renamed): the policy (or its adapter) via `save_model`, the value model in
-    `value_model/`, optimizer, LR scheduler, RNG states (`rng_state*.pth`), `trainer_state.json` (global step,
-    episode, log history) and per process `trl_ext_ppo_state_{rank}.pt` (KL controller, prompt and ptx stream
-    positions). `train(resume_from_checkpoint=...)` restores all of it, so a resumed run logs the same numbers as
-    an uninterrupted one. SIGINT/SIGTERM during `train()` save a checkpoint at the end of the current update and
-    raise :class:`trl_ext.runtime.interruption.TrainingInterrupted`. NaN/inf: `args.nonfinite_policy` (`check_finite`).
-    """
+    """TRL's PPO trainer (see :mod:`trl_ext.ppo.base`) with trl-ext's extensions. Takes TRL's arguments and
+    GRPOTrainer's (:mod:`trl_ext.ppo.grpo_compat.grpo_inputs`), plus `ptx_dataset`, `kl_controller`, `reward_funcs`,
+    `tools` and `environment_factory`: docs/ppo.md, "The trainer's arguments"."""
 
     _tag_names = ["trl", "ppo", "trl-ext"]
 

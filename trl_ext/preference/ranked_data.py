@@ -1,16 +1,5 @@
-"""Ranked preference data (InstructGPT-style): K >= 2 responses per prompt, best first.
-
-Format of a ranked example (the same prompt formats TRL's `RewardTrainer` accepts for pairs)::
-
-    {"prompt": "The sky is", "responses": [" blue.", " green.", " made of cheese."]}          # standard
-    {"responses": ["The sky is blue.", "The sky is green."]}                                   # implicit prompt
-    {"prompt": [{"role": "user", "content": "..."}],
-     "responses": [[{"role": "assistant", "content": "..."}], [{"role": "assistant", "content": "..."}]]}
-
-Each response is tokenized exactly as TRL tokenizes a `chosen` completion (EOS appended to plain text,
-`prompt + response`, chat template through `trl.data_utils._tokenize` with the row's `tools` and
-`chat_template_kwargs`). The tokenized column is `responses_ids` (a list of K token lists).
-"""
+"""Ranked preference data (InstructGPT-style): K >= 2 responses per prompt, best first. How it works:
+docs/internals.md#ranked-data."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
 """Datasets for recipes: open a split from the hub, a local file or a ``save_to_disk`` directory, check its columns.
-
-Columns are checked as soon as a split is opened, before any model loads:
-
-* sft: one of TRL's SFT formats: text (the ``dataset_text_field``, default ``text``), conversational ``messages``
-  (or ShareGPT ``conversations``), ``prompt`` with ``completion``, or an already tokenized ``input_ids`` column;
-* reward: ``chosen`` and ``rejected`` (pairs, ``prompt`` optional), or ``responses`` (ranked lists, best first);
-* dpo: ``chosen`` and ``rejected`` (``prompt`` optional);
-* ppo: ``prompt`` (plain text, or a list of chat messages), or an already tokenized ``input_ids`` column;
-* ppo-ptx: the ``ptx_text_column`` (default ``text``), or ``input_ids``.
-
-Their rows are checked next, in :mod:`trl_ext.recipe_loader.data_rows`.
-"""
+How it works: docs/internals-recipes.md#recipe-data."""
 
 from __future__ import annotations
 

@@ -1,17 +1,5 @@
 """Row checks of recipe datasets: bad rows found before training, each as one line naming the file, row and column.
-
-* (:func:`trl_ext.recipe_loader.file_text.check_file_text`, called when a file is opened: a local file whose bytes are
-  not UTF-8 text, or a ``.jsonl`` line that is not a JSON object.)
-* :func:`check_rows`: an empty dataset; a row whose needed column is missing (``null``), empty or whitespace only,
-  not text (undecodable bytes); a preference pair whose chosen and rejected are identical.
-* :func:`check_prompt_lengths`: a row whose prompt alone reaches the length limit (needs the tokenizer):
-  ``max_length`` for SFT (prompt-completion), reward and DPO (nothing of the response would be left), and for PPO the
-  model's ``max_position_embeddings`` minus ``response_length`` (from the checkpoint's ``config.json``).
-
-`trl-ext check` runs these when the dataset is local (the length check when the tokenizer is local too); `trl-ext
-train` runs them on every dataset after it is opened and the tokenizer loaded, before any model loads.
-Rows are numbered from 0, as ``dataset[i]``; for a ``.jsonl`` file the line number is given too.
-"""
+How it works: docs/internals-recipes.md#data-rows."""
 
 from __future__ import annotations
 

@@ -1,20 +1,5 @@
-"""YAML recipes: load, merge command-line overrides, validate, resolve into TRL/trl-ext dataclasses.
-
-A recipe is a flat YAML mapping in TRL's ``--config`` convention. Its keys are the fields of
-
-* TRL's :class:`~trl.ScriptArguments` (``dataset_name``, ``dataset_train_split``, ...),
-* TRL's :class:`~trl.ModelConfig` (``model_name_or_path``, ``dtype``, ``load_in_4bit``, ``use_peft``, ``lora_r``, ...),
-* the chosen trainer's config (:class:`trl_ext.SFTConfig`, :class:`trl_ext.RewardConfig`, :class:`trl_ext.DPOConfig`
-  or :class:`trl_ext.PPOConfig`; every field, including ones added later, is accepted automatically),
-* :class:`PipelineArguments` (``trainer`` and the few keys the pipeline needs beyond those), and, for PPO,
-  ``reward_<ModelConfig field>`` / ``value_<ModelConfig field>`` (quantization and LoRA of the reward and value
-  models, e.g. ``value_load_in_4bit: true``, ``value_use_peft: true``).
-
-The special key ``env`` (a mapping) sets environment variables, as in TRL's ``--config`` files.
-
-Every problem the user can fix raises :class:`~trl_ext.errors.UserInputError` with one line naming the key, before
-any model or dataset is loaded and before anything is written.
-"""
+"""YAML recipes: load, merge command-line overrides, validate, resolve into TRL/trl-ext dataclasses. How it works:
+docs/internals-recipes.md#loading-a-recipe."""
 
 from __future__ import annotations
 

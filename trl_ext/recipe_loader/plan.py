@@ -1,26 +1,5 @@
 """``trl-ext plan RECIPE [--gpu-memory GIB] [--prompt-length N] [--key value ...]``: a PPO recipe's memory budget.
-
-Reads the recipe and only the checkpoints' ``config.json`` (no weights, no data, no network; a Hub id that is not a
-local directory is refused in one line), and prints what :func:`trl_ext.ppo.rollout.memory_budget.ppo_memory_budget` gives
-for the run per component, whether it fits ``--gpu-memory`` (GiB, whole process), and the fastest settings that do:
-
-1. the rollout chunk (``local_rollout_forward_batch_size``): the largest that fits
-   (:func:`trl_ext.ppo.rollout.chunk.largest_fitting_chunk`, what ``auto`` chooses). It changes which random numbers
-   go to which sequence, not the distribution of the samples;
-2. only if no chunk fits at the recipe's micro-batch: a smaller training micro-batch
-   (``per_device_train_batch_size``, with ``gradient_accumulation_steps`` raised to keep the episodes per update).
-   A different micro-batch **changes the results** (TRL's PPO loss is a masked mean per micro-batch, averaged over
-   the micro-batches), so it is printed as an explicit choice; larger micro-batches that would also fit are listed
-   the same way, never applied silently;
-3. if nothing fits at a micro-batch of 1: the keys that shrink what stays all run (``shared_base``,
-   ``upcast_non_quantized``, ``lora_r``), with the peak each would give.
-
-The recipe is parsed with the recipe loader's own parser (same keys, types and one-line errors), but paths other than
-the policy's are not required to exist: plan a run before its reward model is trained. Reward and value models are
-budgeted with the policy's architecture and quantization (as ``memory_budget`` does); a separate reward or value
-checkpoint with another shape is named in a note. Prompts are not truncated by the pipeline, so their length is a
-planner option (default 512 tokens).
-"""
+How it works: docs/internals-recipes.md#trl-ext-plan."""
 
 from __future__ import annotations
 

@@ -1,19 +1,7 @@
 """The recipe keys of multi-turn episodes: ``tools`` (functions the model may call) and ``environment_factory`` (a
 callable that builds an environment, or ``{name: callable}`` with an ``environment`` column choosing one per row),
 passed to ``trl_ext.PPOTrainer(tools=..., environment_factory=...)`` (TRL GRPOTrainer's contract,
-:mod:`trl_ext.ppo.episodes`).
-
-Entries are written and imported as every ``module:function`` entry is (:mod:`trl_ext.user_code.entries`):
-``module:function``, dotted ``module.function``, ``path/to/file.py:function`` (the recipe's folder first, then the
-current directory), and for a tool also a factory ``{name: FACTORY, kwargs: {...}}`` whose call returns it.
-
-Checked while the recipe resolves, before any model loads (:func:`resolve_tool_keys`), by the trainer's own rules
-(:mod:`trl_ext.ppo.episodes.tool_rules`: each tool and each environment's public method has the JSON schema the chat
-template renders; each environment factory is called once and its instance has ``reset``; something to call); then,
-once the data and the tokenizer are open, :func:`check_tool_data` and :func:`check_tool_tokenizer`. An environment
-whose class has ``get_reward`` is a reward source (named after the class), so such a recipe needs neither
-``reward_model_path`` nor ``reward_funcs``. This module names the recipe key in the messages; each is one line.
-"""
+:mod:`trl_ext.ppo.episodes`). How it works: docs/internals-recipes.md#tool-keys-of-a-recipe."""
 
 from __future__ import annotations
 

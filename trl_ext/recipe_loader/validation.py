@@ -1,17 +1,5 @@
-"""Value checks of recipe keys that the configs cannot make themselves, and the bridge from the configs' errors.
-
-Each key's nullability, choices and range are derived from its dataclass field once, in :mod:`trl_ext.config_rules`
-(with its table :data:`~trl_ext.config_rules.RANGES`). trl-ext's own configs check their fields when they are
-constructed (so Python users get the same refusals); this module applies the same rules to the keys of the
-dataclasses that are not trl-ext's (TRL's ``ScriptArguments`` and ``ModelConfig``, the ``reward_*``/``value_*``
-model keys, :class:`~trl_ext.recipe_loader.loader.PipelineArguments`), and to ``null`` as a recipe writes it. A config's
-``<key>: <problem>`` error becomes ``recipe: key '<key>': <problem>`` (:func:`recipe_message`); an error of a
-library's own validation (``TrainingArguments.__post_init__``) is traced to the recipe key at fault by
-:func:`find_culprit`. What needs the models or the data (LoRA, the model's positions, the number of prompts) is
-checked here too, and again by the trainers for Python users.
-
-Every check raises :class:`~trl_ext.errors.UserInputError` with one line: the key, the value and what is valid.
-"""
+"""Value checks of recipe keys that the configs cannot make themselves, and the bridge from the configs' errors. How
+it works: docs/internals-recipes.md#recipe-validation."""
 
 from __future__ import annotations
 

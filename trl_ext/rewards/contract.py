@@ -1,26 +1,5 @@
-"""TRL GRPO's reward-function contract: how a reward function is named, called and what it may return.
-
-A reward function is called exactly as TRL 1.16's ``GRPOTrainer._calculate_rewards`` calls it, so that the same
-function moves between the two trainers without edits::
-
-    f(prompts=[...], completions=[...], completion_ids=[[...], ...], **columns,
-      trainer_state=state, log_extra=log_extra, log_metric=log_metric) -> [float | None, ...]
-
-* ``prompts``: one per completion (a prompt sampled ``k`` times appears ``k`` times in a row), text or, for a
-  conversational dataset, a list of chat messages;
-* ``completions``: the decoded responses (special tokens skipped); for conversational prompts
-  ``[{"role": "assistant", "content": text}]``;
-* ``completion_ids``: each response's token ids up to and including its stop token;
-* ``columns``: every other column of the training dataset, one value per completion, in the same order;
-* ``trainer_state``: the trainer's ``TrainerState`` (``global_step``, ``max_steps``, ...), for reward schedules;
-* ``log_extra(column, values)``: adds a column to the completions table (``log_completions``);
-* ``log_metric(name, value)``: logs a scalar with the update's metrics.
-
-It returns one float or ``None`` ("not applicable") per completion; ``async def`` functions run concurrently
-(``asyncio.gather``), as in TRL. What this module adds to TRL's checks: a wrong count, a non-number and NaN/inf are
-one :class:`RewardFunctionError` naming the function and the first offending completion (TRL raises a bare
-``ValueError`` for the count and lets NaN through).
-"""
+"""TRL GRPO's reward-function contract: how a reward function is named, called and what it may return. How it works:
+docs/internals-recipes.md#the-reward-contract."""
 
 from __future__ import annotations
 

@@ -1,20 +1,5 @@
-"""The metrics of a reward-function run, in TRL GRPO's names (``GRPOTrainer._generate_and_score_completions``).
-
-Per reward ``i`` (over the completions where it did not return None, all processes):
-
-* ``rewards/<name>/mean``, ``rewards/<name>/std`` (TRL's ``nanmean``/``nanstd``: unbiased);
-* ``rewards/<name>/timeouts``, ``rewards/<name>/errors``: calls that timed out or raised in a worker this update
-  (summed over processes; only with ``reward_num_workers > 0``).
-
-Of the weighted score (before ``missing_eos_penalty``, ``reward_clip`` and the KL penalty):
-
-* ``reward``, ``reward_std``: its mean and std over the scorable completions;
-* ``frac_reward_zero_std``: with ``num_samples_per_prompt > 1``, the fraction of groups whose scores are all equal;
-* ``rewards/unscorable``: completions where every reward said None (score 0, advantage 0).
-
-Of the completions: ``completions/mean_length``, ``/min_length``, ``/max_length`` (tokens up to the stop token) and
-``completions/clipped_ratio`` (the fraction that hit ``response_length`` without the stop token).
-"""
+"""The metrics of a reward-function run, in TRL GRPO's names (``GRPOTrainer._generate_and_score_completions``). How
+it works: docs/internals-recipes.md#reward-metrics."""
 
 from __future__ import annotations
 

@@ -1,32 +1,5 @@
-"""A reward function served over HTTP: OpenRLHF's remote reward contract (``--reward.remote_url``).
-
-The verifier (a sandbox that runs code, a math checker, a reward model behind a server) lives in another process or
-machine. :class:`RemoteReward` is a reward function with TRL GRPO's calling contract that POSTs the batch it is given
-and returns the rewards the server sends back, so it goes wherever a reward function goes (in process or in a
-:class:`~trl_ext.user_code.workers.FunctionPool`).
-
-The request, as OpenRLHF sends it (``openrlhf/utils/agent.py``, ``SingleTurnAgentExecutor._fetch_rewards_via_http``;
-the older ``remote_rm_utils.request_api_wrapper``)::
-
-    POST <url>   Content-Type: application/json
-    {"query": [prompt + completion, ...], "prompts": [prompt, ...], "labels": [label, ...] or null}
-
-``query`` is the prompt and completion as one text per completion; ``labels`` is the dataset column
-``label_column`` (default ``label``; OpenRLHF's ``--data.label_key``), or ``null`` when the batch has no such column.
-The reply is JSON with one value per query (a number, or null for "not applicable"), under the first of these keys
-that it has: ``rewards`` (OpenRLHF today), ``scores`` (OpenRLHF's other key, for dynamic filtering), ``score`` (its
-first remote reward server); a bare JSON list is accepted too. OpenRLHF's optional ``extra_logs``
-(``{name: [value per query]}``) becomes one ``log_metric(name, mean)`` per name.
-
-Chat data: a prompt or completion that is a list of messages (``[{"role": ..., "content": ...}]``) is flattened to
-one ``"role: content"`` line per message; its query is the flattened prompt, a newline, and the flattened
-completion. Text prompts and completions are concatenated as they are (as TRL's GRPO builds a reward model's text).
-Message content given as a list of parts keeps its text parts.
-
-Failures: a connection error, a timeout (``timeout_s`` per request), or an HTTP status of 5xx, 408 or 429 is retried
-``retries`` times with a short doubling backoff; then, or at once for another HTTP error or a reply that is not what
-the contract says, :class:`RemoteRewardError` names the URL and what went wrong. Standard library only (``urllib``).
-"""
+"""A reward function served over HTTP: OpenRLHF's remote reward contract (``--reward.remote_url``). How it works:
+docs/internals-recipes.md#remote-rewards."""
 
 from __future__ import annotations
 

@@ -1,20 +1,5 @@
-"""The scorer :class:`trl_ext.PPOTrainer` calls: reward models and reward functions -> one score per completion.
-
-One update goes through it in three calls:
-
-1. :meth:`RewardScorer.begin` with the rollout's prompts (token ids) and dataset columns;
-2. :meth:`RewardScorer.submit` with each generated chunk's (truncated) responses: with worker processes
-   (``reward_num_workers > 0``) their calls start at once, one per completion and function, so that verifiers run
-   while the next chunk generates and while the reference/value passes run; in process, nothing happens yet;
-3. :meth:`RewardScorer.score` with all truncated responses and the reward models' scores (computed by the
-   trainer's scoring pass): calls the in-process functions (TRL's order: synchronous ones in turn, then the
-   ``async`` ones together), collects the workers' results and returns a :class:`RewardScores`.
-
-The score of completion ``j`` is TRL GRPO's ``sum_then_normalize`` sum before normalisation:
-``s_j = nansum_i(w_i * r_ij)``, a reward that returned None (or, in a worker, timed out or raised) being NaN and
-left out. A completion whose every reward is NaN is *unscorable*: its score is 0, its advantage is set to 0 after
-the estimator (it teaches nothing, as in TRL 1.16), and it is counted in ``rewards/unscorable``.
-"""
+"""The scorer :class:`trl_ext.PPOTrainer` calls: reward models and reward functions -> one score per completion. How
+it works: docs/internals-recipes.md#reward-scoring."""
 
 from __future__ import annotations
 

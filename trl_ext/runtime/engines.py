@@ -1,25 +1,5 @@
-"""Sharded engines launched by accelerate (DeepSpeed ZeRO, FSDP), also on machines without a GPU.
-
-`accelerate launch --config_file recipes/accelerate/{zero2,zero3,fsdp}.yaml` tells each process which engine to use
-through environment variables (``ACCELERATE_USE_DEEPSPEED``, ``ACCELERATE_USE_FSDP``). On a GPU machine accelerate
-takes it from there. Without a GPU, accelerate 1.15 drops both engines *silently* (verified with torch 2.13 CPU,
-deepspeed 0.19.8, transformers 5.23):
-
-* DeepSpeed with ``use_cpu=True``: ``AcceleratorState`` only enables DeepSpeed ``if not cpu``; the run is plain DDP.
-  With ``use_cpu=False``, ``PartialState`` finds no backend without CUDA and sets ``num_processes=1`` on every rank
-  while DeepSpeed itself sees 2; DeepSpeed then fails with ``AssertionError: Check batch related parameters.
-  train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size 2 != 2 * 1 * 2``.
-* FSDP: ``AcceleratorState`` only turns the FSDP plugin on for GPU-like distributed types. With ``use_cpu=True`` the
-  run is plain DDP; without it each process trains alone, with no gradient exchange at all.
-
-DeepSpeed's CPU accelerator (gloo unless oneCCL's torch bindings are installed) and torch's FSDP2 (``fully_shard``
-over gloo) both work on CPU; only the routing is missing. :func:`adapt_to_cpu_engine` fills it in, in this one place:
-the gloo backend, ``use_cpu=False`` for DeepSpeed (and no build of its inference-only shared-memory op:
-:func:`skip_deepspeed_shm_op`), and for FSDP a patch of ``AcceleratorState``
-(:func:`enable_fsdp_on_cpu`) that keeps the FSDP plugin when accelerate drops it on CPU. trl-ext's configs call it
-through :class:`EngineOnCPUArgsMixin` at the moment accelerate's state is created. Nothing changes when a GPU is
-present or no engine was launched.
-"""
+"""Sharded engines launched by accelerate (DeepSpeed ZeRO, FSDP), also on machines without a GPU. How it works:
+docs/internals.md#engines."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""Graceful interruption: SIGTERM or Ctrl-C (SIGINT) stops training at the next safe point with a checkpoint.
-
-While a trl-ext trainer's ``train()`` runs, :class:`SignalWatcher` replaces the SIGINT and SIGTERM handlers with
-one that only records the signal. :class:`InterruptionCallback` looks at that record at the end of each optimizer
-step (PPO: each update), agrees with the other processes (any process signalled = all stop, at the same step),
-and asks the trainer to save a checkpoint and stop (``control.should_save`` and ``control.should_training_stop``).
-The trainer then raises :class:`TrainingInterrupted`, which carries the checkpoint's path and the exit code a
-command-line tool should use (128 + signal number: 130 for SIGINT, 143 for SIGTERM).
-
-A second signal while the first is pending gets the previous handler's behaviour (a second Ctrl-C raises
-``KeyboardInterrupt`` at once; a second SIGTERM terminates), for users who do not want to wait.
-"""
+"""Graceful interruption: SIGTERM or Ctrl-C (SIGINT) stops training at the next safe point with a checkpoint. How it
+works: docs/internals.md#interruption."""
 
 from __future__ import annotations
 

@@ -1,23 +1,5 @@
-"""Guards against bad numbers: no optimizer step is ever taken on a NaN/inf loss or gradient.
-
-What happens instead is the run's ``nonfinite_policy`` (a field of every trl-ext config, :class:`NonFinitePolicyArgs`):
-
-* ``"stop"`` (default): stop with :class:`NonFiniteError` (one line: the step, the quantity, how many entries are
-  bad, where the last good state is), after saving the state before the step where possible;
-* ``"skip"``: take no optimizer step and no scheduler step for that batch, count it (logged as
-  ``nonfinite/skipped_steps``), and stop with the same error only after ``max_consecutive_nonfinite_skips``
-  consecutive skipped steps.
-
-:class:`StepGuard` does the checking once per optimizer step: each micro-batch loss is recorded on the device
-(no host-device synchronisation), and right before the optimizer step the recorded losses and the gradients are
-checked with one synchronisation (one ``.tolist()``; under several processes one ``reduce`` first, so that all
-processes decide alike). With mixed-precision float16 (``fp16: true``) the gradients are left to the loss scaler: it
-skips the steps whose scaled gradients overflow and lowers its scale, as it should; those steps are counted apart
-(``nonfinite/scaler_skipped_steps``) and are not failures. A NaN/inf *loss* goes to the policy all the same.
-
-:class:`NonFiniteLossGuardMixin` puts the guard into the HF-``Trainer``-based trainers (SFT, reward, DPO);
-:class:`trl_ext.PPOTrainer` uses :class:`StepGuard` directly (see its ``optimize``).
-"""
+"""Guards against bad numbers: no optimizer step is ever taken on a NaN/inf loss or gradient. How it works:
+docs/internals.md#nan-and-inf."""
 
 from __future__ import annotations
 

@@ -1,18 +1,4 @@
-"""Tiny, offline, deterministic models for tests, demos and benchmarks.
-
-Nothing here touches a hub. :func:`build_tiny_models` writes, in a few seconds:
-
-* ``tokenizer/`` is a BPE tokenizer trained on a small built-in corpus, with a
-  Metaspace pre-tokenizer/decoder (decoded text keeps its spaces), pad/eos/bos tokens and a chat template;
-* ``policy/`` is a tiny ``LlamaForCausalLM`` (hidden 64, 2 layers, 4 heads, 2 kv heads) plus the tokenizer;
-* ``reward/`` is a tiny ``LlamaForSequenceClassification`` with one output (``num_labels=1``) plus the tokenizer.
-
-:func:`save_scalar_adapter` writes a LoRA reward adapter (random weights and score head) on a causal LM, as a reward
-recipe with ``use_peft`` would: what a shared-base PPO run loads as reward/value model.
-
-Everything is deterministic given ``seed``. Tool use (a tokenizer with TRL's tool-calling chat template, an ``add``
-tool, a tiny model taught to call it): :mod:`trl_ext.testing.tools`.
-"""
+"""Tiny, offline, deterministic models for tests, demos and benchmarks. How it works: docs/internals.md#testing."""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
-"""A tiny tokenizer that speaks TRL's tool-calling chat format, for tests, demos and benchmarks of tool use.
-
-:func:`build_tool_tokenizer` trains a byte-level BPE (digits split one per token, so numbers are copied digit by
-digit) on a corpus made of the Qwen2.5 chat template's own text, JSON tool calls and tool schemas, and the caller's
-extra lines, and gives it TRL's Qwen2.5 chat template (``trl/chat_templates/qwen2_5.jinja``) with its special tokens
-(``<|im_start|>``, ``<|im_end|>`` = EOS, ``<|endoftext|>`` = pad) and the ``<tool_call>``/``<tool_response>`` tags.
-TRL's ``add_response_schema`` recognises that template, so ``parse_response`` parses the tool calls the tiny models
-write exactly as it parses Qwen's: what TRL's ``GRPOTrainer(tools=...)`` and :class:`trl_ext.PPOTrainer` need.
-Byte-level: any text round-trips through encode/decode unchanged. Offline and deterministic.
-
-:func:`add` is a tool in TRL's form (typed, Google-style docstring); :func:`fit_to_conversations` teaches a tiny model,
-in a few seconds, to write the tool calls of a few transcripts; :func:`save_tool_models` saves the tool tests'
-models (one that learned to call :func:`add` on the :func:`add_transcript` episodes of :data:`ADD_PAIRS`, the same
-model untrained, a value model, the tokenizer).
-"""
+"""A tiny tokenizer that speaks TRL's tool-calling chat format, for tests, demos and benchmarks of tool use. How it
+works: docs/internals.md#testing-tools."""
 
 from __future__ import annotations
 

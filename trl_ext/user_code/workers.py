@@ -1,40 +1,7 @@
-"""Worker processes for the user's functions (reward functions, tools), with a per-call timeout.
-
-A reward function that executes code or runs a math checker can take seconds, hang, or crash its process; so can a
-tool. With :class:`FunctionPool` the trainer submits one call per completion (or per chunk, or per tool call) and
-collects the results later:
-the calls run in ``num_workers`` processes at once, and a call that runs past ``timeout_s``, raises, or kills its
-worker comes back as a :class:`CallResult` with status ``"timeout"`` or ``"error"``; the pool replaces the worker and
-keeps serving the other calls. Nothing such a function does can hang or kill the training process.
-
-How it works:
-
-* The workers are started once, at construction, with the ``fork`` start method where the platform has it: they
-  inherit the functions as they are (closures, lambdas, functions loaded from a file), nothing is pickled. Elsewhere
-  (or ``start_method="spawn"``) the functions are pickled by reference, so they must be importable module-level
-  functions. A worker replaced after a timeout or crash is forked the same way.
-* A call's keyword arguments are pickled in :meth:`FunctionPool.submit`, in the caller's thread (an object that
-  cannot be pickled raises there). One daemon thread in the parent sends queued calls to idle workers in submission
-  order, collects replies, and kills a worker whose call is past its deadline (counted from when the call was handed
-  to the worker, not from submit; a worker gets calls only once it has started up). Results are collected in any
-  order with :meth:`PendingCall.result`.
-* The worker calls ``funcs[i](**kwargs, log_extra=..., log_metric=...)`` (TRL GRPO's recorders, kept in the worker and
-  returned with the result); an ``async def`` function (any awaitable result) runs under ``asyncio.run``.
-* In a worker: SIGINT is ignored (Ctrl-C is the parent's to handle; :meth:`FunctionPool.close` kills the
-  workers), ``CUDA_VISIBLE_DEVICES`` is emptied and ``OMP_NUM_THREADS=1``, and if the parent has torch loaded the
-  worker runs it on one thread (``torch.set_num_threads(1)``: N workers on N cores, no oversubscription). The pool's
-  own thread forks every worker: a child forked from a thread that has run torch's OpenMP pool hangs in its first
-  parallel op (measured with torch 2.13: forked from the main thread after a 500x500 matmul on 2 threads, the
-  child's own matmul never returns; forked from a fresh thread, it runs).
-* Each worker leads its own process group, so a timeout kills the verifier's own subprocesses too (code
-  execution); a worker exits by itself when the parent dies (Linux ``PR_SET_PDEATHSIG``, and a parent-pid check
-  once a second while idle).
-* :meth:`FunctionPool.close` (also ``with``, garbage collection, and interpreter exit) kills the workers; calls
-  still queued or running then resolve with status ``"error"`` ("pool closed"), so no ``result()`` waits forever.
-
-Cost: a call's arguments and reply are pickled once each way through a pipe (``benchmarks/slow_verifier.py``
-measures the calls per second of a trivial function). Pass a small ``trainer_state`` (it is pickled with every call).
-"""
+"""Worker processes for the user's functions (reward functions, tools), with a per-call timeout: a call that runs
+past ``timeout_s``, raises, or kills its worker comes back as a :class:`CallResult` with status ``"timeout"`` or
+``"error"``, and the pool replaces the worker. How the workers are started, isolated and stopped:
+docs/reward-workers.md, "What a worker is"."""
 
 from __future__ import annotations
 

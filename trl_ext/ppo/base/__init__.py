@@ -1,19 +1,7 @@
 """What trl-ext's PPO extends, depending on the installed TRL: the one place that decides it (this module), the base
 trl-ext carries for TRL 1.13+ (``base_trainer.py``, ``base_config.py``) and the fixes to the parent's methods that
-apply on either base (``parent_fixes.py``: DDP/DeepSpeed wrappers, shared bases, critic-free runs).
-
-* TRL 1.10-1.12 ship `trl.experimental.ppo`: :class:`trl_ext.PPOTrainer` and :class:`trl_ext.PPOConfig` subclass
-  TRL's own `PPOTrainer` and `PPOConfig` (and resume into TRL's `OnlineTrainerState`).
-* TRL 1.13 removed it: they subclass trl-ext's own base instead, :class:`trl_ext.ppo.base.base_trainer.PPOBaseTrainer`
-  and :class:`trl_ext.ppo.base.base_config.PPOBaseConfig`, written to behave as TRL 1.12's (same constructor, config
-  fields and defaults, metrics, checkpoints; tested against a recorded TRL 1.12 run).
-
-The choice follows what is installed (does `trl.experimental.ppo` exist?). The environment variable
-``TRL_EXT_PPO_BASE`` overrides it: ``trl-ext`` uses trl-ext's own base on any TRL (to try it, or to test it, on TRL
-<= 1.12); ``trl`` insists on TRL's (an error where TRL has none); ``auto`` or unset is the default.
-
-Everything else in :mod:`trl_ext.ppo` (the steps, losses, sequences and statistics) is the same code on every TRL.
-"""
+apply on either base (``parent_fixes.py``: DDP/DeepSpeed wrappers, shared bases, critic-free runs). How it works:
+docs/ppo-internals.md#what-the-ppo-extends."""
 
 from __future__ import annotations
 

@@ -1,23 +1,5 @@
 """trl-ext's own PPO base trainer: TRL 1.12's `experimental.ppo.PPOTrainer` minus its training loop, for TRL >= 1.13.
-
-TRL removed its PPO trainer in 1.13. From then on :class:`trl_ext.PPOTrainer` extends :class:`PPOBaseTrainer`
-instead (the choice is made in :mod:`trl_ext.ppo.base`). It does what TRL 1.12's trainer does outside `train()`, so
-that trl-ext's trainer logs the same numbers and writes the same checkpoints on every TRL version:
-
-* the constructor: same arguments and checks; PEFT wrapping of the policy; the reference model (the one given, the
-  policy with adapters disabled for a PEFT policy, else a frozen copy); batch sizes derived into the config
-  (`world_size`, `local_batch_size`, `batch_size`, `mini_batch_size`, `num_total_batches`, ...); dropout off;
-  policy and value model wrapped together (:class:`PolicyAndValueWrapper`) so one `accelerator.prepare` covers
-  both; optimizer and LR scheduler (HF Trainer's `create_optimizer_and_scheduler`); HF callbacks and an
-  :class:`OnlineTrainerState`; the shuffled prompt DataLoader prepared under `torch.manual_seed(args.seed)`, then the
-  process's own seed `args.seed + 100003 * rank`; the eval DataLoader; the reward and reference models placed on
-  the device or prepared for DeepSpeed;
-* `null_ref_context` (reference = adapters disabled, or `ref_adapter_name` active), `save_model` (the policy only),
-  `generate_completions` (the sample-generation table: console, wandb, Comet), `_save_checkpoint` with TRL's model
-  card (TRL's shared `_BaseTrainer`).
-
-The update loop itself is :meth:`trl_ext.PPOTrainer.train`, written as named steps; this class has none.
-"""
+How it works: docs/ppo-internals.md#the-ppo-base-trainer."""
 
 from __future__ import annotations
 
@@ -129,39 +111,9 @@ def _cast_for_bf16_kbit_training(model: nn.Module) -> None:
 
 
 class PPOBaseTrainer(BaseTrainer):
-    """The PPO trainer base trl-ext carries for TRL >= 1.13: TRL 1.12's `experimental.ppo.PPOTrainer` but `train()`.
-
-    Same constructor arguments, attributes, checkpoints and sample generations as TRL 1.12's trainer (see the module
-    docstring); :class:`trl_ext.PPOTrainer` adds the training loop.
-
-    Args:
-        args ([`~trl_ext.ppo.base.base_config.PPOBaseConfig`]):
-            Training arguments.
-        processing_class ([`~transformers.PreTrainedTokenizerBase`]):
-            The tokenizer (its pad token pads prompts and responses).
-        model ([`~transformers.PreTrainedModel`]):
-            The policy to train.
-        ref_model ([`~transformers.PreTrainedModel`], *optional*):
-            Reference model for the KL penalty. If `None`: the policy with its adapters disabled for a PEFT policy,
-            else a frozen copy of the policy.
-        reward_model ([`~transformers.PreTrainedModel`]):
-            Scalar-headed model that scores the responses.
-        train_dataset ([`~datasets.Dataset`]):
-            Tokenized prompts (`input_ids`).
-        value_model ([`~transformers.PreTrainedModel`]):
-            Scalar-headed model that predicts per-token values.
-        data_collator ([`~transformers.DataCollatorWithPadding`], *optional*):
-            Batches and pads the prompts; defaults to `DataCollatorWithPadding(processing_class)`.
-        eval_dataset ([`~datasets.Dataset`] or `dict` of [`~datasets.Dataset`], *optional*):
-            Prompts for the sample generations.
-        optimizers (`tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]`, *optional*):
-            Optimizer and LR scheduler; by default (`(None, None)`) created by HF Trainer's
-            `create_optimizer_and_scheduler`.
-        callbacks (`list` of [`~transformers.TrainerCallback`], *optional*):
-            Callbacks besides HF's defaults and the reporting integrations of `args.report_to`.
-        peft_config ([`~peft.PeftConfig`], *optional*):
-            Wrap the policy in this PEFT adapter.
-    """
+    """The PPO trainer base trl-ext carries for TRL >= 1.13: TRL 1.12's `experimental.ppo.PPOTrainer` but `train()`
+    (same constructor arguments, attributes, checkpoints and sample generations; the arguments: docs/ppo.md, "The
+    trainer's arguments"); :class:`trl_ext.PPOTrainer` adds the training loop."""
 
     _tag_names = ["trl", "ppo"]
     _name = "PPO"

@@ -1,27 +1,6 @@
 """The multi-turn rollout of :class:`trl_ext.PPOTrainer` with ``tools`` / ``environment_factory``: TRL GRPOTrainer's
-tool-calling loop (``_tool_call_loop``, TRL 1.16) producing one token sequence per episode.
-
-Per update, on each process:
-
-1. :meth:`MultiTurnRollout.begin` (before generation): each row gets its environment (reset with the row, whose
-   text joins the last user message) and its prompt with its tools in the system turn (the dataset's, rendered once
-   when the trainer was built; rendered again only with reset text).
-2. :meth:`MultiTurnRollout.run`: the first turn is sampled exactly as a single-turn rollout (same call, same RNG).
-   Each turn is parsed with TRL's ``parse_response``; a turn with ``tool_calls`` has them run
-   (:mod:`trl_ext.ppo.episodes.tool_calls`), the tool results rendered by the chat template (TRL's tool suffix: the
-   results and the next assistant header) appended, and the episode's prefix (prompt + everything so far) sampled
-   again for the next turn, until no turn calls a tool or ``max_tool_calling_iterations`` rounds ran. After each
-   round an environment with ``get_turn_reward`` gives the reward of the turn whose calls ran (kept in
-   :attr:`Episode.turn_rewards` at that turn's last token; :mod:`trl_ext.ppo.episodes.turn_rewards`).
-3. The episode is one sequence: the prompt (left-padded as before), then actions (sampled tokens, with their
-   sampling log-probs) and observations (the tool suffixes: log-prob 0 here, masked out of every loss term by
-   ``score_rollouts``). Its length is capped by ``response_length`` as TRL caps it by ``max_completion_length``: a
-   tool result that does not fit is dropped and the episode ends after the turn that called it (truncated by
-   length); a turn is cut to the tokens left.
-
-When no episode of the batch calls a tool, the rollout is the single-turn one, tensor for tensor
-(:attr:`EpisodeBatch.observation_mask` is None then and every later step runs its single-turn code).
-"""
+tool-calling loop (``_tool_call_loop``, TRL 1.16) producing one token sequence per episode. How it works:
+docs/ppo-internals.md#the-multi-turn-rollout."""
 
 from __future__ import annotations
 

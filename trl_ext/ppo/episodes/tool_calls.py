@@ -1,21 +1,5 @@
-"""Running the tool calls of a batch of episodes, with TRL GRPOTrainer's error semantics and a time limit.
-
-What the model sees for each call is what TRL 1.16 gives it: the tool's return value as text (``str(result)``; a
-list of content blocks as it is), or ``{'error': '<message>'}`` when the call raised, named a tool that does not exist
-(``Tool <name> not found.``) or was not a function call. Those count in ``tools/failure_frequency``.
-
-What TRL does not do: a time limit (``tool_timeout_s``). A call past it gives the model ``{'error': 'Tool <name> timed
-out after <s> s'}`` and counts as a failure and a timeout (``tools/timeout_frequency``); the episode goes on.
-
-* In the training process (default): each call runs in a daemon thread joined with the limit (an ``async def`` tool
-  under ``asyncio.wait_for``, which cancels it). A thread cannot be killed: a hung call keeps its thread, and the
-  environment whose method hung is replaced by a fresh instance for later updates
-  (:meth:`~trl_ext.ppo.episodes.toolbox.Toolbox.replace_environment`). Environment methods always run here: their
-  state lives in the training process.
-* ``tool_num_workers > 0``: the standalone ``tools`` run in worker processes, the pool reward functions
-  run in too (:class:`~trl_ext.user_code.workers.FunctionPool`): every call of a turn at once, a call past the limit killed with
-  its worker (and its subprocesses), a crash contained.
-"""
+"""Running the tool calls of a batch of episodes, with TRL GRPOTrainer's error semantics and a time limit. How it
+works: docs/ppo-internals.md#running-tool-calls."""
 
 from __future__ import annotations
 

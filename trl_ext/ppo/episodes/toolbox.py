@@ -1,23 +1,5 @@
-"""TRL GRPOTrainer's ``tools`` / ``environment_factory`` contract (TRL 1.16), as :class:`trl_ext.PPOTrainer` takes it.
-
-* ``tools``: typed, docstring'd Python functions (sync or ``async def``); the model sees their JSON schema in the
-  prompt (``apply_chat_template(..., tools=...)``) and calls them by name.
-* ``environment_factory``: a callable returning an environment, or ``{name: callable}`` with an ``environment``
-  column choosing one per row. An environment's public methods are tools (besides ``reset``, ``get_reward`` and
-  ``get_turn_reward``); ``reset(**row)`` starts an episode and may return text appended to the last user message; an
-  optional ``get_reward()`` owns the reward: an extra reward source of weight 1 named after the class (rows of another
-  class score None). One instance per episode, pooled and reset across updates (built once, reset often).
-* trl-ext's addition: an optional ``get_turn_reward()`` (sync or ``async def``), called by the turn loop once after
-  each round of the episode's tool calls, returns the reward of the turn just played (a float) or None (none); it
-  lands on that turn's last token (:mod:`trl_ext.ppo.episodes.turn_rewards`). An environment without it plays and
-  scores exactly as under TRL.
-* Reward functions get ``environments=`` (the episodes' instances) when the run has environments.
-* The chat template must render a tool-calling conversation (TRL's ``supports_tool_calling``); tool calls are parsed
-  with TRL's ``parse_response`` after ``add_response_schema``; a template that is not prefix-preserving is replaced,
-  for rendering, by TRL's training template (``get_training_chat_template``), as GRPOTrainer does.
-
-:class:`Toolbox` holds all of that for one trainer; the turn loop is :mod:`trl_ext.ppo.episodes.multi_turn`.
-"""
+"""TRL GRPOTrainer's ``tools`` / ``environment_factory`` contract (TRL 1.16), as :class:`trl_ext.PPOTrainer` takes
+it. How it works: docs/ppo-internals.md#the-tools-contract."""
 
 from __future__ import annotations
 

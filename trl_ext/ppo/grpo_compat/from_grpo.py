@@ -1,27 +1,5 @@
-"""TRL's `GRPOConfig` as a :class:`trl_ext.PPOConfig`: :meth:`trl_ext.PPOConfig.from_grpo_config`.
-
-Every field of the installed `GRPOConfig` is in exactly one of three groups (a test checks it, so that a field a new
-TRL adds fails it until it is placed here):
-
-* :data:`MAPPED`: GRPO keys with a meaning here, converted to our keys (``num_generations`` ->
-  ``num_samples_per_prompt``, ``beta`` -> ``kl_coef`` with ``kl_in: loss``, ``loss_type`` -> ``loss_aggregation`` /
-  ``policy_loss``, ...; TrainingArguments fields that count optimizer steps are converted to updates);
-* :data:`NOT_HONOURED`: keys with no counterpart. Set to a value other than their default they are named together
-  in one warning, or refused in one line where running without them would change what the run optimises or samples
-  (``sync_ref_model``, ``top_entropy_quantile``, loss types we do not have, ...);
-* every other `transformers.TrainingArguments` field: passed through unchanged (optimizer, schedule, seed,
-  precision, output and logging settings).
-
-Batches. One GRPO generation batch is one PPO update: each process generates ``per_device_train_batch_size *
-gradient_accumulation_steps`` completions (``num_generations`` per prompt) and the update passes over them
-``num_iterations`` times (``num_ppo_epochs``), one optimizer step per pass. GRPO's ``steps_per_generation`` other
-than ``gradient_accumulation_steps`` (several optimizer steps per pass) is refused. Step counts (``max_steps``,
-``warmup_steps``, ``logging_steps``, ``save_steps``, ``eval_steps``) are in optimizer steps in GRPO and in updates
-here: divided by ``num_iterations``, rounded up. ``num_train_epochs`` counts passes over the prompts in GRPO and over
-``len(train_dataset)`` completions here: times ``num_generations``.
-
-Fields are read with ``getattr`` and a default, so older TRL releases (whose `GRPOConfig` lacks some) map too.
-"""
+"""TRL's `GRPOConfig` as a :class:`trl_ext.PPOConfig`: :meth:`trl_ext.PPOConfig.from_grpo_config`. How it works:
+docs/ppo-internals.md#a-grpoconfig-as-a-ppoconfig."""
 
 from __future__ import annotations
 

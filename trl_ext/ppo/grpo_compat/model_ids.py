@@ -1,38 +1,20 @@
-"""Models given to :class:`trl_ext.PPOTrainer` as a model id or a local path, loaded as TRL's `GRPOTrainer` loads them.
-
-:func:`load_model_ids` runs first in the trainer's constructor; with every model already loaded and a tokenizer given
-it changes nothing (and draws no random number). Otherwise, after `transformers.set_seed(args.seed)` (GRPOTrainer
-seeds before it builds its model, so that a new LoRA adapter or score head is reproducible):
-
-* `model`, `ref_model`: TRL's `create_model_from_path(name, **model_init_kwargs)` (GRPOTrainer's loader: the
-  checkpoint's architecture, `dtype` float32 unless `model_init_kwargs` says otherwise, `device_map` `"auto"` on an
-  accelerator and None on CPU or under DDP/DeepSpeed, `trust_remote_code` from `model_init_kwargs`);
-* `reward_model`, `value_model` and model entries of `reward_funcs` (GRPOTrainer takes reward-model ids there):
-  `AutoModelForSequenceClassification` with one output through trl-ext's own loader
-  (:func:`trl_ext.models.loaders.load_scalar_model`: a reward checkpoint keeps its 1-output head, a causal-LM
-  checkpoint gets a new `score` head, a multi-output head is refused), with the same `model_init_kwargs`;
-* `processing_class` None: `AutoTokenizer` of the policy's checkpoint (`revision` and `trust_remote_code` from
-  `model_init_kwargs`), padding and truncating on the left, its missing pad token set to its eos token (as
-  GRPOTrainer does); the pad id is copied to the configs of the models loaded here.
-
-`peft_config` then wraps the policy, as for a loaded policy (the base trainer). The reference of a LoRA policy is
-the policy with its adapter disabled, as in GRPOTrainer.
-"""
+"""Models given to :class:`trl_ext.PPOTrainer` as a model id or a local path, loaded as TRL's `GRPOTrainer` loads
+them. How it works: docs/ppo-internals.md#models-given-by-id."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ...config_rules import mapping_value
+from ...config_rules import MappingArgs, mapping_field
 from ...errors import UserInputError
 
 __all__ = ["ModelInitArgs", "LoadedModels", "load_model_ids"]
 
 
 @dataclass
-class ModelInitArgs:
+class ModelInitArgs(MappingArgs):
     """Config field of models given by id, mixed into :class:`trl_ext.PPOConfig` (TRL `GRPOConfig`'s key).
 
     Parameters:
@@ -44,15 +26,8 @@ class ModelInitArgs:
             their models from their model keys instead and refuse it.
     """
 
-    model_init_kwargs: dict[str, Any] | str | None = field(
-        default=None,
-        metadata={"help": "from_pretrained keyword arguments of the models given to PPOTrainer as ids (GRPOConfig's "
-                  "key)."},
-    )
-
-    def __post_init__(self):
-        self.model_init_kwargs = mapping_value("model_init_kwargs", self.model_init_kwargs)
-        super().__post_init__()
+    model_init_kwargs: dict[str, Any] | str | None = mapping_field(
+        "from_pretrained keyword arguments of the models given to PPOTrainer as ids (GRPOConfig's key).")
 
 
 class LoadedModels(NamedTuple):

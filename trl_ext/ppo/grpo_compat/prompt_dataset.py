@@ -1,31 +1,19 @@
-"""The trainer's prompt datasets as TRL's `GRPOTrainer` takes them: a `prompt` column, text or chat messages.
-
-:class:`trl_ext.PPOTrainer` trains on tokenized prompts (`input_ids`, TRL's PPO). A dataset with a `prompt` column
-instead is tokenized when the trainer is built (:func:`prepare_prompt_datasets`), the way TRL 1.16's
-`GRPOTrainer._tokenize_prompts` does it:
-
-* text: ``tokenizer(text)["input_ids"]`` (with the tokenizer's special tokens, e.g. BOS);
-* chat messages (a list of ``{"role", "content"}`` dicts): ``tokenizer.apply_chat_template(messages,
-  add_generation_prompt=True, tokenize=True, **chat_template_kwargs)``.
-
-The other columns stay beside `input_ids` when the trainer has `reward_funcs` (they receive them, as in GRPO);
-without reward functions only `input_ids` is kept (the padding collator takes tensors only). A dataset that already
-has `input_ids` is used as it is. The prompts are padded on the left, as GRPOTrainer pads them.
-"""
+"""The trainer's prompt datasets as TRL's `GRPOTrainer` takes them: a `prompt` column, text or chat messages. How it
+works: docs/ppo-internals.md#prompt-datasets."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from ...config_rules import mapping_value
+from ...config_rules import MappingArgs, mapping_field
 from ...errors import UserInputError
 
 __all__ = ["PromptArgs", "prepare_prompt_datasets", "tokenize_prompts"]
 
 
 @dataclass
-class PromptArgs:
+class PromptArgs(MappingArgs):
     """Config field of the prompt rendering, mixed into :class:`trl_ext.PPOConfig` (TRL `GRPOConfig`'s key).
 
     Parameters:
@@ -34,14 +22,8 @@ class PromptArgs:
             column of message lists), e.g. `{"enable_thinking": false}`. As TRL's `GRPOConfig` key of that name.
     """
 
-    chat_template_kwargs: dict[str, Any] | str | None = field(
-        default=None,
-        metadata={"help": "Keyword arguments of apply_chat_template for chat-message prompts (GRPOConfig's key)."},
-    )
-
-    def __post_init__(self):
-        self.chat_template_kwargs = mapping_value("chat_template_kwargs", self.chat_template_kwargs)
-        super().__post_init__()
+    chat_template_kwargs: dict[str, Any] | str | None = mapping_field(
+        "Keyword arguments of apply_chat_template for chat-message prompts (GRPOConfig's key).")
 
 
 def tokenize_prompts(dataset, tokenizer, *, num_proc: int | None = None, keep_columns: bool = False,

@@ -1,22 +1,5 @@
-"""GAE over the policy's own tokens in a multi-turn episode: tool results and environment text are not steps.
-
-An episode with tools is one token sequence: the policy's tokens (actions) interleaved with spans the policy did not
-choose (observations: tool results, environment text, the chat template's role headers around them). PPO treats
-each action token as a step, its state being every token before it. An observation span is part of the transition
-from the last action before it to the first action after it, not a step of its own: the advantage of the last action
-``t`` before a span bootstraps from the value at the next action ``t'`` after it,
-
-    delta_t = r_t + gamma * V(s_t') - V(s_t),      A_t = delta_t + gamma * lam * A_t'
-
-(the value model predicts at every token; those at observation tokens are simply not used). That is GAE
-(Schulman et al. 2016, eq. 16) over the subsequence of steps, which :func:`gae_over_steps` computes by moving each
-row's steps to the front (order kept), running TRL's :func:`~trl_ext.ppo.objective.advantages.gae_advantages` on that
-and putting the results back. A reward that falls on a non-step position (the score when an episode ends on an
-observation) is added to the step before it. verl's multi-turn rollouts mask observations out of the loss the same way
-(``response_mask``); the bootstrapping across the span is what a critic needs to learn values of tool-using states.
-
-With no observation span in a row, its steps are a prefix of the row and the result is TRL's GAE exactly.
-"""
+"""GAE over the policy's own tokens in a multi-turn episode: tool results and environment text are not steps. How it
+works: docs/ppo-internals.md#gae-over-the-policys-tokens."""
 
 from __future__ import annotations
 

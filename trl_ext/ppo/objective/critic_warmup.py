@@ -1,23 +1,5 @@
-"""``critic_warmup`` (verl's key of that name): for a run's first N updates only the value model trains.
-
-GAE's advantages are only as good as the value model, and a fresh value head predicts noise; verl therefore lets the
-critic fit the returns of the first rollouts before the actor moves. Here the policy and the value model are one module
-with one optimizer (TRL's ``PolicyAndValueWrapper``), so holding the policy is done in two places:
-
-* the loss: while held, each micro-batch's loss is the value term alone; the policy's terms (surrogate, KL and
-  entropy terms, joint ptx) stay in the graph at weight 0, so that every parameter takes part in the backward
-  (DDP needs that) and gets a zero gradient;
-* the optimizer step: the held parameters' gradients are dropped (set to None) first, so torch's optimizers skip them:
-  their weights and their optimizer state stay untouched (Adam's first policy step after the warm-up is a first
-  step), and ``max_grad_norm`` clips the value model's gradients alone.
-
-No policy step is taken (no separate ptx step either); the rollouts, their metrics (``loss/policy_avg``, ...), the KL
-controller and the learning-rate schedule run as in any update. The held parameters are the policy's trainable ones
-that are not the value model's (with a shared base, the value adapter lives in the policy's model: it still trains).
-Under DeepSpeed the engine owns the gradients and steps every parameter: the policy's are zero there, which leaves its
-weights unchanged under Adam without weight decay. The state is the number of completed updates, so a run resumed
-inside the warm-up holds the policy for the rest of it.
-"""
+"""``critic_warmup`` (verl's key of that name): for a run's first N updates only the value model trains. How it
+works: docs/ppo-internals.md#critic-warm-up."""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
-"""KL-penalty controllers for PPO: how the coefficient ``beta`` of the per-token KL penalty evolves.
-
-PPO's per-token reward is ``r_t = -beta * KL_t (+ score at the last token)``. A controller holds ``beta``
-(``.value``) and updates it after each PPO update from the KL measured in that update:
-
-* :class:`FixedKLController`: ``beta`` never changes (TRL 1.12's behaviour).
-* :class:`AdaptiveKLController`: Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences",
-  section 2.2; same code in TRL 0.7, trlx and OpenRLHF.
-* :class:`DoublingKLController`: Schulman et al. 2017, "Proximal Policy Optimization Algorithms", section 4
-  ("Adaptive KL Penalty Coefficient").
-
-Write your own by subclassing :class:`KLController` (or any object with a ``value`` attribute and an
-``update(kl, n_steps)`` method) and pass it to ``trl_ext.PPOTrainer(..., kl_controller=...)``.
-``state_dict()``/``load_state_dict()`` let a checkpoint save and restore the controller.
-"""
+"""KL-penalty controllers for PPO: how the coefficient ``beta`` of the per-token KL penalty evolves. How it works:
+docs/ppo-internals.md#kl-controllers."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""The caching allocator's margin: what a CUDA run RESERVES beyond the peak :mod:`trl_ext.ppo.rollout.memory_budget` predicts
-it ALLOCATES.
-
-Derivation (``docs/ppo-memory.md``; one H200, 8B QLoRA PPO, ``benchmarks/gpu_ppo.py``, default allocator settings):
-peak reserved / peak allocated was 14.8 / 12.9 = 1.14 at rollout chunk 8 and 30.8 / 23.1 = 1.33 at chunk 32 (the
-``generate`` rollout); with the continuous-batching engine at chunk 32, 38.8 / 23.2 = 1.67. A straight line through
-the two ``generate`` points: ``margin = 1.077 + 0.0079 * chunk`` (larger chunks leave larger freed KV-cache blocks
-that later, differently sized tensors cannot reuse); the engine adds 0.34 (its measured excess at chunk 32).
-With ``expandable_segments:True`` (what trl-ext sets for CUDA runs, :mod:`trl_ext.runtime.cuda_memory`) segments
-grow and shrink in place; not measured yet, planned at 1.05 until the prepared GPU run measures it. Off CUDA: 1.0.
-The margin applies to the allocator's part of the peak, not to the device overhead outside it.
-"""
+"""The caching allocator's margin: what a CUDA run reserves beyond the peak :mod:`trl_ext.ppo.rollout.memory_budget`
+predicts it allocates, a line through two measurements (off CUDA: 1.0). Derivation: docs/ppo-memory.md."""
 
 from __future__ import annotations
 

@@ -1,28 +1,5 @@
-"""``local_rollout_forward_batch_size: auto``: the largest rollout chunk whose memory budget fits a target.
-
-The rollout generates, and the scoring passes (reference log-probs, values, scores) run, in chunks of
-``local_rollout_forward_batch_size`` sequences. A larger chunk makes fewer, larger calls: on a GPU a generation step
-costs about the same at 8 or 64 sequences (per-call overhead, measured on an H100: ``docs/ppo-on-one-gpu.md``), so the largest chunk that
-fits is the fastest. What a chunk costs comes from :func:`trl_ext.ppo.rollout.memory_budget.ppo_memory_budget`: its rollout
-phase (KV cache and streamed log-probs of one chunk) and scoring phase (the reference logits and one layer's
-activations of one chunk) grow with the chunk; the training phase and what stays all run do not. So the peak
-``persistent + max(rollout(c), scoring(c), training) + overhead`` never decreases with ``c``, and the choice is
-
-    c* = max { c in 1..batch : peak(c) <= target }
-
-(``batch`` = the per-device episodes of one update, TRL's ``local_batch_size``). If even ``c = 1`` does not fit, the
-target is refused (one line, naming ``max_memory_gib``). Written here by hand: neither TRL nor accelerate chooses a
-generation batch from a memory model (accelerate's ``find_executable_batch_size`` retries after out-of-memory
-errors, which a PPO update, with its RNG draws and optimizer steps, cannot safely do).
-
-The run's shape is read from the loaded models (:func:`run_shape_from_models`): the policy's config (layers,
-widths, vocabulary), its LoRA rank and target modules, its quantization (``config.quantization_config``), its
-compute dtype and whether the non-quantized weights are float32 (peft's k-bit upcast), and the longest prompt of the
-train set. Reward and value models are assumed to have the policy's architecture (as the budget does).
-
-Chunking changes which random numbers go to which sequence: generation draws from one RNG stream per call, so a run
-with another chunk samples from the same distribution but not the same samples.
-"""
+"""``local_rollout_forward_batch_size: auto``: the largest rollout chunk whose memory budget fits a target. How it
+works: docs/ppo-internals.md#the-auto-rollout-chunk."""
 
 from __future__ import annotations
 

@@ -1,30 +1,6 @@
-"""``rollout_cuda_graphs``: the rollout's decoding steps replayed as CUDA graphs over a static KV cache.
-
-Why. On a GPU a QLoRA policy's decoding step is bound by the host, not by the GPU: every 4-bit linear layer is a
-bitsandbytes dequantize-and-multiply plus peft's LoRA branch, about 3,800 kernels per step for an 8B model, each
-launched from Python. Profiled on one H200 (``benchmarks/gpu_ppo.py --profile fast``, Llama-3-8B shape, 16 rows):
-99.5 ms per decoding step, of which the GPU was busy 19 ms; the rollout was half of the update's time. A CUDA
-graph records the step's kernels once and replays them with one launch.
-
-How. ``generate`` runs with transformers' static cache (``cache_implementation="static"``: key/value tensors of the
-full length, updated in place; the 4D attention masks are built outside the forward), and the decoding forward that
-``generate`` would hand to ``torch.compile`` (``get_compiled_call``, chosen by ``_valid_auto_compile_criteria``) is
-instead a :class:`DecodeGraph`: the first decoding step of each ``generate`` call runs eagerly (warm-up), the second
-is captured into a CUDA graph (inputs copied into static buffers; the cache's tensors keep their addresses) and
-replayed, and every later step copies its inputs into the buffers and replays. The prefill and everything around the
-forward (logits processors, sampling, the log-prob capture of :mod:`trl_ext.ppo.rollout.logprobs`, stop checks)
-stay ``generate``'s. A new ``generate`` call (the next chunk: a new cache) captures anew, and the graph and its
-memory pool are dropped when the call returns, so nothing outlives the rollout (the memory budget's phases do not
-overlap). No compiler runs: the capture costs about one eager step.
-
-The tokens and log-probs are ``generate``'s with a static cache. Against the default dynamic cache the attention
-runs over the full-length cache with the unused positions masked: the same numbers up to float rounding (tested on
-CPU: same greedy tokens, log-probs within 1e-5).
-
-On CPU (no CUDA graphs) the decoding forward runs eagerly over the same static cache: that is the path the tests
-compare with the dynamic cache. If a capture fails (an op that synchronises with the host, say), the steps run
-eagerly for the rest of the run and the reason is warned once and kept in :attr:`DecodeGraphs.failure`.
-"""
+"""``rollout_cuda_graphs``: the rollout's decoding steps replayed as CUDA graphs over a static KV cache
+(:class:`DecodeGraph`), eager on CPU and after a failed capture. How it works:
+docs/ppo-internals.md#decoding-as-cuda-graphs."""
 
 from __future__ import annotations
 

@@ -1,29 +1,5 @@
-"""Dynamic sampling (DAPO, Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", sec.
-3.2): an update trains only on groups whose scores differ, sampling more prompts until its batch is full.
-
-With a group estimator (RLOO, GRPO, REINFORCE++-baseline) a group whose `k` scores are all equal has advantage 0
-(up to the KL in the reward): it costs a generation and a backward for no policy gradient. With
-`PPOConfig.dynamic_sampling`, :class:`DynamicSampling` (built once by the trainer; its step ``resample_groups``
-calls :meth:`DynamicSampling.resample` after the first round is scored)
-
-1. keeps the groups with unequal scores (:func:`informative_groups`);
-2. while some process has fewer than `local_batch_size / k` of them and fewer than `max_sampling_rounds` rounds ran,
-   draws the next prompt batch (`next_prompt_batch`), generates, scores and keeps its informative groups (the
-   number of rounds is the same on every process: the loop runs while any process is short);
-3. takes the first `local_batch_size / k` informative groups in the order they came; a batch still short is filled
-   with dropped groups (first come, first used), so every update has the same shape.
-
-Rounds of different prompt lengths are joined by :func:`concat_rollouts` (queries left-padded, responses
-right-padded, as the trainer pads them). Metrics (`rollout.sampling`): `sampling/rounds`, `sampling/groups_dropped`
-and `sampling/groups_refilled` (summed over processes) and `sampling/completions` (completions generated in the
-update, all processes; the batch trains on `batch_size` of them). `episode` counts trained episodes as before; the
-later rounds' generation and scoring time counts in `time/scoring`.
-
-The rounds go through the trainer's own steps, so a subclass's `compute_scores` and the reward functions score them
-too (with the round's prompts and dataset columns); the reward functions' per-completion results
-(`rollout.reward_scores`: rewards, prompts, completions, logged extra columns) follow the selected episodes, their
-timeout and error counts and `log_metric` values cover every round.
-"""
+"""Dynamic sampling (DAPO, Yu et al. 2025, sec. 3.2): an update trains only on groups whose scores differ, sampling
+more prompts until its batch is full. How it works: docs/ppo-internals.md#dynamic-sampling."""
 
 from __future__ import annotations
 

@@ -1,55 +1,6 @@
-"""``rollout_engine``: sample the rollout with ``model.generate`` or with transformers' continuous batching.
-
-``generate`` (the default, TRL's path, :mod:`trl_ext.ppo.rollout.logprobs`) runs each chunk of
-``local_rollout_forward_batch_size`` prompts until its longest response stops: with responses of uneven length (a
-short wrong answer beside a long derivation) most rows of the chunk wait, padded, for the longest one.
-``continuous_batching`` hands every prompt of the update to transformers' continuous-batching engine
-(``ContinuousBatchingManager``, what ``model.generate_batch`` and TRL 1.16's GRPO
-``use_transformers_continuous_batching`` use): a paged KV cache, a scheduler that admits a waiting prompt as soon as
-a running one finishes, one forward per step over every active sequence. ``auto`` picks one by
-:func:`choose_rollout_engine`'s rule.
-
-What this module adds to transformers' engine, and why:
-
-* **Cache sized from the run's memory budget, built once.** Left alone the engine sizes its cache from the device's
-  free memory (``max_memory_percent`` of it: 60% of host RAM on CPU, 80-90% of the GPU) and ``generate_batch`` builds
-  it anew on every call. Here the cache holds exactly what ``generate`` holds for one chunk (:func:`engine_cache_plan`):
-  ``chunk`` sequences of ``longest prompt + response_length`` tokens (``num_blocks`` pages of ``page_size`` tokens),
-  at most ``chunk`` sequences per forward (so the ``(rows, vocab)`` logits are those of one chunk) and
-  ``max_batch_tokens`` new tokens per forward. ``chunk`` is the trainer's ``local_rollout_forward_batch_size``: with
-  ``"auto"`` the chunk whose budget fits ``max_memory_gib`` (:mod:`trl_ext.ppo.rollout.chunk`), so the engine's KV
-  cache is the budget's ``rollout: KV cache (one chunk)`` line up to one page per sequence. The manager is created on
-  the first rollout and kept (a stopped manager keeps its batch processor, hence its cache; the library allows
-  it). It is not cached on the model (transformers' own persistence puts a thread-owning object on the module;
-  ours lives on the engine). Between rollouts the cache's storage shrinks to 0 bytes and grows again for the next
-  (:meth:`ContinuousBatchingRollout._hold_cache`): the budget's phases do not overlap, so the KV cache must not
-  sit in memory while the update scores and trains.
-* **The trainer's RNG, reproducibly.** The engine reseeds torch's global RNG once when it builds its batch processor
-  (``DistributedHelper.set_tp_seed``); that build happens here under a saved-and-restored RNG state, so the run's
-  RNG stream is a function of the checkpoint (resume reproduces an uninterrupted run). Sampling then draws from the
-  global generator in the engine's thread, in a fixed order: all requests are queued before the thread starts, so
-  the scheduler sees the same batches every time.
-* **The trainer's conventions.** Queries come left-padded (pad tokens dropped, as ``generate``'s attention mask
-  drops them); the result is ``queries`` followed by each response right-padded with the pad token that ``generate``
-  pads finished rows with (the generation config's ``pad_token_id``, else its first EOS), to the longest response of
-  the batch. Log-prob positions after a response's end hold 0 (``score_rollouts`` masks them with
-  ``INVALID_LOGPROB``, as for ``generate``). Each response goes to the reward-function workers (the trainer's
-  ``submit_rollout_chunk``, :mod:`trl_ext.ppo.rollout.reward_funcs`) as soon as it is done, while the others generate.
-* **Old log-probs from the engine when they are the trainer's.** The engine returns
-  ``log(softmax(processed scores)[token])`` per sampled token. When its processors are exactly the trainer's
-  temperature (``TemperatureLogitsWarper(temperature + 1e-7)``, sampling), that is the distribution the training
-  loss's ``log_softmax(logits / (temperature + 1e-7))`` of a teacher-forced forward evaluates, and the two agree within
-  :data:`LOGPROB_TOLERANCE` (measured on CPU float32: ``benchmarks/rollout_engine.py --tolerance``). With top-k/top-p
-  (or any other processor) the engine's log-probs are those of the truncated distribution; then the rollout's
-  log-probs are recomputed with one teacher-forced forward of the policy per chunk (:func:`teacher_forced_logprobs`).
-  :func:`engine_logprobs_usable` decides.
-
-Refused (one line, :class:`~trl_ext.errors.UserInputError`; the settings at ``PPOConfig`` construction, by
-:mod:`trl_ext.ppo.config_rules`): a ``repetition_penalty`` (the engine drops that processor; ``auto`` takes
-``generate`` then), DeepSpeed ZeRO-3 (parameters are sharded and gathered
-by hooks on the calling thread; the engine runs the model in its own thread), transformers without continuous
-batching, generation configs whose processors the engine would drop (beam search and the like), models the engine
-cannot page (no ``sdpa``/``eager``/flash attention).
+"""``rollout_engine``: sample the rollout with ``model.generate`` (:mod:`trl_ext.ppo.rollout.logprobs`) or with
+transformers' continuous-batching engine, its KV cache sized as one chunk of the memory budget, the trainer's RNG and
+padding conventions kept, its log-probs used when only the temperature shapes sampling. Guide: docs/rollout-engine.md.
 """
 
 from __future__ import annotations
@@ -310,6 +261,7 @@ class ContinuousBatchingRollout:
                 module.training = mode
         # the manager switched the attention to a paged one; stop() restores it, start() switches again
         self._restore_attention(manager)
+        # kept here, not on the model: transformers' own persistence would put a thread-owning object on the module
         self.manager, self._model, self._config_key = manager, model, key
         atexit.register(self.close)  # free the cache while the interpreter is whole (its __del__ needs torch)
         return manager

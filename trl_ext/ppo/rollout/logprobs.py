@@ -1,44 +1,6 @@
-"""Log-probs of the sampled tokens, kept while ``generate`` samples them: no ``(batch, length, vocab)`` tensor.
-
-TRL's PPO rollout (``batch_generation``) calls ``generate(output_scores=True)``, which keeps the processed logits of
-every step, stacks them into a ``(batch, response_length, vocab)`` float32 tensor and only then takes one log-prob
-per token from it (``selective_log_softmax``). For batch 64, 512 new tokens and a 128k-152k vocabulary that tensor is
-17-20 GB. :func:`generate_with_logprobs` returns the same two things (query+response ids, per-token log-probs) while
-holding at most one step's ``(batch, vocab)`` scores: :class:`SampledTokenLogprobs`, the last logits processor,
-keeps a reference to step t's final scores and, when it is called at step t+1 (whose ``input_ids`` end with the
-token sampled at step t), gathers that token's log-prob; the last step's comes from the final sequences.
-
-Which distribution. The log-prob is that of the temperature-scaled full distribution, ``log_softmax(logits /
-temperature)``, what the loss evaluates (TRL's ``GRPOTrainer`` takes its old log-probs from the same distribution);
-the truncation warpers (top-k, top-p, min-p) and the repetition penalty shape what is sampled only
-(:mod:`trl_ext.ppo.rollout.sampling`). transformers (5.24) merges a user's ``logits_processor`` list after the
-processors it builds from the generation config (the repetition penalty among them) and *before* the warpers it
-builds (temperature, top-k, top-p, min-p), so a processor appended by the user would see the logits before the
-temperature. Hence :func:`sampling_plan` moves the temperature, the repetition penalty and the truncation warpers
-out of the generation config (a copy with ``temperature=1.0, top_k=0, top_p=1.0, min_p=None,
-repetition_penalty=1.0``, which makes ``generate`` build none of them) into our own list, with transformers' own
-classes: the temperature, then the capture processor (which sees exactly ``logits / temperature``), then the
-repetition penalty and the truncation warpers in transformers' order. Sampling draws from the same distribution as
-transformers' (the penalty commutes with a positive temperature: it multiplies or divides each logit, keeping its
-sign). With the temperature alone, every processor runs in the same order on the same tensors as in TRL's PPO
-rollout, and the log-probs equal TRL's ``selective_log_softmax(stack(scores), response)`` (same float32 ops: gather
-minus logsumexp over the vocabulary; tested for equality). Where ``generate`` would still build processors of its
-own before the capture (``generation_kwargs`` such as ``suppress_tokens`` or ``min_new_tokens``), the capture would
-see their output: the plan says so (``logprobs_exact`` false) and the trainer recomputes the log-probs with one
-forward of the policy (:func:`trl_ext.ppo.rollout.engine.teacher_forced_logprobs`).
-
-Why not recompute the log-probs with a forward pass after generation (in chunks)? It costs one more forward pass over
-every query+response, and a full-sequence forward does not reproduce the incremental (KV-cache) logits bit for bit,
-so TRL's numbers would no longer be reproduced exactly.
-
-:func:`sequence_logits` is TRL's ``forward`` helper for the reference pass without the hidden states of every layer
-(same logits, less memory held while scoring).
-
-Generation configs whose sampling this module does not rebuild (beam search, ``typical_p``, ``epsilon_cutoff``,
-``eta_cutoff``, ``top_h``, watermarking, ``renormalize_logits``) get ``None`` from :func:`sampling_plan`; the
-trainer then keeps TRL's path (with the big tensor; log-probs recomputed when the sampling is not the temperature's
-alone).
-"""
+"""Log-probs of the sampled tokens, taken while ``generate`` samples them (no ``(batch, length, vocab)`` tensor), of
+the temperature-scaled full distribution the loss evaluates; :func:`sampling_plan` rebuilds the sampling processors
+around the capture. Why and how: docs/ppo-memory.md."""
 
 from __future__ import annotations
 

@@ -1,43 +1,6 @@
-"""Memory budget of a PPO run on one device: the bytes each part holds, from the model's shape and the run's settings.
-
-What it models is what trl-ext runs (TRL 1.12's PPO loop with trl-ext's steps, models loaded by
-:mod:`trl_ext.models`): a LoRA policy on a base that is 4-bit (nf4, optionally with nested quantization), 8-bit or
-unquantized, with reference = adapters disabled, and reward/value models either as separate models of the same
-architecture (``shared=False``, one more base each; the reward adapter frozen, the value adapter trained) or as
-adapters on the policy's base (``shared=True``, :mod:`trl_ext.models.shared_base`). A run without a critic
-(``value_model=False``: RLOO/GRPO-style advantages) has no value model or adapter: one base (separate design), one
-adapter and head, their AdamW state and the value model's training activations less. A run scored by reward
-functions only (``reward_model=False``) has no reward model or adapter: one base (separate design), one frozen
-adapter and head less. A policy trained in full (``PPOShape.full_finetune``, ``use_peft: false``):
-a frozen reference copy, separate reward and value models, full AdamW state (:func:`_full_finetune_budget`, an
-estimate not yet checked against measurements). Peak = what stays all run
-(weights, adapters, optimizer) + the largest of the three phases of an update:
-
-* **rollout** (``generate``, chunks of ``local_rollout_forward_batch_size``): the KV cache of one chunk, plus the
-  rollout log-probs: TRL's ``(batch, response_length, vocab)`` float32 scores (two copies alive at its peak: the
-  stacked tensor and the per-step tuple, then the padded batch) or trl-ext's one step (:mod:`trl_ext.ppo.
-  rollout_logprobs`; :data:`STREAMING_STEP_COPIES` ``(chunk, vocab)`` float32 buffers at once);
-* **scoring** (no grad, per chunk): the reference forward's logits over the whole query+response (TRL slices the
-  response part off them afterwards) and one layer's activations;
-* **training** (one micro-batch, forward and backward of policy and value): the layer inputs activation
-  checkpointing keeps for both paths, one layer recomputed with its gradients, and the policy's logits over the
-  whole sequence (logits, their gradient and one softmax-sized temporary: :data:`LOGIT_COPIES`).
-
-Conventions of the loaders that matter here: peft's ``prepare_model_for_kbit_training`` casts every unquantized
-parameter (embeddings, LM head, norms, biases) of a 4/8-bit model to float32, which makes the residual stream, hence
-activations and the KV cache, float32 (``activation_bytes = 4``; ``PPOShape.upcast_non_quantized=True``, the
-default). With ``upcast_non_quantized=False`` (the loader option of that name) those parameters, the residual stream,
-the KV cache and the activations stay in the compute dtype (``dtype_bytes``). LoRA weights are float32 either
-way; each trainable parameter holds two float32 AdamW moments all run, and a gradient and the optimizer step's
-temporaries while training (:data:`OPTIMIZER_STEP_BYTES`). nf4 stores 0.5 byte per weight plus one float32 absmax
-per 64-weight block (nested quantization: one byte per block plus a float32 per 256 blocks). Not counted: CUDA context
-and allocator slack (:data:`DEVICE_OVERHEAD_BYTES`, an assumption), the tokenizer and data, sample generations
-(``per_device_eval_batch_size x response_length x vocab`` float32 scores through TRL's ``generate_completions``).
-
-The formulas are checked against measurements at small scale by ``benchmarks/ppo_memory.py`` (weights exactly,
-rollout and run peaks within the tolerances it prints) and against hand-computed numbers in
-``tests/ppo/test_memory_budget.py``.
-"""
+"""Memory budget of a PPO run on one device: the bytes each part holds (what stays all run, and the rollout, scoring
+and training phases), from the model's shape and the run's settings. What it counts and assumes: docs/ppo-memory.md,
+"What the budget counts"; checked by ``benchmarks/ppo_memory.py`` and ``tests/ppo/test_memory_budget.py``."""
 
 from __future__ import annotations
 

@@ -1,26 +1,13 @@
 """The rollout's sampling keys (TRL ``GRPOConfig``'s: ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``,
-``generation_kwargs``) and the generation configs the trainer builds from them.
-
-Every path that samples for training takes them: the ``generate`` rollout (:mod:`trl_ext.ppo.rollout.logprobs`),
-the continuous-batching rollout (:mod:`trl_ext.ppo.rollout.engine`), each turn of a multi-turn episode (the same
-:meth:`~trl_ext.ppo.rollout.steps.RolloutStepsMixin.sample_turn`) and the sample generations
-(``generate_completions``, at its near-greedy temperature). A greedy config (``do_sample`` false) gets none of them,
-so that transformers has no sampling flag to warn about.
-
-Which distribution the log-probs come from. The keys shape what is *sampled*; the rollout's stored log-probs (the
-old log-probs of the ratio) and the loss's log-probs are both ``log_softmax(logits / (temperature + 1e-7))`` of the
-full vocabulary at the sampled tokens, as in TRL's ``GRPOTrainer`` (which recomputes its old log-probs with a forward
-pass over the temperature-scaled logits): the top-k/top-p/min-p truncation, the repetition penalty and any logits
-processor of ``generation_kwargs`` do not enter them. With every key at its "off" default the sampling distribution
-is that one, so the numbers are TRL's PPO's.
-"""
+``generation_kwargs``) and the generation configs the trainer builds from them. How it works:
+docs/ppo-internals.md#sampling-keys."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
-from ...config_rules import help_from_docstring, mapping_value
+from ...config_rules import MappingArgs, help_from_docstring, mapping_field
 
 __all__ = ["SamplingArgs", "NAMED_KEYS", "OWNED_KEYS", "rollout_generation_kwargs", "sample_generation_kwargs",
            "reshapes_sampling", "generation_kwargs_problem"]
@@ -45,7 +32,7 @@ OWNED_KEYS: dict[str, str] = {
 
 @help_from_docstring
 @dataclass
-class SamplingArgs:
+class SamplingArgs(MappingArgs):
     """Config fields of the rollout's sampling, mixed into :class:`trl_ext.PPOConfig` (TRL `GRPOConfig`'s keys,
     same names, defaults and meaning; :mod:`trl_ext.ppo.rollout.sampling`). They shape what is sampled, not the
     log-probs: the rollout's and the loss's log-probs are those of the temperature-scaled full distribution
@@ -80,14 +67,8 @@ class SamplingArgs:
     top_k: int = 0
     min_p: Optional[float] = None
     repetition_penalty: float = 1.0
-    generation_kwargs: dict[str, Any] | str | None = field(
-        default=None,
-        metadata={"help": "More transformers GenerationConfig keys for the rollout's sampling (GRPOConfig's key)."},
-    )
-
-    def __post_init__(self):
-        self.generation_kwargs = mapping_value("generation_kwargs", self.generation_kwargs)
-        super().__post_init__()
+    generation_kwargs: dict[str, Any] | str | None = mapping_field(
+        "More transformers GenerationConfig keys for the rollout's sampling (GRPOConfig's key).")
 
 
 def _sampling_keys(args) -> dict:
