@@ -375,17 +375,23 @@ def check_steps(config) -> None:
                              "(valid: a number > 0, or set max_steps >= 1)")
 
 
+#: The dict-valued keys that :class:`MappingArgs` parses (kept out of the fields' metadata: HfArgumentParser passes
+#: every metadata entry to argparse).
+MAPPING_FIELDS = frozenset({"model_init_kwargs", "chat_template_kwargs", "generation_kwargs"})
+
+
 def mapping_field(help_: str):
-    """A dict-valued config key, None by default; :class:`MappingArgs` parses its JSON text (the command line's)."""
-    return dataclasses.field(default=None, metadata={"help": help_, "mapping": True})
+    """A dict-valued config key (one of :data:`MAPPING_FIELDS`), None by default; :class:`MappingArgs` parses its JSON
+    text (the command line's)."""
+    return dataclasses.field(default=None, metadata={"help": help_})
 
 
 class MappingArgs:
-    """Config mixin: each :func:`mapping_field` of the dataclass goes through :func:`mapping_value` after init."""
+    """Config mixin: each of :data:`MAPPING_FIELDS` the dataclass has goes through :func:`mapping_value` after init."""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
-            if f.metadata.get("mapping"):
+            if f.name in MAPPING_FIELDS:
                 setattr(self, f.name, mapping_value(f.name, getattr(self, f.name)))
         super().__post_init__()
 

@@ -19,7 +19,7 @@ from .arguments import ENTRY_KEYS
 __all__ = ["RecipeArgumentParser", "entry_values", "plain", "portable_value", "to_argv"]
 
 # Field metadata that trl_ext.config_rules reads and argparse must not receive (a field's own `range`).
-CONFIG_RULES_METADATA = ("range", "mapping")
+CONFIG_RULES_METADATA = ("range",)
 
 
 class RecipeArgumentParser:

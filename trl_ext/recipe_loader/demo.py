@@ -26,7 +26,7 @@ PPO_TAIL = 10  # the README's PPO figure: mean objective/scores of the last 10 u
 
 def demo_folder() -> Path:
     """``recipes/demo`` of the current directory (a clone's root), else of the clone the package is installed from."""
-    for root in (Path("."), Path(__file__).resolve().parents[1]):
+    for root in (Path("."), Path(__file__).resolve().parents[2]):
         if (root / "recipes" / "demo" / "ppo.yaml").is_file():
             return root / "recipes" / "demo"
     raise UserInputError("demo: recipes/demo not found in the current directory; run `trl-ext demo` from a clone of "
