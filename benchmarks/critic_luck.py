@@ -72,7 +72,7 @@ def sft(work: Path, *, max_steps: int | None = None, seed: int = 0, train: int =
 
 
 def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rounds: int, updates: int, seed: int,
-             overrides: dict, pretrain_updates: int = PRETRAIN_UPDATES, keep: bool = False) -> dict:
+             overrides: dict, pretrain_updates: int = PRETRAIN_UPDATES) -> dict:
     """One RL run from ``<work>/sft_dice``: its settings, seconds, per-update curves, held-out scores after, and
     the critic's health."""
     from dice_quiz_env import RESPONSE_LENGTH, DiceQuizEnv
@@ -83,17 +83,13 @@ def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rou
     settings = {**RL_SETTINGS, **QUIZ_RL, "response_length": RESPONSE_LENGTH[rounds],
                 "max_tool_calling_iterations": rounds, **variant, **overrides}
     value_dir = pretrained_value(work, settings, luck, rounds, pretraining) if pretraining else None
-    tag = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:6]  # rows run at once stay apart
-    pre = "-pre" if pretraining else ""
-    out = work / f"rl-{settings['advantage_estimator']}{pre}-{tag}-luck{luck}-r{rounds}-seed{seed}"
+    pre = "-pre" if pretraining else ""  # the digest keeps rows run at once apart
+    out = work / f"rl-{settings['advantage_estimator']}{pre}-{digest(settings)[:6]}-luck{luck}-r{rounds}-seed{seed}"
     trainer = dice_trainer(work, out, settings, luck, rounds, updates, seed, value_dir)
     rounds_right = rounds_right_callback(trainer)
     trainer.add_callback(rounds_right)
     _, seconds = quiet_timed(trainer.train, f"{out}.log")
     end = quiz_scores(trainer.model.policy, trainer.processing_class, heldout, environment=DiceQuizEnv)
-    if keep:
-        trainer.model.policy.save_pretrained(f"{out}-policy")
-        trainer.processing_class.save_pretrained(f"{out}-policy")
     health = {}
     for k in range(1, rounds + 2):
         series = logged(trainer, f"critic/vf_explained_var/turn_{k}")
@@ -129,8 +125,7 @@ def pretrained_value(work: Path, settings: dict, luck: float, rounds: int, updat
 
     kept = {k: v for k, v in settings.items()  # what the policy alone uses leaves the value model's training alone
             if k not in ("lam", "length_adaptive_lam_alpha", "learning_rate")}
-    tag = hashlib.sha1(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:8]  # other settings: another
-    folder = work / f"value-luck{luck}-r{rounds}-{updates}-{tag}"
+    folder = work / f"value-luck{luck}-r{rounds}-{updates}-{digest(kept)[:8]}"  # other settings: another
     with FileLock(f"{folder}.lock"):  # cells run in parallel: one of them pretrains, the others wait and reuse
         if not (folder / "config.json").is_file():
             _pretrain(work, folder, settings, luck, rounds, updates)
@@ -145,6 +140,11 @@ def _pretrain(work: Path, folder: Path, settings: dict, luck: float, rounds: int
     turns = {k: logged(trainer, f"critic/vf_explained_var/turn_{k}") for k in range(1, rounds + 2)}
     (folder / "health.json").write_text(json.dumps({"seconds": seconds, "explained_var": turns}))
     shutil.rmtree(out, ignore_errors=True)
+
+
+def digest(settings: dict) -> str:
+    """The settings' SHA-1 (hex): the name of what was trained with them."""
+    return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
 
 def first_reached(curve: list[float], per_update: int) -> int | None:
@@ -162,7 +162,6 @@ def parse_args(argv):
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="PPOConfig overrides (YAML values)")
     p.add_argument("--sft-dir", default=None, help="reuse a folder with data/ and sft_dice/ (make_data, sft_dice)")
     p.add_argument("--sft-steps", type=int, default=None, help="SFT steps (default: sft_dice.yaml's)")
-    p.add_argument("--keep", action="store_true", help="save each run's policy to <workdir>/rl-...-policy")
     p.add_argument("--seed-list", type=int, nargs="*", default=None, help="these training seeds instead of 0..N-1")
     p.add_argument("--merge", nargs="*", default=None, metavar="JSON",
                    help="no training: merge these result files (cells run in parallel) into one, table and figure")
@@ -205,7 +204,7 @@ def main(argv=None) -> int:
                 if a.only is not None and name not in a.only:
                     continue
                 cell = run_cell(work, heldout, variant=variant, luck=luck, rounds=a.rounds, updates=updates,
-                                seed=seed, overrides=overrides, pretrain_updates=a.pretrain_updates, keep=a.keep)
+                                seed=seed, overrides=overrides, pretrain_updates=a.pretrain_updates)
                 runs.setdefault(cell_key(name, luck, a.rounds), {"seeds": []})["seeds"].append(cell)
                 print(f"{cell_key(name, luck, a.rounds)} seed {seed}: {cell['seconds']:.0f} s, held-out "
                       f"{start['reward']:.3f} -> {cell['end']['reward']:.3f}, 0.9 after "
