@@ -32,7 +32,8 @@ def test_planned_reserved_peak_scales_the_allocators_part_only():
 def test_the_auto_chunk_on_cuda_fits_the_reserved_peak():
     """The fast 8B run at 24 GiB: chunk 32 as allocated (23.8 GiB predicted), which reserved 30.8 GiB on the H200;
     planned on the reserved peak the chunk is smaller, and fits with its margin."""
-    run = replace(RUN, batch=32)  # the H200 run: 32 episodes per update, float32 residual (upcast not yet off)
+    # the H200 run: 32 episodes per update, float32 residual (upcast not yet off), logits of every position
+    run = replace(RUN, batch=32, response_logits_only=False)
     target = 24 * GIB
     allocated = largest_fitting_chunk(LLAMA_3_8B, run, target, shared=True)
     margin = partial(allocator_margin, device_type="cuda", expandable_segments=False)

@@ -149,7 +149,7 @@ def test_residual_stream_in_the_compute_dtype_by_hand():
     # activations (4*64 + 2*32 + 64 + 3*128 = 768 values per token) twice; logits 3 copies x 2 x 10 x 100 x 2 bytes
     assert fast.parts["training: checkpointed layer inputs (policy + value)"] == 2 * 2 * 10 * 64 * 2
     assert fast.parts["training: one layer recomputed, with gradients"] == 2 * 2 * 10 * 768 * 2
-    assert fast.parts["training: policy logits (one micro-batch)"] == 3 * 2 * 10 * 100 * 2
+    assert fast.parts["training: policy logits (one micro-batch)"] == 3 * 2 * (4 + 1) * 100 * 2
     # LoRA weights and their AdamW moments stay float32
     assert fast.parts["AdamW moments (policy and value adapters, value head)"] == (2 * 4096 + 64) * 8
     # Llama-3-8B: embeddings, LM head and norms (1,050,939,392 parameters) at 2 bytes instead of 4: 1.96 GiB less
@@ -175,7 +175,7 @@ def test_run_without_a_critic_by_hand():
     assert critic_free.parts["training: checkpointed layer inputs (policy + value)"] == 1 * 2 * 10 * 64 * 4
     assert critic_free.parts["training: one layer recomputed, with gradients"] == 2 * 10 * 768 * 4
     assert critic_free.parts["training: policy logits (one micro-batch)"] \
-        == with_critic.parts["training: policy logits (one micro-batch)"] == 3 * 2 * 10 * 100 * 4
+        == with_critic.parts["training: policy logits (one micro-batch)"] == 3 * 2 * (4 + 1) * 100 * 4
     # rollout and scoring do not depend on the critic
     for part in ("rollout: KV cache (one chunk)", "scoring: reference logits (one chunk)"):
         assert critic_free.parts[part] == with_critic.parts[part]

@@ -30,9 +30,9 @@ def test_values_of_the_field():
 
 
 def test_chosen_chunk_fits_and_the_next_does_not():
-    # from 8 sequences on the scoring phase is the largest; it grows by (100 vocab + 768 layer values) x 10 tokens x
-    # 4 bytes per sequence; below, training (256,192 bytes) is the largest and the peak stays flat
-    assert peak(TINY, RUN, 9) - peak(TINY, RUN, 8) == 10 * (100 + 768) * 4
+    # from 8 sequences on the scoring phase is the largest; it grows by (100 vocab x 5 response positions + 768
+    # layer values x 10 tokens) x 4 bytes per sequence; below, training is the largest and the peak stays flat
+    assert peak(TINY, RUN, 9) - peak(TINY, RUN, 8) == (5 * 100 + 10 * 768) * 4
     assert peak(TINY, RUN, 1) == peak(TINY, RUN, 7) < peak(TINY, RUN, 8)
     assert largest_fitting_chunk(TINY, RUN, peak(TINY, RUN, 1), shared=True).chunk == 7
     for c in (8, 11, 15):

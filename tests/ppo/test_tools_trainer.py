@@ -108,9 +108,13 @@ def test_observation_tokens_are_in_no_loss_term_by_gradients(models, tmp_path, s
     out.loss.backward()
     for handle in handles:
         handle.remove()
-    start = rollout.context_length - 1  # the hidden state at position start + t predicts response token t
     width = rollout.responses.shape[1]
-    for name, grad in ((n, t.grad[:, start : start + width].abs().sum(-1)) for n, t in captured.items()):
+
+    def response_predictors(hidden):  # the hidden states that predict response tokens 0..width-1: the positions
+        start = hidden.shape[1] - width - 1  # context - 1 of every position; of the last width + 1 (logits_to_keep)
+        return hidden.grad[:, start : start + width]
+
+    for name, grad in ((n, response_predictors(t).abs().sum(-1)) for n, t in captured.items()):
         assert torch.all(grad[obs] == 0), name
         assert torch.all(grad[~rollout.padding_mask].sum() > 0), name  # the actions do get gradients
 

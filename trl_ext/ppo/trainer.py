@@ -431,11 +431,13 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         args = self.args
         context_length = rollout.context_length
         padding_mask = rollout.padding_mask[micro_batch_inds]
+        responses = rollout.responses[micro_batch_inds]
+        # the logits of the positions that predict a response token alone (as TRL's GRPOTrainer asks for them)
         output, vpred_temp = forward(model, rollout.query_responses[micro_batch_inds],
-                                     self.processing_class.pad_token_id)
-        logits = output.logits[:, context_length - 1 : -1]
+                                     self.processing_class.pad_token_id, logits_to_keep=responses.shape[1] + 1)
+        logits = output.logits[:, :-1]
         logits /= args.temperature + 1e-7
-        new_logprobs = selective_log_softmax(logits, rollout.responses[micro_batch_inds])
+        new_logprobs = selective_log_softmax(logits, responses)
         new_logprobs = torch.masked_fill(new_logprobs, padding_mask, INVALID_LOGPROB)
         vf = self.critic.value_loss(vpred_temp, rollout, micro_batch_inds, logits.device)  # zero without a critic
         obj = rollout_objective(self.objective, rollout, micro_batch_inds, new_logprobs, logits, kl_coef,

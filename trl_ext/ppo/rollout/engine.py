@@ -203,7 +203,8 @@ def teacher_forced_logprobs(policy, query_responses: torch.Tensor, context_lengt
     out = []
     for i in range(0, query_responses.shape[0], chunk):
         query_response = query_responses[i : i + chunk]
-        logits = sequence_logits(policy, query_response, pad_token_id).logits[:, context_length - 1 : -1]
+        keep = query_response.shape[1] - context_length + 1  # the positions that predict a response token
+        logits = sequence_logits(policy, query_response, pad_token_id, logits_to_keep=keep).logits[:, :-1]
         logits = logits.float() / (temperature + 1e-7)
         out.append(selective_log_softmax(logits, query_response[:, context_length:]))
         del logits

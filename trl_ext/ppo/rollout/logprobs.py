@@ -24,7 +24,7 @@ from ...trl_internals import selective_log_softmax
 from .sequences import batch_generation
 
 __all__ = ["SampledTokenLogprobs", "SamplingPlan", "sampling_plan", "generate_with_logprobs", "sequence_logits",
-           "generate_with_full_scores"]
+           "response_logprobs", "generate_with_full_scores"]
 
 
 def token_logprobs(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -228,14 +228,41 @@ def generate_with_logprobs(
     return torch.cat(query_responses, 0), torch.cat(logprobs, 0)
 
 
-def sequence_logits(model, query_responses: torch.Tensor, pad_token_id: int):
+def sequence_logits(model, query_responses: torch.Tensor, pad_token_id: int, logits_to_keep: int = 0):
     """TRL's ``forward`` (pad tokens masked to 0, positions counted over non-pad tokens) without asking for the
     hidden states of every layer, which TRL's helper keeps alive next to the logits in no-grad passes (the
-    reference log-probs): same logits, ``(layers + 1) x batch x length x hidden`` fewer values held."""
+    reference log-probs): same logits, ``(layers + 1) x batch x length x hidden`` fewer values held.
+    ``logits_to_keep``: the logits of the last positions only (transformers' argument; 0: every position)."""
     attention_mask = query_responses != pad_token_id
     position_ids = attention_mask.cumsum(1) - attention_mask.long()
     input_ids = torch.masked_fill(query_responses, ~attention_mask, 0)
-    return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, return_dict=True)
+    keep = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}
+    return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, return_dict=True,
+                 **keep)
+
+
+LOGPROB_SLICE_BYTES = 2**28
+"""Largest float32 slice of ``(rows, positions, vocab)`` logits that :func:`response_logprobs` turns into log-probs
+at once (256 MiB): log-softmax's temporaries stay that size whatever the chunk."""
+
+
+def response_logprobs(model, query_responses: torch.Tensor, context_length: int, pad_token_id: int,
+                      temperature: float) -> torch.Tensor:
+    """``(batch, response_length)`` log-probs of the response tokens (``query_responses[:, context_length:]``)
+    under ``log_softmax(logits / (temperature + 1e-7))``, TRL's reference pass, with the logits of the positions
+    that predict a response token alone (``logits_to_keep``, as TRL's GRPOTrainer asks for them) and the
+    log-softmax taken over slices of rows of at most :data:`LOGPROB_SLICE_BYTES`: the same numbers without a
+    ``(batch, prompt + response, vocab)`` tensor."""
+    responses = query_responses[:, context_length:]
+    logits = sequence_logits(model, query_responses, pad_token_id, logits_to_keep=responses.shape[1] + 1).logits
+    logits = logits[:, :-1]
+    rows = max(1, LOGPROB_SLICE_BYTES // max(1, logits[0].numel() * 4))
+    out = []
+    for i in range(0, logits.shape[0], rows):
+        part = logits[i : i + rows]
+        part /= temperature + 1e-7  # in place, as TRL scales its logits
+        out.append(selective_log_softmax(part, responses[i : i + rows]))
+    return torch.cat(out, 0)
 
 
 def generate_with_full_scores(model, queries: torch.Tensor, chunk: int, pad_token_id: int,

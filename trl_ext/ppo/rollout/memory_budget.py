@@ -216,6 +216,9 @@ class PPOShape:
     """Bytes of an unquantized weight (bfloat16: 2)."""
     streaming_logprobs: bool = True
     """trl-ext's rollout log-probs (True) or TRL's stacked scores (False)."""
+    response_logits_only: bool = True
+    """trl-ext's reference and training forwards: logits of the ``response_length + 1`` positions that predict a
+    response token (True), or TRL's of every prompt and response position (False)."""
     upcast_non_quantized: bool = True
     """Quantized bases: peft's float32 upcast of embeddings, LM head and norms (True, today's loaders), which makes
     the residual stream, KV cache and activations float32; False keeps them at ``dtype_bytes``."""
@@ -308,13 +311,14 @@ def ppo_memory_budget(shape: ModelShape, run: PPOShape, *, shared: bool, value_m
                 else 2 * rollout_scores_bytes(run.batch, run.response_length, shape.vocab_size))
     rollout = {"rollout: KV cache (one chunk)": kv, "rollout: log-probs": logprobs}
     L, h = run.seq_len, shape.hidden_size
-    scoring = {"scoring: reference logits (one chunk)": chunk * L * shape.vocab_size * act,
+    positions = run.response_length + 1 if run.response_logits_only else L  # positions whose logits are taken
+    scoring = {"scoring: reference logits (one chunk)": chunk * positions * shape.vocab_size * act,
                "scoring: one layer's activations (one chunk)": layer_activation_bytes(shape, chunk, L, act)}
     m = run.micro_batch
     training = {"training: gradients + AdamW step temporaries": trainable * OPTIMIZER_STEP_BYTES,
                 "training: checkpointed layer inputs (policy + value)": trained * shape.num_layers * m * L * h * act,
                 "training: one layer recomputed, with gradients": trained * layer_activation_bytes(shape, m, L, act),
-                "training: policy logits (one micro-batch)": LOGIT_COPIES * m * L * shape.vocab_size * act}
+                "training: policy logits (one micro-batch)": LOGIT_COPIES * m * positions * shape.vocab_size * act}
     parts.update(rollout)
     parts.update(scoring)
     parts.update(training)

@@ -36,9 +36,12 @@ def padded_model_inputs(query_responses: torch.Tensor, pad_token_id: int) -> dic
     }
 
 
-def forward(model: torch.nn.Module, query_responses: torch.Tensor, pad_token_id: int):
-    """``model``'s output (with hidden states) on padded query+response sequences."""
-    return model(**padded_model_inputs(query_responses, pad_token_id), return_dict=True, output_hidden_states=True)
+def forward(model: torch.nn.Module, query_responses: torch.Tensor, pad_token_id: int, logits_to_keep: int = 0):
+    """``model``'s output (with hidden states) on padded query+response sequences; ``logits_to_keep``: the policy's
+    logits of the last positions only (transformers' argument; 0: every position)."""
+    keep = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}
+    return model(**padded_model_inputs(query_responses, pad_token_id), return_dict=True, output_hidden_states=True,
+                 **keep)
 
 
 def generate(

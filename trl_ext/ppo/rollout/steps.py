@@ -10,10 +10,10 @@ import warnings
 import torch
 
 from ...models.scalar_heads import scalar_model_outputs
-from ...trl_internals import selective_log_softmax, unwrap_model_for_generation
+from ...trl_internals import unwrap_model_for_generation
 from .containers import Rollout
 from .engine import teacher_forced_logprobs
-from .logprobs import generate_with_full_scores, generate_with_logprobs, sampling_plan, sequence_logits
+from .logprobs import generate_with_full_scores, generate_with_logprobs, response_logprobs, sampling_plan
 from .sampling import reshapes_sampling
 from .sequences import INVALID_LOGPROB, first_true_indices, truncate_response
 
@@ -161,13 +161,10 @@ class RolloutStepsMixin:
         pad_token_id = self.processing_class.pad_token_id
         if self.ref_model is None:
             with self.null_ref_context():
-                ref_output = sequence_logits(self.accelerator.unwrap_model(self.model).policy, query_response,
-                                             pad_token_id)
-        else:
-            ref_output = sequence_logits(self.ref_model, query_response, pad_token_id)
-        ref_logits = ref_output.logits[:, context_length - 1 : -1]
-        ref_logits /= self.args.temperature + 1e-7
-        return selective_log_softmax(ref_logits, response)
+                return response_logprobs(self.accelerator.unwrap_model(self.model).policy, query_response,
+                                         context_length, pad_token_id, self.args.temperature)
+        return response_logprobs(self.ref_model, query_response, context_length, pad_token_id,
+                                 self.args.temperature)
 
     def postprocess_responses(self, responses: torch.Tensor) -> torch.Tensor:
         """Truncate each response after the first stop token (pad the rest), if a stop token is set."""
