@@ -21,7 +21,9 @@ each variant in its own process:
   like the auto chunk's; ``docs/rollout-engine.md``);
 * ``graphs``: ``fast`` plus ``rollout_cuda_graphs: true`` (a static KV cache, each decoding step replayed as a CUDA
   graph; ``trl_ext.ppo.rollout.decode_graphs``). Before training it decodes 16 greedy tokens for 4 prompts with and
-  without the graphs and records the share of equal tokens (``greedy_check``).
+  without the graphs and records the share of equal tokens (``greedy_check``);
+* ``VARIANT-before`` (e.g. ``shared-before``): that variant with the trl_ext of ``--before-site DIR`` (a folder
+  holding an earlier ``trl_ext`` package, put first on the child's ``PYTHONPATH``): the same run on earlier code.
 
 Models load through :func:`trl_ext.recipe_loader.pipeline.load_ppo_models`, the code ``trl-ext train`` runs, from the
 variant's recipe; CUDA children set ``PYTORCH_CUDA_ALLOC_CONF`` as ``trl-ext train`` does. Each result records the
@@ -50,6 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -62,6 +65,12 @@ from random_checkpoint import (TEMPERATURE, bias_eos, byte_level_tokenizer, mode
                                prompt_words, word_tokenizer)
 
 VARIANTS = ("trl112", "separate", "shared", "fast", "engine", "graphs")
+BEFORE = "-before"  # a variant's suffix: the same run with the trl_ext of --before-site
+
+
+def base_variant(variant: str) -> str:
+    """``shared-before`` -> ``shared``."""
+    return variant.removesuffix(BEFORE)
 WORKLOADS = ("full", "uneven")
 GIB, MIB = 2**30, 2**20
 SHAPES = {
@@ -128,17 +137,19 @@ def shape_settings(a) -> dict:
 def recipe_keys(a, variant: str) -> dict:
     """The recipe of a variant, as `trl-ext train` would read it."""
     s = shape_settings(a)
+    out_name = variant
+    variant = base_variant(variant)
     root = Path(a.workdir)
     keys = dict(
         trainer="ppo", model_name_or_path=str(root / "policy"), reward_model_path=str(root / "reward"),
-        dataset_name=str(root / "prompts.jsonl"), output_dir=str(root / f"out-{variant}"), overwrite_output_dir=True,
+        dataset_name=str(root / "prompts.jsonl"), output_dir=str(root / f"out-{out_name}"), overwrite_output_dir=True,
         load_in_4bit=True, bnb_4bit_quant_type="nf4", use_bnb_nested_quant=True, use_peft=True,
         lora_r=s["lora_r"], lora_alpha=2 * s["lora_r"], lora_target_modules="all-linear", lora_dropout=0.05,
         value_use_peft=True, value_load_in_4bit=True, value_use_bnb_nested_quant=True, reward_load_in_4bit=True,
         reward_use_bnb_nested_quant=True, value_lora_r=s["lora_r"], value_lora_target_modules="all-linear",
         per_device_train_batch_size=s["micro"], gradient_accumulation_steps=s["accumulation"], num_mini_batches=1,
         num_ppo_epochs=s["epochs"], local_rollout_forward_batch_size=s["chunk"], response_length=s["response"],
-        total_episodes=(s["updates"] + (variant == a.profile)) * s["micro"] * s["accumulation"], learning_rate=3e-6,
+        total_episodes=(s["updates"] + (out_name == a.profile)) * s["micro"] * s["accumulation"], learning_rate=3e-6,
         kl_coef=0.05,
         temperature=TEMPERATURE, stop_token="eos", missing_eos_penalty=1.0, num_sample_generations=0,
         save_strategy="no", logging_steps=1, report_to="none", seed=0, disable_tqdm=True, dtype="bfloat16",
@@ -262,9 +273,10 @@ def variant_child(a):
 
     s = shape_settings(a)
     cuda = not a.smoke
+    variant = base_variant(a.variant)
     recipe, tokenizer, train_ds, (policy, ref_model, reward, value) = load_variant(a, s)
     args = recipe.training_args
-    if a.variant == "trl112":
+    if variant == "trl112":
         from trl.experimental.ppo import PPOTrainer
 
         args = trl112_config(recipe)
@@ -293,7 +305,7 @@ def variant_child(a):
 
     dropout = lora_dropout_loaded(policy)
     print(f"{a.variant}: models loaded", file=sys.stderr, flush=True)
-    greedy = greedy_check(policy, tokenizer, train_ds) if a.variant == "graphs" else None
+    greedy = greedy_check(policy, tokenizer, train_ds) if variant == "graphs" else None
     trim_heap()
     rss_before = rss_mb()
     reset_peak_rss()
@@ -311,7 +323,10 @@ def variant_child(a):
     trainer.train()
     logs = [e for e in trainer.state.log_history if "objective/kl" in e][: s["updates"]]
     timer.seconds = timer.seconds[: s["updates"]]
+    import trl_ext
+
     result = {"variant": a.variant, "shape": a.shape, "workload": a.workload, "trl": __import__("trl").__version__,
+              "trl_ext_code": str(Path(trl_ext.__file__).parent),
               "seconds_per_update": timer.seconds, "first_update": logs[0] if logs else None,
               "settings": settings_in_effect(trainer, policy, dropout),
               "eos_fraction": [e["val/num_eos_tokens"] / args.local_batch_size for e in logs
@@ -325,13 +340,13 @@ def variant_child(a):
         free, total = torch.cuda.mem_get_info()
         reserved = torch.cuda.memory_reserved()
         outside = total - free - reserved
-        result.update(peak_allocated_gib=torch.cuda.max_memory_allocated() / GIB,
+        result.update(device_name=torch.cuda.get_device_name(), peak_allocated_gib=torch.cuda.max_memory_allocated() / GIB,
                       peak_reserved_gib=torch.cuda.max_memory_reserved() / GIB, outside_allocator_gib=outside / GIB,
                       peak_gib=(torch.cuda.max_memory_reserved() + outside) / GIB,
                       alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
     else:
         result.update(rss_before_mib=rss_before, peak_rss_growth_mib=peak_rss_mb() - rss_before)
-    result["predicted"] = predicted_budget(a.variant, recipe, policy, trainer, train_ds)
+    result["predicted"] = predicted_budget(variant, recipe, policy, trainer, train_ds)
     if trainer.__dict__.get("decode_graphs") is not None:
         g = trainer.decode_graphs
         result["cuda_graphs"] = {"greedy_check": greedy, "captures": g.captures, "capture_s": g.capture_s,
@@ -428,6 +443,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--workload", choices=WORKLOADS, default="full",
                    help="full: random weights, responses run to response_length; uneven: an EOS bias spreads them")
     p.add_argument("--trl112-site", default=None, help="site-packages folder holding TRL 1.12 (for the trl112 run)")
+    p.add_argument("--before-site", default=None,
+                   help="folder holding an earlier trl_ext package, for the VARIANT-before variants")
+    p.add_argument("--child-timeout", type=float, default=3600, help="seconds a variant's process may run")
     p.add_argument("--max-memory-gib", type=float, default=None,
                    help="memory target of the fast variant's auto chunk (default: the GPU's free memory; smoke: 2)")
     p.add_argument("--accumulation", type=int, default=None, help="gradient_accumulation_steps (default: the shape's)")
@@ -480,6 +498,8 @@ def child_env(a, variant: str) -> dict | None:
         os.pathsep) if x]
     if variant == "trl112" and a.trl112_site:
         paths.insert(0, a.trl112_site)
+    if variant.endswith(BEFORE):
+        paths.insert(0, a.before_site)
     return {"PYTHONPATH": os.pathsep.join(paths)}
 
 
@@ -509,8 +529,9 @@ def run_shape(a, out: Path, report: dict) -> None:
             t = time.perf_counter()
             try:
                 result = run_child(script, common + ["--child", "variant", "--variant", variant],
-                                   env=child_env(a, variant), timeout=3600, stderr_log=out.with_suffix(".log"))
-            except RuntimeError as err:  # one broken variant does not lose the others
+                                   env=child_env(a, variant), timeout=a.child_timeout,
+                                   stderr_log=out.with_suffix(".log"))
+            except (RuntimeError, subprocess.TimeoutExpired) as err:  # one broken variant does not lose the others
                 result = {"variant": variant, "shape": a.shape, "workload": a.workload,
                           "error": str(err).strip().splitlines()[-1][:300]}
             result["process_s"] = time.perf_counter() - t
@@ -540,8 +561,11 @@ def main(argv=None):
         child_result(build_child(a) if a.child == "build" else variant_child(a))
         return 0
     for variant in [v.strip() for v in a.variants.split(",") if v.strip()]:
-        if variant not in VARIANTS:
-            raise SystemExit(f"--variants: unknown variant {variant!r} (choose from {', '.join(VARIANTS)})")
+        if base_variant(variant) not in VARIANTS or variant == "trl112" + BEFORE:
+            raise SystemExit(f"--variants: unknown variant {variant!r} (choose from {', '.join(VARIANTS)}, each but "
+                             f"trl112 also as VARIANT{BEFORE})")
+        if variant.endswith(BEFORE) and not a.before_site:
+            raise SystemExit(f"--variants: {variant} needs --before-site DIR (a folder holding an earlier trl_ext)")
     out = Path(a.out) if a.out else RESULTS / f"gpu_ppo{a.suffix}_{a.workload}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     report = {"machine": machine_info(), "workload": a.workload, "temperature": TEMPERATURE,

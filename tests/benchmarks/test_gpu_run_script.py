@@ -18,7 +18,7 @@ SCRIPT = BENCH / "gpu_run.sh"
 def test_the_script_parses_and_refuses_an_unknown_mode():
     assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True).returncode == 0
     proc = subprocess.run(["bash", str(SCRIPT), "no-such-mode"], capture_output=True, text=True)
-    assert proc.returncode == 2 and "usage:" in proc.stderr and "wheels|run|graphs" in proc.stderr
+    assert proc.returncode == 2 and "usage:" in proc.stderr and "wheels|run" in proc.stderr
 
 
 def modes() -> dict[str, list[list[str]]]:
@@ -38,18 +38,20 @@ def modes() -> dict[str, list[list[str]]]:
 
 def test_every_gpu_ppo_command_is_one_gpu_ppo_takes():
     commands = modes()
-    assert sorted(commands) == ["graphs", "run", "wheels"]
-    assert commands["wheels"] == [] and len(commands["run"]) == 2 and len(commands["graphs"]) == 2
+    assert sorted(commands) == ["run", "wheels"]
+    assert commands["wheels"] == [] and len(commands["run"]) == 2
     text = SCRIPT.read_text()
     with loaded_script("gpu_ppo") as gpu_ppo:
-        for mode in ("run", "graphs"):
-            for argv in commands[mode]:
-                a = gpu_ppo.parse_args(argv)
-                assert not a.smoke and a.workload == "uneven" and a.shape in gpu_ppo.SHAPES
-                assert set(a.variants.split(",")) <= set(gpu_ppo.VARIANTS), a.variants
-                if a.out:  # graphs: the result where the script then reads the children's log
-                    assert a.out == f"OUT/graphs_{a.shape}.json" and f'"$out/graphs_{a.shape}.log"' in text
-                else:  # run: gpu_ppo's own result path, which the script copies and prints
-                    assert f"benchmarks/results/gpu_ppo{a.suffix}_{a.workload}." in text
-                    assert a.trl112_site == "/tmp/trl112" and "trl112" in a.variants.split(",")
-    assert [gpu_ppo.parse_args(argv).profile for argv in commands["run"]] == ["fast", None]
+        runs = [gpu_ppo.parse_args(argv) for argv in commands["run"]]
+        for a in runs:
+            assert not a.smoke and a.workload == "uneven" and a.shape in gpu_ppo.SHAPES
+            variants = a.variants.split(",")
+            assert {gpu_ppo.base_variant(v) for v in variants} <= set(gpu_ppo.VARIANTS), a.variants
+            assert a.out.startswith("OUT/") and f'"$out"/{a.out.removeprefix("OUT/").removesuffix(".json")}.md' in text
+            if "trl112" in variants:
+                assert a.trl112_site == "/tmp/trl112"
+            if any(v.endswith(gpu_ppo.BEFORE) for v in variants):  # the earlier code that `wheels` unpacks
+                assert a.before_site == ".before" and "tar -x -C .before" in text
+            assert a.child_timeout < int(re.search(rf"timeout (\d+) python3 \S+ --shape {a.shape}", text).group(1))
+    assert [a.profile for a in runs] == ["fast", None]
+    assert runs[0].variants.split(",")[-1] == "graphs"  # last: a capture that hangs costs only itself
