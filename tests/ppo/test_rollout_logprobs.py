@@ -166,3 +166,60 @@ def test_static_cache_decoding_gives_generates_tokens_and_logprobs(setup, do_sam
     assert (graphs.eager_steps, graphs.replays, graphs.captures, graphs.failure) == (3 * 11, 0, 0, None)
     assert graphs.metrics() == {"rollout/cuda_graph_replays": 0.0, "rollout/eager_decode_steps": 33.0}
     assert "get_compiled_call" not in model.__dict__ and "_valid_auto_compile_criteria" not in model.__dict__
+
+
+def reference_logprobs_as_trl(model, query_responses, context_length, pad, temperature):
+    """TRL's reference pass: logits of every position, the response's sliced out, scaled, log-softmaxed."""
+    from trl.trainer.utils import selective_log_softmax
+
+    from trl_ext.ppo.rollout.logprobs import sequence_logits
+
+    logits = sequence_logits(model, query_responses, pad).logits[:, context_length - 1 : -1]
+    return selective_log_softmax(logits / (temperature + 1e-7), query_responses[:, context_length:])
+
+
+@pytest.mark.parametrize("slice_bytes", [None, 1], ids=["one-slice", "row-by-row"])
+def test_reference_logprobs_take_response_positions_in_slices(setup, monkeypatch, slice_bytes):
+    from trl_ext.ppo.rollout import memory_budget
+    from trl_ext.ppo.rollout.logprobs import response_logprobs
+
+    model, tok, queries = setup
+    pad = tok.pad_token_id
+    responses = torch.randint(3, model.config.vocab_size, (queries.shape[0], 6))
+    responses[1, 4:] = pad  # a stopped response
+    query_responses = torch.cat((queries, responses), 1)
+    if slice_bytes:
+        monkeypatch.setattr(memory_budget, "LOGPROB_SLICE_BYTES", slice_bytes)
+    calls = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda m, i, o: calls.append(tuple(o.shape)))
+    with torch.no_grad():
+        got = response_logprobs(model, query_responses, queries.shape[1], pad, 0.7)
+    hook.remove()
+    expected = reference_logprobs_as_trl(model, query_responses, queries.shape[1], pad, 0.7)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    vocab = model.config.vocab_size
+    # the LM head runs on the 6 positions that predict a response token only, all rows at once or one by one
+    assert calls == ([(5, 6, vocab)] if slice_bytes is None else [(1, 6, vocab)] * 5)
+
+
+def test_a_head_the_forward_rescales_gets_its_logits_from_the_forward(setup):
+    """Cohere-like ``logit_scale``: the plain-head path would skip the forward's scaling, so the forward runs."""
+    from trl_ext.ppo.rollout.logprobs import _plain_head_lm, response_logprobs
+
+    model, tok, queries = setup
+    assert _plain_head_lm(model) is model
+    query_responses = torch.cat((queries, torch.randint(3, model.config.vocab_size, (queries.shape[0], 4))), 1)
+    model.config.logit_scale = 0.5
+    try:
+        assert _plain_head_lm(model) is None
+        forward = model.forward
+        seen = []
+        model.forward = lambda *a, **kw: (seen.append(kw.get("logits_to_keep")), forward(*a, **kw))[1]
+        with torch.no_grad():
+            got = response_logprobs(model, query_responses, queries.shape[1], tok.pad_token_id, 1.0)
+        del model.forward
+    finally:
+        del model.config.logit_scale
+    assert seen == [5]  # logits of the 4 + 1 last positions only
+    expected = reference_logprobs_as_trl(model, query_responses, queries.shape[1], tok.pad_token_id, 1.0)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)

@@ -109,6 +109,8 @@ def test_observation_tokens_are_in_no_loss_term_by_gradients(models, tmp_path, s
     for handle in handles:
         handle.remove()
     width = rollout.responses.shape[1]
+    # the policy's LM head ran on the positions that predict a response token alone (logits_to_keep)
+    assert captured["policy"].shape[1] == width + 1 < rollout.query_responses.shape[1]
 
     def response_predictors(hidden):  # the hidden states that predict response tokens 0..width-1: the positions
         start = hidden.shape[1] - width - 1  # context - 1 of every position; of the last width + 1 (logits_to_keep)

@@ -21,6 +21,7 @@ from transformers.generation.logits_process import (
 
 from ...runtime.devices import empty_cache
 from ...trl_internals import selective_log_softmax
+from .memory_budget import logprob_slice_rows
 from .sequences import batch_generation
 
 __all__ = ["SampledTokenLogprobs", "SamplingPlan", "sampling_plan", "generate_with_logprobs", "sequence_logits",
@@ -241,27 +242,49 @@ def sequence_logits(model, query_responses: torch.Tensor, pad_token_id: int, log
                  **keep)
 
 
-LOGPROB_SLICE_BYTES = 2**28
-"""Largest float32 slice of ``(rows, positions, vocab)`` logits that :func:`response_logprobs` turns into log-probs
-at once (256 MiB): log-softmax's temporaries stay that size whatever the chunk."""
+LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+"""Config keys of causal LMs whose forward changes the LM head's output (Gemma 2/3, Cohere, Granite): their
+logits come from the model's own forward."""
+
+
+def _plain_head_lm(model):
+    """The causal LM under ``model`` (a peft model's base, LoRA layers in it) when its logits are its output
+    embedding's output alone, else None."""
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
+    if not isinstance(head, torch.nn.Linear) or not hasattr(lm, lm.base_model_prefix):
+        return None
+    if any(getattr(lm.config, key, None) not in (None, 1, 1.0) for key in LOGIT_POSTPROCESSING):
+        return None
+    return lm
 
 
 def response_logprobs(model, query_responses: torch.Tensor, context_length: int, pad_token_id: int,
                       temperature: float) -> torch.Tensor:
     """``(batch, response_length)`` log-probs of the response tokens (``query_responses[:, context_length:]``)
-    under ``log_softmax(logits / (temperature + 1e-7))``, TRL's reference pass, with the logits of the positions
-    that predict a response token alone (``logits_to_keep``, as TRL's GRPOTrainer asks for them) and the
-    log-softmax taken over slices of rows of at most :data:`LOGPROB_SLICE_BYTES`: the same numbers without a
-    ``(batch, prompt + response, vocab)`` tensor."""
+    under ``log_softmax(logits / (temperature + 1e-7))``: TRL's reference pass without its ``(batch, prompt +
+    response, vocab)`` logits. Only the positions that predict a response token get logits (as TRL's GRPOTrainer
+    asks for them with ``logits_to_keep``), and those a slice of rows at a time (:func:`logprob_slice_rows`): the
+    decoder runs once over the whole batch, the LM head on each slice of its last hidden states. A model whose
+    forward changes the head's output (:data:`LOGIT_POSTPROCESSING`) gives its logits through its forward with
+    ``logits_to_keep``, sliced for the log-softmax only."""
     responses = query_responses[:, context_length:]
-    logits = sequence_logits(model, query_responses, pad_token_id, logits_to_keep=responses.shape[1] + 1).logits
-    logits = logits[:, :-1]
-    rows = max(1, LOGPROB_SLICE_BYTES // max(1, logits[0].numel() * 4))
+    keep = responses.shape[1] + 1
+    lm = _plain_head_lm(model)
+    if lm is None:
+        logits = sequence_logits(model, query_responses, pad_token_id, logits_to_keep=keep).logits[:, :-1]
+        head = hidden = None
+    else:
+        decoder = getattr(lm, lm.base_model_prefix)
+        hidden = sequence_logits(decoder, query_responses, pad_token_id).last_hidden_state[:, -keep:-1]
+        head, logits = lm.get_output_embeddings(), None
+    rows = logprob_slice_rows(responses.shape[1], head.out_features if head is not None else logits.shape[-1])
     out = []
-    for i in range(0, logits.shape[0], rows):
-        part = logits[i : i + rows]
+    for i in range(0, query_responses.shape[0], rows):
+        part = head(hidden[i : i + rows]) if head is not None else logits[i : i + rows]
         part /= temperature + 1e-7  # in place, as TRL scales its logits
         out.append(selective_log_softmax(part, responses[i : i + rows]))
+        del part
     return torch.cat(out, 0)
 
 

@@ -11,6 +11,7 @@ __all__ = [
     "LINEAR_MODULES",
     "LLAMA_3_8B",
     "LOGIT_COPIES",
+    "LOGPROB_SLICE_BYTES",
     "OPTIMIZER_STEP_BYTES",
     "QWEN2_5_0_5B",
     "QWEN2_5_7B",
@@ -23,6 +24,7 @@ __all__ = [
     "held_weight_bytes",
     "kv_cache_bytes",
     "layer_activation_bytes",
+    "logprob_slice_rows",
     "lora_parameters",
     "ppo_memory_budget",
     "rollout_scores_bytes",
@@ -42,6 +44,9 @@ one softmax-sized temporary (log-softmax or the entropy statistic)."""
 OPTIMIZER_STEP_BYTES = 12
 """Bytes per trainable parameter alive only around an optimizer step: its float32 gradient and the temporaries of
 torch's multi-tensor (``foreach``) AdamW (measured here: 12-16 bytes in all with the gradient)."""
+LOGPROB_SLICE_BYTES = 2**28
+"""Largest float32 ``(rows, positions, vocab)`` slice of reference logits held at once (256 MiB), whatever the chunk
+(:func:`trl_ext.ppo.rollout.logprobs.response_logprobs`)."""
 DEVICE_OVERHEAD_BYTES = 1 * GIB
 """CUDA context and caching-allocator slack, assumed (not measured here: no GPU)."""
 NF4_BLOCK = 64
@@ -190,6 +195,11 @@ def rollout_scores_bytes(batch: int, response_length: int, vocab_size: int) -> i
     return batch * response_length * vocab_size * 4
 
 
+def logprob_slice_rows(positions: int, vocab_size: int) -> int:
+    """Rows of ``positions x vocab_size`` float32 logits in one slice of :data:`LOGPROB_SLICE_BYTES`."""
+    return max(1, LOGPROB_SLICE_BYTES // max(1, positions * vocab_size * 4))
+
+
 def streaming_logprob_bytes(chunk: int, vocab_size: int) -> int:
     """trl-ext's rollout log-probs: one generation step's ``(chunk, vocab)`` float32 buffers
     (:data:`STREAMING_STEP_COPIES` of them), whatever the response length."""
@@ -217,8 +227,8 @@ class PPOShape:
     streaming_logprobs: bool = True
     """trl-ext's rollout log-probs (True) or TRL's stacked scores (False)."""
     response_logits_only: bool = True
-    """trl-ext's reference and training forwards: logits of the ``response_length + 1`` positions that predict a
-    response token (True), or TRL's of every prompt and response position (False)."""
+    """trl-ext's reference and training forwards: logits of the positions that predict a response token, the
+    reference's a slice of rows at a time (True); or TRL's, of every prompt and response position (False)."""
     upcast_non_quantized: bool = True
     """Quantized bases: peft's float32 upcast of embeddings, LM head and norms (True, today's loaders), which makes
     the residual stream, KV cache and activations float32; False keeps them at ``dtype_bytes``."""
@@ -312,7 +322,9 @@ def ppo_memory_budget(shape: ModelShape, run: PPOShape, *, shared: bool, value_m
     rollout = {"rollout: KV cache (one chunk)": kv, "rollout: log-probs": logprobs}
     L, h = run.seq_len, shape.hidden_size
     positions = run.response_length + 1 if run.response_logits_only else L  # positions whose logits are taken
-    scoring = {"scoring: reference logits (one chunk)": chunk * positions * shape.vocab_size * act,
+    reference_rows = (min(chunk, logprob_slice_rows(run.response_length, shape.vocab_size))
+                      if run.response_logits_only else chunk)
+    scoring = {"scoring: reference logits (one slice)": reference_rows * positions * shape.vocab_size * act,
                "scoring: one layer's activations (one chunk)": layer_activation_bytes(shape, chunk, L, act)}
     m = run.micro_batch
     training = {"training: gradients + AdamW step temporaries": trainable * OPTIMIZER_STEP_BYTES,
