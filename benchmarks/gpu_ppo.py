@@ -360,19 +360,23 @@ def variant_child(a):
 
 
 def predicted_budget(variant, recipe, policy, trainer, train_ds) -> dict:
-    """What memory_budget predicts for the variant's run (the loaded policy's shape, the chunk that ran)."""
-    from trl_ext.ppo.rollout.memory_budget import DEVICE_OVERHEAD_BYTES, ppo_memory_budget
+    """What memory_budget predicts for the variant's run (the loaded policy's shape; the chunk and the training
+    micro-batch that ran; TRL 1.12's stacked scores and logits of every position for ``trl112``)."""
+    from trl_ext.ppo.rollout.memory_budget import DEVICE_OVERHEAD_BYTES, PPOShape, ppo_memory_budget
     from trl_ext.ppo.rollout.chunk import run_shape_from_models
 
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     peft_policy = getattr(unwrapped, "policy", policy)
     shape, run = run_shape_from_models(peft_policy, trainer.args, max(len(x) for x in train_ds["input_ids"]))
-    run = replace(run, rollout_chunk=int(trainer.args.local_rollout_forward_batch_size),
+    micro = getattr(trainer, "train_micro_batch", None) or trainer.args.per_device_train_batch_size
+    run = replace(run, rollout_chunk=int(trainer.args.local_rollout_forward_batch_size), micro_batch=int(micro),
                   streaming_logprobs=variant != "trl112")
+    if variant == "trl112" and "response_logits_only" in PPOShape.__dataclass_fields__:
+        run = replace(run, response_logits_only=False)
     budget = ppo_memory_budget(shape, run, shared=bool(recipe.pipeline.shared_base))
     return {"peak_gib": budget.peak / GIB, "persistent_gib": budget.persistent / GIB,
             "peak_without_device_overhead_mib": (budget.peak - DEVICE_OVERHEAD_BYTES) / MIB,
-            "phases_gib": {k: v / GIB for k, v in budget.phases.items()}}
+            "phases_gib": {k: v / GIB for k, v in budget.phases.items()}, "micro_batch": int(micro)}
 
 
 # ------------------------------------------------------------------------------------------------ parent

@@ -25,7 +25,8 @@
     adapters is also counted directly.
 
 (c) `budget`: the memory budget of `trl_ext.ppo.rollout.memory_budget` for Llama-3-8B and Qwen2.5-7B at the Qwen2.5-0.5B
-    recipe's batch and lengths, today's design vs the shared base, and its formulas checked against (a) and (b).
+    recipe's batch and lengths, TRL's design (separate models, its rollout, logits of every position) vs the shared
+    base, and its formulas checked against (a) and (b).
 
 Children run with `MALLOC_MMAP_THRESHOLD_=131072` (a fixed glibc threshold: freed large buffers go back to the OS,
 so RSS follows live memory; see benchmarks/README.md, section 3).
@@ -433,9 +434,9 @@ def run_budget(a, results):
         budgets = []
         for model in (LLAMA_3_8B, QWEN2_5_7B):
             for shared, streaming in ((False, False), (True, True)):
-                budget = ppo_memory_budget(model, replace(PPOShape(**settings), streaming_logprobs=streaming),
-                                           shared=shared)
-                budget.design = ("today: separate models, TRL rollout" if not shared
+                run = replace(PPOShape(**settings), streaming_logprobs=streaming, response_logits_only=streaming)
+                budget = ppo_memory_budget(model, run, shared=shared)
+                budget.design = ("TRL's design: separate models, TRL rollout" if not shared
                                  else "shared base, streamed log-probs")
                 budgets.append(budget)
         tables[name] = budget_table(budgets)

@@ -18,6 +18,7 @@ large buffers go back to the OS, so RSS follows live memory). Beside each growth
 
     python benchmarks/response_logits.py --trl112-site /tmp/trl112     # about a minute on 2 CPU cores
     python benchmarks/response_logits.py --quick                        # small vocabulary and lengths (the test)
+    python benchmarks/response_logits.py --ways trl_ext --phases scoring --batch 64   # the recipes' chunk
 
 Prints a table and writes benchmarks/results/response_logits.json.
 """
@@ -139,6 +140,8 @@ def parse_args(argv=None):
     p.add_argument("--micro-batch", type=int, default=2, help="sequences in the training micro-batch")
     p.add_argument("--quick", action="store_true", help="vocabulary 4096, 64-token prompts, 8-token responses")
     p.add_argument("--trl112-site", default=None, help="site-packages folder holding TRL 1.12 (the trl112 way)")
+    p.add_argument("--ways", default=",".join(WAYS), help=f"comma-separated subset of {','.join(WAYS)}")
+    p.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
     p.add_argument("--out", default=None)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--way", choices=WAYS, help=argparse.SUPPRESS)
@@ -168,8 +171,8 @@ def main(argv=None) -> int:
     import os
 
     results = []
-    for phase in PHASES:
-        for way in WAYS:
+    for phase in [x for x in PHASES if x in a.phases.split(",")]:
+        for way in [x for x in WAYS if x in a.ways.split(",")]:
             env = dict(CHILD_ENV)
             if way == "trl112":
                 if a.trl112_site:
@@ -179,9 +182,9 @@ def main(argv=None) -> int:
             results.append(run_child(Path(__file__), ["--child", "--way", way, "--phase", phase, *sizes], env=env))
     rows = []
     for r in results:
-        base = next(x for x in results if x["phase"] == r["phase"] and x["way"] == "trl_ext")
+        base = next((x for x in results if x["phase"] == r["phase"] and x["way"] == "trl_ext"), None)
         rows.append([r["phase"], f"{r['way']} (TRL {r['trl']})", f"{r['growth_mib']:.0f}", f"{r['logits_mib']:.0f}",
-                     f"{r['growth_mib'] / base['growth_mib']:.1f}" if base["growth_mib"] > 0 else "-",
+                     f"{r['growth_mib'] / base['growth_mib']:.1f}" if base and base["growth_mib"] > 0 else "-",
                      f"{r['checksum']:.4f}"])
     print_table(["phase", "way", "peak RSS growth MiB", "logits by the budget's rule MiB", "x trl_ext's growth",
                  "log-prob checksum"], rows)

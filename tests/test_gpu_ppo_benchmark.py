@@ -173,6 +173,6 @@ def test_budget_only_prints_the_8b_table(gpu_ppo, capsys, monkeypatch):
         transformers.logging.set_verbosity(verbosity)
     assert stop.value.code == 0
     out = capsys.readouterr().out
-    assert "| **peak** = all run + largest phase + overhead | **26.3** (training) | **20.7** (training) | " \
-           "**15.7** (training) | **12.0** (training) |" in out
-    assert "| `auto` chunk at 24 GiB | none fits | 32 | 32 | 64 |" in out
+    assert "| **peak** = all run + largest phase + overhead | **24.8** (training) | **20.0** (training) | " \
+           "**14.2** (training) | **11.3** (training) |" in out
+    assert "| `auto` chunk at 24 GiB | none fits | 64 | 64 | 64 |" in out

@@ -36,9 +36,9 @@ def test_budget_tables_for_both_models_and_designs(tmp_path):
     tables = budget["tables"]
     assert list(tables) == ["recipe settings", "fitting settings", "fitting settings, 512 new tokens"]
     for table in tables.values():
-        assert row(table, "part") == ["Llama-3-8B, today: separate models, TRL rollout",
+        assert row(table, "part") == ["Llama-3-8B, TRL's design: separate models, TRL rollout",
                                       "Llama-3-8B, shared base, streamed log-probs",
-                                      "Qwen2.5-7B, today: separate models, TRL rollout",
+                                      "Qwen2.5-7B, TRL's design: separate models, TRL rollout",
                                       "Qwen2.5-7B, shared base, streamed log-probs"]
         weights = [float(x) for x in row(table, "base weights")]
         logprobs = [float(x) for x in row(table, "rollout: log-probs")]

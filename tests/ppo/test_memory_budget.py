@@ -177,7 +177,7 @@ def test_run_without_a_critic_by_hand():
     assert critic_free.parts["training: policy logits (one micro-batch)"] \
         == with_critic.parts["training: policy logits (one micro-batch)"] == 3 * 2 * (4 + 1) * 100 * 4
     # rollout and scoring do not depend on the critic
-    for part in ("rollout: KV cache (one chunk)", "scoring: reference logits (one slice)"):
+    for part in ("rollout: KV cache (one chunk)", "scoring: reference logits held at once"):
         assert critic_free.parts[part] == with_critic.parts[part]
     assert critic_free.design == "separate models, no critic"
     shared_free = ppo_memory_budget(TINY, run, shared=True, value_model=False)

@@ -324,7 +324,7 @@ def ppo_memory_budget(shape: ModelShape, run: PPOShape, *, shared: bool, value_m
     positions = run.response_length + 1 if run.response_logits_only else L  # positions whose logits are taken
     reference_rows = (min(chunk, logprob_slice_rows(run.response_length, shape.vocab_size))
                       if run.response_logits_only else chunk)
-    scoring = {"scoring: reference logits (one slice)": reference_rows * positions * shape.vocab_size * act,
+    scoring = {"scoring: reference logits held at once": reference_rows * positions * shape.vocab_size * act,
                "scoring: one layer's activations (one chunk)": layer_activation_bytes(shape, chunk, L, act)}
     m = run.micro_batch
     training = {"training: gradients + AdamW step temporaries": trainable * OPTIMIZER_STEP_BYTES,
