@@ -297,6 +297,26 @@ def test_critic_free_estimators_get_each_episodes_sum_on_its_score(models, tmp_p
     assert torch.all(rollout.advantages[0][actions[0]] == advantages[0])
 
 
+def test_reinforce_pp_puts_the_episodes_reward_on_its_last_action_token(models, tmp_path):
+    """REINFORCE++ (KL in the loss): the final score plus the turn rewards (2.5 and 1.5) on the last token of the last
+    turn, not at the count of the action tokens (an observation token there, masked out: the reward was lost); the
+    returns-to-go, 2.5 and 1.5 on every action token, whitened over both episodes' tokens."""
+    ppo = trainer(models, tmp_path, HotCold, advantage_estimator="reinforce_pp", kl_in="loss")
+    rollout, _ = first_rollout(ppo)
+    actions = ~rollout.padding_mask
+    for i, episode in enumerate(rollout.episodes.episodes):
+        last = max(t for t, action in enumerate(episode.action) if action)
+        assert last > int(actions[i].sum()) - 1  # observations before it
+        expected = torch.zeros(rollout.responses.shape[1])
+        expected[last] = [2.5, 1.5][i]
+        assert torch.equal(rollout.rewards[i], expected)
+    n = int(actions.sum())
+    spread = 0.5 / np.sqrt(0.25 * n / (n - 1) + 1e-8)  # returns 2.5 and 1.5 on equally many tokens: mean 2
+    assert int(actions[0].sum()) == int(actions[1].sum())
+    torch.testing.assert_close(rollout.advantages, actions * spread * torch.tensor([[1.0], [-1.0]]), rtol=0,
+                               atol=1e-5)
+
+
 def numbers(history):
     """Each update's logged numbers but timings and the turn-reward metric, the environment's reward under one name
     (``rewards/<Class>/*``: the classes differ)."""

@@ -46,6 +46,13 @@ def token_rewards(kl: torch.Tensor, kl_coef: float, scores: torch.Tensor, score_
     return rewards if turn_rewards is None else rewards + turn_rewards
 
 
+def last_counted(mask: torch.Tensor) -> torch.Tensor:
+    """``(batch,)``: the position of each row's last True in ``mask`` (its last counted token: with tools the last
+    token of the last turn, not the count of the episode's action tokens), 0 for a row without one."""
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    return (positions * mask).max(1).values
+
+
 def lambda_returns(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
     """The value targets ``R_t = A_t(lam) + V_t``: the TD(lambda) return (Sutton & Barto 2018, eq. 12.3; GAE paper
     eq. 18). ``lam`` 1 gives the Monte-Carlo return ``sum_{s >= t} gamma^(s-t) r_s``, which no value enters

@@ -26,6 +26,7 @@ from .advantages import (
     reinforce_pp_advantages,
     rloo_advantages,
     sequence_advantages_to_tokens,
+    last_counted,
     token_rewards,
 )
 from .losses import ValueLoss, value_loss
@@ -234,13 +235,14 @@ class CriticFree:
 
     def rewards(self, rollout, kl_coef: float) -> torch.Tensor:
         """The estimators' per-token reward: ``-kl_coef * KL_t`` on the counted tokens (no KL with
-        ``kl_in="loss"``), and on the last one the score plus the episode's per-turn rewards (the estimators score
+        ``kl_in="loss"``), and on the last one (:func:`last_counted`: with tools the last token of the last turn) the
+        score plus the episode's per-turn rewards (the estimators score
         sequences); REINFORCE++-baseline subtracts its group's mean from that first."""
         mask = ~rollout.padding_mask
         scores = rollout.scores if rollout.turn_rewards is None else rollout.scores + rollout.turn_rewards.sum(1)
         if self.estimator == "reinforce_pp_baseline":
             scores = group_mean_baseline(scores, self.group_size)
-        last = (mask.sum(1) - 1).clamp(min=0)
+        last = last_counted(mask)
         return token_rewards(rollout.kl, kl_coef if self.kl_in_reward else 0.0, scores, last, mask=mask)
 
     def advantages(self, rollout) -> None:
