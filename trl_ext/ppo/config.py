@@ -7,7 +7,6 @@ from ..config_rules import check_fields, help_from_docstring
 from ..rewards.config import RewardFunctionArgs
 from ..runtime.engines import EngineOnCPUArgsMixin
 from ..runtime.nonfinite import NonFinitePolicyArgs
-from .objective.advantages import AdvantageEstimator
 from .base import ParentPPOConfig
 from .config_rules import check_combinations, check_evaluation, check_launch
 from .episodes.config import ToolArgs
@@ -15,6 +14,7 @@ from .evaluation import EvaluationArgs
 from .grpo_compat.model_ids import ModelInitArgs
 from .grpo_compat.prompt_dataset import PromptArgs
 from .micro_batches import micro_batch_value
+from .objective.estimators import AdvantageEstimator, get_estimator
 from .objective.kl_controllers import KLControllerName
 from .objective.losses import ValueClip
 from .objective.objectives import KLEstimator, LossAggregation, PolicyLossName, RatioLevel
@@ -122,8 +122,8 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
 
     @property
     def critic_free(self) -> bool:
-        """True when the advantage estimator needs no value model (every one but `gae`)."""
-        return self.advantage_estimator != "gae"
+        """True when the advantage estimator needs no value model (every registered one but `gae`)."""
+        return not get_estimator(self.advantage_estimator).value_model
 
     @property
     def has_value_model(self) -> bool:
