@@ -64,7 +64,7 @@ def critic_rollout(rewards, values, width_mask=None):
 def critic(**settings):
     keys = dict(advantage_estimator="gae", gamma=1.0, lam=0.5, critic_lam=None, length_adaptive_lam_alpha=None,
                 whiten_rewards=False, cliprange_value=0.2, value_clip="max", grpo_scale_by_std=True,
-                num_samples_per_prompt=1)
+                turn_credit="episode", num_samples_per_prompt=1)
     return ValueCritic(SimpleNamespace(**{**keys, **settings}))
 
 

@@ -14,7 +14,7 @@ from .evaluation import EvaluationArgs
 from .grpo_compat.model_ids import ModelInitArgs
 from .grpo_compat.prompt_dataset import PromptArgs
 from .micro_batches import micro_batch_value
-from .objective.estimators import AdvantageEstimator, get_estimator
+from .objective.estimators import AdvantageEstimator, TurnCredit, get_estimator
 from .objective.kl_controllers import KLControllerName
 from .objective.losses import ValueClip
 from .objective.objectives import KLEstimator, LossAggregation, PolicyLossName, RatioLevel
@@ -52,6 +52,7 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
     - ``num_samples_per_prompt``: samples of each prompt per update; must divide the per-process batch.
     - ``kl_in``: where the KL to the reference goes: reward (PPO) or loss (GRPO's default).
     - ``grpo_scale_by_std``: grpo only: divide by the group's std.
+    - ``turn_credit``: critic-free, with tools: each turn's return-to-go against the group's same turn (turn).
     - ``critic_warmup``: updates at the start in which only the value model trains.
     - ``critic_learning_rate``: the value model's learning rate (default: learning_rate).
     - ``critic_lam``: GAE lambda of the value model's targets (VAPO's decoupled GAE; default: lam).
@@ -92,6 +93,7 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
     num_samples_per_prompt: int = 1
     kl_in: Optional[KLIn] = None
     grpo_scale_by_std: bool = True
+    turn_credit: TurnCredit = "episode"
     critic_warmup: int = 0
     critic_learning_rate: Optional[float] = None
     critic_lam: Optional[float] = None

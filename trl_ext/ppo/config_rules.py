@@ -8,11 +8,12 @@ import warnings
 from ..errors import UserInputError
 from ..runtime.engines import DEEPSPEED, FSDP, launched_engine, launched_gradient_clipping, launched_zero3
 from .evaluation import evaluation_on
-from .objective.estimators import get_estimator, group_estimators
+from .objective.estimators import ESTIMATORS, get_estimator, group_estimators
 from .rollout.chunk import AUTO
 from .rollout.sampling import generation_kwargs_problem
 
-__all__ = ["check_eval_inputs", "check_evaluation", "check_launch", "check_combinations", "check_trainer_inputs"]
+__all__ = ["check_eval_inputs", "check_evaluation", "check_launch", "check_combinations", "check_trainer_inputs",
+           "check_turn_credit"]
 
 
 def check_launch(args) -> None:
@@ -132,6 +133,10 @@ def check_advantage_estimator(args) -> None:
         args.kl_in = estimator.kl_in
     if estimator.value_model and args.kl_in != "reward":
         raise UserInputError(f"kl_in: 'loss' needs a critic-free advantage_estimator; {name} takes 'reward'")
+    if args.turn_credit == "turn" and not estimator.turn_credit:
+        with_turns = ", ".join(n for n, e in ESTIMATORS.items() if e.turn_credit)
+        raise UserInputError(f"turn_credit: 'turn' is a form of {with_turns}; advantage_estimator {name!r} has none "
+                             "(gae credits each token through its value model): set turn_credit to 'episode'")
     if not estimator.value_model and args.whiten_rewards:
         raise UserInputError(
             f"whiten_rewards: applies to advantage_estimator 'gae' only, not {name!r}; set it to false"
@@ -196,11 +201,21 @@ def check_eval_inputs(args, has_eval_data: bool, multi_turn: bool) -> None:
                              "supported; set eval_strategy 'no'")
 
 
+def check_turn_credit(args, multi_turn: bool) -> None:
+    """``turn_credit: turn`` needs episodes of turns (``tools`` or ``environment_factory``). Called by the trainer and
+    by the recipe loader before any model loads."""
+    if args.turn_credit == "turn" and not multi_turn:
+        raise UserInputError("turn_credit: 'turn' needs episodes of turns (tools or environment_factory) and this run "
+                             "has none (each response is one turn); set turn_credit to 'episode'")
+
+
 def check_trainer_inputs(args, ptx_dataset, kl_controller, eval_dataset=None, multi_turn: bool = False):
     """What :class:`trl_ext.PPOTrainer`'s own arguments add to the settings: ptx data for a ptx coefficient, a
     controller object that is one, evaluation prompts for ``eval_strategy`` (:func:`check_eval_inputs`; ``multi_turn``:
-    the run has tools). Returns the ptx dataset to use (None when ``ptx_coef`` is 0, with a warning)."""
+    the run has tools), turns for ``turn_credit: turn`` (:func:`check_turn_credit`). Returns the ptx dataset to use
+    (None when ``ptx_coef`` is 0, with a warning)."""
     check_eval_inputs(args, eval_dataset is not None and len(eval_dataset) > 0, multi_turn)
+    check_turn_credit(args, multi_turn)
     if args.ptx_coef > 0 and ptx_dataset is None:
         raise UserInputError(
             f"ptx_coef: is {args.ptx_coef} but no ptx_dataset was given; pass ptx_dataset= or set ptx_coef=0"

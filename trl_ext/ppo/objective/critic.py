@@ -22,6 +22,7 @@ from .critic_health import critic_health
 from .estimators import EstimatorBatch, EstimatorSettings, get_estimator
 from .losses import ValueLoss, value_loss
 from .masked_stats import masked_mean, masked_whiten
+from .turn_credit import centred_turn_rewards, turn_index
 
 __all__ = ["Critic", "CriticFree", "NoValueModel", "ValueCritic", "build_critic", "check_value_model",
            "critic_free_metrics", "group_prompts", "repeat_prompts"]
@@ -207,7 +208,7 @@ class CriticFree:
 
     Args:
         args: the trainer's config (``advantage_estimator``, ``num_samples_per_prompt``, ``kl_in``,
-            ``grpo_scale_by_std``).
+            ``grpo_scale_by_std``, ``turn_credit``, ``gamma``).
         accelerator: REINFORCE++ whitens over every process's tokens; metrics are means over processes.
     """
 
@@ -216,6 +217,7 @@ class CriticFree:
     def __init__(self, args, accelerator):
         self.estimator, self.settings = get_estimator(args.advantage_estimator), EstimatorSettings.from_args(args)
         self.group_size, self.kl_in_reward = args.num_samples_per_prompt, args.kl_in == "reward"
+        self.per_turn = self.settings.turn_credit == "turn"
         self.accelerator = accelerator
 
     @staticmethod
@@ -225,21 +227,32 @@ class CriticFree:
 
     def rewards(self, rollout, kl_coef: float) -> torch.Tensor:
         """The estimators' per-token reward: ``-kl_coef * KL_t`` on the counted tokens (no KL with
-        ``kl_in="loss"``), and on the last one (:func:`last_counted`: with tools the last token of the last turn) the
-        score plus the episode's per-turn rewards (the estimators score sequences), minus its group's mean first
-        for REINFORCE++-baseline."""
+        ``kl_in="loss"``), and the environment's rewards. ``turn_credit: episode``: on the last counted token
+        (:func:`last_counted`: with tools the last token of the last turn) the score plus the episode's per-turn
+        rewards (the estimators score sequences), minus its group's mean first for REINFORCE++-baseline.
+        ``turn``: the score there and each per-turn reward on its turn's last token; REINFORCE++-baseline's
+        centred per turn (:func:`~.turn_credit.centred_turn_rewards`)."""
         mask = ~rollout.padding_mask
-        scores = rollout.scores if rollout.turn_rewards is None else rollout.scores + rollout.turn_rewards.sum(1)
-        if self.estimator.centres_rewards:
-            scores = group_mean_baseline(scores, self.group_size)
         last = last_counted(mask)
-        return token_rewards(rollout.kl, kl_coef if self.kl_in_reward else 0.0, scores, last, mask=mask)
+        kl_coef = kl_coef if self.kl_in_reward else 0.0
+        if not self.per_turn:
+            scores = rollout.scores if rollout.turn_rewards is None else rollout.scores + rollout.turn_rewards.sum(1)
+            if self.estimator.centres_rewards:
+                scores = group_mean_baseline(scores, self.group_size)
+            return token_rewards(rollout.kl, kl_coef, scores, last, mask=mask)
+        if not self.estimator.centres_rewards:
+            return token_rewards(rollout.kl, kl_coef, rollout.scores, last, rollout.turn_rewards, mask=mask)
+        environment = token_rewards(torch.zeros_like(rollout.kl), 0.0, rollout.scores, last, rollout.turn_rewards)
+        centred = centred_turn_rewards(environment, turn_index(mask), self.settings.gamma, self.group_size)
+        return token_rewards(rollout.kl, kl_coef, torch.zeros_like(rollout.scores), last, centred, mask=mask)
 
     def advantages(self, rollout) -> None:
         """`rollout.advantages` `(batch, T)` (0 on padding) from `rollout.rewards` by the estimator
-        (:mod:`.estimators`); `rollout.returns` is the advantages (no value target); one advantage per sequence
-        (`rloo`/`grpo`) goes to `estimator_stats`."""
-        batch = EstimatorBatch(rollout.rewards, ~rollout.padding_mask, reduce_sum=_sum_over_processes(self.accelerator))
+        (:mod:`.estimators`; ``turn_credit: turn``: per turn); `rollout.returns` is the advantages (no value
+        target); one advantage per sequence (`rloo`/`grpo` per episode) goes to `estimator_stats`."""
+        mask = ~rollout.padding_mask
+        batch = EstimatorBatch(rollout.rewards, mask, turns=turn_index(mask) if self.per_turn else None,
+                               reduce_sum=_sum_over_processes(self.accelerator))
         estimate = self.estimator.fn(batch, self.settings)
         if estimate.sequence_advantages is not None:
             rollout.estimator_stats["sequence_advantages"] = estimate.sequence_advantages
@@ -262,7 +275,8 @@ def critic_free_metrics(metrics: dict, rollout, stats, k: int, gather) -> None:
     * `objective/group_scores_std`: mean over groups of the std of the scores within a group (k > 1);
     * `objective/frac_groups_equal_scores`: fraction of groups whose scores are all equal (their group advantage is
       0: a wasted rollout; k > 1);
-    * `objective/advantages_abs`: mean |advantage| over the response tokens (`rloo`/`grpo`: per sequence);
+    * `objective/advantages_abs`: mean |advantage| over the response tokens (`rloo`/`grpo` per episode: per
+      sequence);
     * `loss/kl_avg`: the k3 KL loss term before `kl_coef` (`kl_in="loss"`);
     * `policy/ratio_avg`, `policy/ratio_var`, `objective/num_eos_tokens`: TRL's `val/ratio`, `val/ratio_var`,
       `val/num_eos_tokens` renamed, so that a critic-free run logs no `val/*` key.

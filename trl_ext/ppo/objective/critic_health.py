@@ -7,20 +7,14 @@ turns but not the last shows it.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from .turn_credit import turn_index
 
 __all__ = ["critic_health", "explained_variance", "turn_index"]
 
 #: Returns that vary less than this have nothing to explain: a turn after the last reward, whose returns are the KL
 #: penalties still to come (sd about 1e-5), would otherwise log an explained variance of -1e8.
 MIN_RETURN_SD = 1e-4
-
-
-def turn_index(steps: torch.Tensor) -> torch.Tensor:
-    """``(batch, T)``: 1, 2, ... on the tokens of each row's first, second, ... run of ``steps`` (a turn of the
-    policy's tokens), 0 elsewhere."""
-    starts = steps & ~F.pad(steps, (1, 0), value=False)[:, :-1]
-    return torch.cumsum(starts.long(), 1) * steps
 
 
 def _moments(returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
