@@ -267,3 +267,28 @@ def test_turn_credit_without_turns_is_refused_before_the_models_load(models, tmp
     assert main(["check", str(recipe)]) == 2
     assert re.fullmatch(f"trl-ext: error: {message}", capsys.readouterr().err.strip())
 
+
+class TurnsOnly(HotCold):
+    """HotCold's per-turn rewards and nothing at the end: what an episode earned is its turns' rewards alone."""
+
+    def get_reward(self) -> float:
+        return 0.0
+
+
+@pytest.mark.parametrize("estimator", ["gae", "rloo", "grpo", "reinforce_pp", "reinforce_pp_baseline"])
+def test_metrics_count_the_per_turn_rewards(models, tmp_path, estimator):  # noqa: F811
+    """Final rewards 0, per-turn rewards summing to 1.5 and 0.5 (k = 2, one group): ``reward`` 1 (std sqrt(0.5)),
+    the group differs (its std sqrt(0.5), no group of equal scores), and the summary's headline is what the
+    episodes earned, 1; ``objective/scores`` keeps the final rewards (0)."""
+    from trl_ext.recipe_loader.summary import headline
+
+    ppo = trainer(models, tmp_path, TurnsOnly, advantage_estimator=estimator, num_samples_per_prompt=2)
+    ppo.train()
+    log = ppo.state.log_history[0]
+    assert log["objective/scores"] == 0.0 and log["episodes/turn_reward_mean"] == 1.0
+    assert log["reward"] == log["episodes/reward_mean"] == 1.0
+    assert log["reward_std"] == pytest.approx(0.5**0.5) and log["frac_reward_zero_std"] == 0.0
+    if estimator != "gae":
+        assert log["objective/group_scores_std"] == pytest.approx(0.5**0.5)
+        assert log["objective/frac_groups_equal_scores"] == 0.0
+    assert headline(ppo.state.log_history, "ppo") == ("episodes/reward_mean", 1.0, 1.0, 1)

@@ -321,7 +321,7 @@ def numbers(history):
     """Each update's logged numbers but timings and the turn-reward metric, the environment's reward under one name
     (``rewards/<Class>/*``: the classes differ)."""
     return [{re.sub(r"^rewards/\w+/", "rewards/environment/", k): v for k, v in h.items()
-             if not k.startswith(("time/", "eps", "episodes/turn_reward"))} for h in history]
+             if not k.startswith(("time/", "eps", "episodes/turn_reward", "episodes/reward_mean"))} for h in history]
 
 
 def test_without_turn_rewards_every_number_is_the_runs_without_the_feature(models, tmp_path):

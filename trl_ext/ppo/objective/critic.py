@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from ...errors import UserInputError
 from ...models.scalar_heads import scalar_model_outputs
-from ...rewards.metrics import all_equal_groups
+from ...rewards.metrics import all_equal_groups, episode_scores
 from .advantages import group_mean_baseline, last_counted, token_rewards
 from .critic_health import critic_health
 from .estimators import EstimatorBatch, EstimatorSettings, get_estimator
@@ -236,7 +236,7 @@ class CriticFree:
         last = last_counted(mask)
         kl_coef = kl_coef if self.kl_in_reward else 0.0
         if not self.per_turn:
-            scores = rollout.scores if rollout.turn_rewards is None else rollout.scores + rollout.turn_rewards.sum(1)
+            scores = episode_scores(rollout.scores, rollout.turn_rewards)
             if self.estimator.centres_rewards:
                 scores = group_mean_baseline(scores, self.group_size)
             return token_rewards(rollout.kl, kl_coef, scores, last, mask=mask)
@@ -272,9 +272,10 @@ class CriticFree:
 def critic_free_metrics(metrics: dict, rollout, stats, k: int, gather) -> None:
     """Replace the value-model metrics in `metrics` with the critic-free ones (means over processes):
 
-    * `objective/group_scores_std`: mean over groups of the std of the scores within a group (k > 1);
-    * `objective/frac_groups_equal_scores`: fraction of groups whose scores are all equal (their group advantage is
-      0: a wasted rollout; k > 1);
+    * `objective/group_scores_std`: mean over groups of the std of the scores within a group (k > 1), a score
+      being the final one plus the episode's per-turn rewards (:func:`~trl_ext.rewards.metrics.episode_scores`);
+    * `objective/frac_groups_equal_scores`: fraction of groups whose scores are all equal (their episode-level
+      group advantage is 0: a wasted rollout; k > 1);
     * `objective/advantages_abs`: mean |advantage| over the response tokens (`rloo`/`grpo` per episode: per
       sequence);
     * `loss/kl_avg`: the k3 KL loss term before `kl_coef` (`kl_in="loss"`);
@@ -286,10 +287,11 @@ def critic_free_metrics(metrics: dict, rollout, stats, k: int, gather) -> None:
     metrics["policy/ratio_avg"] = metrics.pop("val/ratio")
     metrics["policy/ratio_var"] = metrics.pop("val/ratio_var")
     metrics["objective/num_eos_tokens"] = metrics.pop("val/num_eos_tokens")
-    if k > 1:
-        grouped = rollout.scores.view(-1, k)
+    if k > 1:  # an episode's per-turn rewards count with its final score
+        scores = episode_scores(rollout.scores, rollout.turn_rewards)
+        grouped = scores.view(-1, k)
         metrics["objective/group_scores_std"] = gather(grouped.std(1).mean()).mean().item()
-        all_equal = all_equal_groups(rollout.scores, k).float().mean()
+        all_equal = all_equal_groups(scores, k).float().mean()
         metrics["objective/frac_groups_equal_scores"] = gather(all_equal).mean().item()
     if "sequence_advantages" in rollout.estimator_stats:
         abs_advantages = rollout.estimator_stats["sequence_advantages"].abs().mean()
