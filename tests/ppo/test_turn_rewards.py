@@ -212,12 +212,13 @@ def test_gae_returns_of_the_scripted_episodes_by_hand(models, tmp_path, critic_l
     """gamma 0.9, lam 0.8: GAE over each episode's steps (its action tokens and the position after its last token, as
     TRL's PPO), the observation spans skipped, computed here one step at a time in Python; the value targets at
     ``critic_lam`` (1.0: the discounted Monte-Carlo return over the steps). The critic's health per turn: each
-    turn's explained variance over its steps of both episodes."""
+    turn's explained variance over its steps of both episodes; the credit gain: the values against the other
+    episode's Monte-Carlo return at the same turn's first step (k = 1: the batch is the group)."""
     ppo = trainer(models, tmp_path, HotCold, critic_lam=critic_lam)
     rollout, kl_coef = first_rollout(ppo)
     gamma, lam = 0.9, 0.8 if critic_lam is None else critic_lam
     width = rollout.responses.shape[1]
-    by_turn = {}
+    by_turn, monte_carlo = {}, []
     for i, episode in enumerate(rollout.episodes.episodes):
         n = len(episode.ids)
         steps = [t for t in range(n) if episode.action[t]] + ([n] if n < width else [])
@@ -234,12 +235,27 @@ def test_gae_returns_of_the_scripted_episodes_by_hand(models, tmp_path, critic_l
             returns[t] = advantage + value[t]
         assert all(position in steps for position, _ in episode.turn_rewards)  # each on a step of GAE's
         assert rollout.returns[i, steps].tolist() == pytest.approx([returns[t] for t in steps], abs=1e-5)
-        turn = 0
+        turn, later, steps_of = 0, 0.0, []
         for k, t in enumerate(steps):
             turn += k == 0 or steps[k - 1] != t - 1
             by_turn.setdefault(turn, []).append((returns[t], value[t]))
+            steps_of.append((turn, t))
+        mc = {}
+        for t in reversed(steps):
+            later = reward[t] + gamma * later
+            mc[t] = later
+        monte_carlo.append([(turn, mc[t], value[t], k == 0 or steps_of[k - 1][0] != turn)
+                            for k, (turn, t) in enumerate(steps_of)])
     health = {}
     ppo.critic.metrics(health, rollout, None)
+    first = [{turn: g for turn, g, _, start in rows if start} for rows in monte_carlo]
+    squares = [0.0, 0.0]
+    for i, rows in enumerate(monte_carlo):
+        for turn, g, v, _ in rows:
+            squares[0] += (g - v) ** 2
+            squares[1] += (g - first[1 - i][turn]) ** 2
+    assert sorted(first[0]) == sorted(first[1]) == [1, 2, 3, 4]  # every turn has its peer
+    assert health["critic/credit_gain"] == pytest.approx(1 - squares[0] / squares[1], rel=1e-4)
     assert len(by_turn) >= 2
     for turn, pairs in by_turn.items():
         rets, errors = torch.tensor([r for r, _ in pairs]), torch.tensor([r - v for r, v in pairs])

@@ -18,7 +18,7 @@ from ...errors import UserInputError
 from ...models.scalar_heads import scalar_model_outputs
 from ...rewards.metrics import all_equal_groups, episode_scores
 from .advantages import group_mean_baseline, last_counted, token_rewards
-from .critic_health import critic_health
+from .critic_health import critic_health, credit_gain
 from .estimators import EstimatorBatch, EstimatorSettings, get_estimator
 from .losses import ValueLoss, value_loss
 from .masked_stats import masked_mean, masked_whiten
@@ -197,8 +197,11 @@ class ValueCritic:
                           ~padding_mask_p1, self.cliprange_value, self.value_clip)
 
     def metrics(self, metrics: dict, rollout, stats) -> None:
-        """TRL's value-model metrics, plus the critic's health (:func:`~.critic_health.critic_health`)."""
+        """TRL's value-model metrics, plus the critic's health (:func:`~.critic_health.critic_health`) and what the
+        value model adds to per-turn credit (:func:`~.critic_health.credit_gain`)."""
         metrics.update(critic_health(rollout, self.reduce_sum, self.turns))
+        metrics.update(credit_gain(rollout, self.settings.gamma, self.settings.group_size, self.reduce_sum,
+                                   self.turns))
 
 
 class CriticFree:
