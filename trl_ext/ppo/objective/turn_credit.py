@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["centred_turn_returns", "centred_turn_rewards", "group_turn_advantages", "loo_turn_advantages",
-           "loo_turn_baseline", "on_tokens", "reached_turns",
-           "turn_discounted_returns", "turn_ends", "turn_index", "turn_starts", "turn_returns", "turn_sums"]
+           "loo_turn_baseline", "on_tokens", "reached_turns", "turn_discounted_returns", "turn_ends", "turn_index",
+           "turn_returns", "turn_starts", "turn_sums"]
 
 
 def turn_index(steps: torch.Tensor) -> torch.Tensor:
@@ -23,6 +23,16 @@ def turn_index(steps: torch.Tensor) -> torch.Tensor:
     policy's tokens), 0 elsewhere."""
     starts = steps & ~F.pad(steps, (1, 0), value=False)[:, :-1]
     return torch.cumsum(starts.long(), 1) * steps
+
+
+def turn_starts(turns: torch.Tensor) -> torch.Tensor:
+    """``(batch, T)`` bool: True on each turn's first token."""
+    return (turns > 0) & (F.pad(turns, (1, 0))[:, :-1] != turns)
+
+
+def turn_ends(turns: torch.Tensor) -> torch.Tensor:
+    """``(batch, T)`` bool: True on each turn's last token."""
+    return (turns > 0) & (F.pad(turns, (0, 1))[:, 1:] != turns)
 
 
 def turn_sums(values: torch.Tensor, turns: torch.Tensor, n_turns: int) -> torch.Tensor:
@@ -119,16 +129,6 @@ def turn_discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, turns: to
         later = rewards[:, t] * maskf[:, t] + discount[:, t] * later
         returns[:, t] = later
     return returns * maskf
-
-
-def turn_starts(turns: torch.Tensor) -> torch.Tensor:
-    """``(batch, T)`` bool: True on each turn's first token."""
-    return (turns > 0) & (F.pad(turns, (1, 0))[:, :-1] != turns)
-
-
-def turn_ends(turns: torch.Tensor) -> torch.Tensor:
-    """``(batch, T)`` bool: True on each turn's last token."""
-    return (turns > 0) & (F.pad(turns, (0, 1))[:, 1:] != turns)
 
 
 def centred_turn_rewards(rewards: torch.Tensor, turns: torch.Tensor, gamma: float, group_size: int) -> torch.Tensor:
