@@ -8,11 +8,14 @@ and their group mean cannot. The SFT start (recipes/tool_use/sft_dice.yaml) is t
 on 0-4, mostly repeating the number on 5-8), on 4- and 8-round quizzes. Every run: 30 updates of 32 episodes (GAE 32
 quizzes x 1, RLOO and GRPO 8 x 4), the quiz's RL settings (benchmarks/turn_credit.py ``QUIZ_RL``, lr 1e-4), seeds
 0..4. The GAE rows: the value model's settings (``CRITIC``, policy lambda 0.8) and, first, value pretraining: 128
-updates that train the value model alone on the SFT policy's episodes, once per luck and horizon.
+updates that train the value model alone on the SFT policy's episodes, once per luck and horizon. The "per turn" rows:
+RLOO and GRPO with ``turn_credit: turn`` (each round's answer credited with its own return-to-go against the same
+round of the quiz's other samples: per-turn credit without a value model).
 
 Measured: the held-out quizzes greedily (the share of rounds right; dice rolled from seed 0, luck left out) after RL,
 the sampled share right of every update (the learning curve; the first update at 0.9 of the optimum), and for GAE
-the critic's health per turn (``critic/vf_explained_var/turn_<k>``, the mean of the last 5 updates).
+the critic's health per turn (``critic/vf_explained_var/turn_<k>``, the mean of the last 5 updates) and its credit
+gain over per-turn RLOO's baseline (``critic/credit_gain``, the mean of the last 5 updates).
 
     python benchmarks/critic_luck.py --sft-dir outputs/tool_use --luck 0 0.5 1     # after make_data.py, sft_dice.yaml
     python benchmarks/critic_luck.py --quick                                        # data, SFT, 3 updates, 1 seed
@@ -57,6 +60,9 @@ VARIANTS = {
     "GAE, TRL's settings": {"advantage_estimator": "gae"},
     f"RLOO k={K}": {"advantage_estimator": "rloo", "num_samples_per_prompt": K},
     f"GRPO k={K} (KL in loss)": {"advantage_estimator": "grpo", "num_samples_per_prompt": K, "kl_in": "loss"},
+    f"RLOO k={K}, per turn": {"advantage_estimator": "rloo", "num_samples_per_prompt": K, "turn_credit": "turn"},
+    f"GRPO k={K} (KL in loss), per turn": {"advantage_estimator": "grpo", "num_samples_per_prompt": K, "kl_in": "loss",
+                                           "turn_credit": "turn"},
 }
 REACHED = 0.9
 
@@ -98,7 +104,8 @@ def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rou
     result = {"seed": seed, "luck": luck, "rounds": rounds, "settings": settings, "value_pretraining": pretraining,
               "seconds": seconds, "end": end,
               "rounds_right": rounds_right.curve, "health": health,
-              "explained_var": logged(trainer, "critic/vf_explained_var"), "kl": logged(trainer, "objective/kl")}
+              "explained_var": logged(trainer, "critic/vf_explained_var"),
+              "credit_gain": logged(trainer, "critic/credit_gain"), "kl": logged(trainer, "objective/kl")}
     del trainer
     shutil.rmtree(out, ignore_errors=True)
     return result
@@ -250,17 +257,19 @@ def _mean(xs) -> float:
 
 def report(start, runs) -> None:
     headers = ["start -> RL", "seeds", "held-out share right: mean ± sd (per seed)", "large rounds right",
-               f"episodes to {REACHED} (per seed)", "explained var., last 5 (rounds)", "s per run"]
-    table = [["SFT", "-", f"{start['reward']:.3f}", f"{start['large']:.3f}", "-", "-", "-"]]
+               f"episodes to {REACHED} (per seed)", "explained var., last 5 (rounds)", "credit gain, last 5",
+               "s per run"]
+    table = [["SFT", "-", f"{start['reward']:.3f}", f"{start['large']:.3f}", "-", "-", "-", "-"]]
     for name, run in runs.items():
         seeds = run["seeds"]
         reached = [first_reached(r["rounds_right"], r["settings"]["per_device_train_batch_size"]) for r in seeds]
         answers = [k for k in seeds[0]["health"] if int(k) <= seeds[0]["rounds"]]  # not the final message's turn
         health = " / ".join(f"{_mean(r['health'][k] for r in seeds):.2f}" for k in answers) or "-"
+        gains = [statistics.fmean(r["credit_gain"][-5:]) for r in seeds if r.get("credit_gain")]
         table.append([name, len(seeds), seed_spread(r["end"]["reward"] for r in seeds),
                       f"{_mean(r['end']['large'] for r in seeds):.3f}",
                       " / ".join("-" if e is None else str(e) for e in reached), health,
-                      _mean(r["seconds"] for r in seeds)])
+                      f"{_mean(gains):.2f}" if gains else "-", _mean(r["seconds"] for r in seeds)])
     print_table(headers, table)
 
 

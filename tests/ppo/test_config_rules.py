@@ -82,6 +82,7 @@ CASES = [
     (dict(kl_estimator="k4"), "kl_estimator"),
     (dict(rollout_engine="vllm"), "rollout_engine"),
     (dict(nonfinite_policy="ignore"), "nonfinite_policy"),
+    (dict(turn_credit="step"), "turn_credit"),
     # combinations
     (dict(whiten_rewards=True, num_mini_batches=2), "whiten_rewards"),
     (dict(stop_token="eos", stop_token_id=2), "stop_token"),
@@ -94,6 +95,7 @@ CASES = [
     (dict(advantage_estimator="grpo", num_samples_per_prompt=2, critic_learning_rate=1e-3), "critic_learning_rate"),
     (dict(advantage_estimator="grpo", num_samples_per_prompt=2, critic_lam=1.0), "critic_lam"),
     (dict(length_adaptive_lam_alpha=0.0), "length_adaptive_lam_alpha"),
+    (dict(turn_credit="turn"), "turn_credit"),  # gae has no per-turn form
     (dict(advantage_estimator="grpo", num_samples_per_prompt=2, policy_loss="cispo", dual_clip=3.0), "dual_clip"),
     (dict(delta=1.1), "delta"),
     (dict(use_bias_correction_kl=True), "use_bias_correction_kl"),

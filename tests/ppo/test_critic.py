@@ -36,7 +36,26 @@ def test_without_a_critic_values_and_value_loss_are_zero():
     assert loss.loss.item() == 0.0 and loss.clipfrac.item() == 0.0
 
 
-def test_only_the_config_its_rules_and_the_critic_name_critic_free():
-    naming = sorted(path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")
-                    if re.search("critic_free", path.read_text()))
-    assert naming == ["ppo/config.py", "ppo/config_rules.py", "ppo/objective/critic.py"]
+def test_no_module_but_the_registry_branches_on_an_estimators_name():
+    """Each rule about an estimator is read from its registration (trl_ext/ppo/objective/estimators.py): no module
+    compares a value with a registered estimator's name, so that an estimator is added in the registry alone."""
+    from trl_ext.ppo.objective.estimators import ESTIMATORS
+
+    names = "|".join(ESTIMATORS)
+    branch = re.compile(rf"""(==|!=|\bin\b)\s*[(\[{{]?[^)\]\n]*?["']({names})["']""")
+    assert branch.search('if args.advantage_estimator == "gae":') and branch.search("x in ('rloo', 'grpo')")
+    branching = sorted(path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")
+                       if any(branch.search(line) for line in path.read_text().splitlines()))
+    assert branching == []
+
+
+def test_both_critics_are_one_protocol(tmp_path):
+    """ValueCritic and CriticFree answer the trainer's calls of :class:`Critic`; neither saves nor loads a value
+    model (the checkpoint step does, when ``has_value_model``)."""
+    from trl_ext.ppo.objective.critic import Critic
+
+    for estimator, k in (("gae", 1), ("rloo", 2)):
+        args = trl_ext.PPOConfig(**config_kwargs(tmp_path, advantage_estimator=estimator, num_samples_per_prompt=k))
+        critic = build_critic(args, Accelerator(cpu=True))
+        assert isinstance(critic, Critic)
+        assert not hasattr(critic, "save_value_model") and not hasattr(critic, "load_value_model")

@@ -161,7 +161,7 @@ def test_group_metrics_count_groups_with_equal_scores():
 
     metrics = {"loss/value_avg": 1.0, "val/clipfrac_avg": 0.0, "val/ratio": 1.0, "val/ratio_var": 0.0,
                "val/num_eos_tokens": 3}
-    rollout = SimpleNamespace(scores=torch.tensor([1.0, 1.0, 2.0, 3.0]), estimator_stats={},
+    rollout = SimpleNamespace(scores=torch.tensor([1.0, 1.0, 2.0, 3.0]), estimator_stats={}, turn_rewards=None,
                               advantages=torch.tensor([[0.0, 0.0], [0.0, 0.0], [-1.0, -1.0], [1.0, 0.0]]),
                               padding_mask=torch.tensor([[False, False]] * 3 + [[False, True]]))
     stats = SimpleNamespace(kl_losses=[])

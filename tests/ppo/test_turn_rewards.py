@@ -212,12 +212,13 @@ def test_gae_returns_of_the_scripted_episodes_by_hand(models, tmp_path, critic_l
     """gamma 0.9, lam 0.8: GAE over each episode's steps (its action tokens and the position after its last token, as
     TRL's PPO), the observation spans skipped, computed here one step at a time in Python; the value targets at
     ``critic_lam`` (1.0: the discounted Monte-Carlo return over the steps). The critic's health per turn: each
-    turn's explained variance over its steps of both episodes."""
+    turn's explained variance over its steps of both episodes; the credit gain: the values against the other
+    episode's Monte-Carlo return at the same turn's first step (k = 1: the batch is the group)."""
     ppo = trainer(models, tmp_path, HotCold, critic_lam=critic_lam)
     rollout, kl_coef = first_rollout(ppo)
     gamma, lam = 0.9, 0.8 if critic_lam is None else critic_lam
     width = rollout.responses.shape[1]
-    by_turn = {}
+    by_turn, monte_carlo = {}, []
     for i, episode in enumerate(rollout.episodes.episodes):
         n = len(episode.ids)
         steps = [t for t in range(n) if episode.action[t]] + ([n] if n < width else [])
@@ -234,12 +235,27 @@ def test_gae_returns_of_the_scripted_episodes_by_hand(models, tmp_path, critic_l
             returns[t] = advantage + value[t]
         assert all(position in steps for position, _ in episode.turn_rewards)  # each on a step of GAE's
         assert rollout.returns[i, steps].tolist() == pytest.approx([returns[t] for t in steps], abs=1e-5)
-        turn = 0
+        turn, later, steps_of = 0, 0.0, []
         for k, t in enumerate(steps):
             turn += k == 0 or steps[k - 1] != t - 1
             by_turn.setdefault(turn, []).append((returns[t], value[t]))
+            steps_of.append((turn, t))
+        mc = {}
+        for t in reversed(steps):
+            later = reward[t] + gamma * later
+            mc[t] = later
+        monte_carlo.append([(turn, mc[t], value[t], k == 0 or steps_of[k - 1][0] != turn)
+                            for k, (turn, t) in enumerate(steps_of)])
     health = {}
     ppo.critic.metrics(health, rollout, None)
+    first = [{turn: g for turn, g, _, start in rows if start} for rows in monte_carlo]
+    squares = [0.0, 0.0]
+    for i, rows in enumerate(monte_carlo):
+        for turn, g, v, _ in rows:
+            squares[0] += (g - v) ** 2
+            squares[1] += (g - first[1 - i][turn]) ** 2
+    assert sorted(first[0]) == sorted(first[1]) == [1, 2, 3, 4]  # every turn has its peer
+    assert health["critic/credit_gain"] == pytest.approx(1 - squares[0] / squares[1], rel=1e-4)
     assert len(by_turn) >= 2
     for turn, pairs in by_turn.items():
         rets, errors = torch.tensor([r for r, _ in pairs]), torch.tensor([r - v for r, v in pairs])
@@ -297,11 +313,31 @@ def test_critic_free_estimators_get_each_episodes_sum_on_its_score(models, tmp_p
     assert torch.all(rollout.advantages[0][actions[0]] == advantages[0])
 
 
+def test_reinforce_pp_puts_the_episodes_reward_on_its_last_action_token(models, tmp_path):
+    """REINFORCE++ (KL in the loss): the final score plus the turn rewards (2.5 and 1.5) on the last token of the last
+    turn, not at the count of the action tokens (an observation token there, masked out: the reward was lost); the
+    returns-to-go, 2.5 and 1.5 on every action token, whitened over both episodes' tokens."""
+    ppo = trainer(models, tmp_path, HotCold, advantage_estimator="reinforce_pp", kl_in="loss")
+    rollout, _ = first_rollout(ppo)
+    actions = ~rollout.padding_mask
+    for i, episode in enumerate(rollout.episodes.episodes):
+        last = max(t for t, action in enumerate(episode.action) if action)
+        assert last > int(actions[i].sum()) - 1  # observations before it
+        expected = torch.zeros(rollout.responses.shape[1])
+        expected[last] = [2.5, 1.5][i]
+        assert torch.equal(rollout.rewards[i], expected)
+    n = int(actions.sum())
+    spread = 0.5 / np.sqrt(0.25 * n / (n - 1) + 1e-8)  # returns 2.5 and 1.5 on equally many tokens: mean 2
+    assert int(actions[0].sum()) == int(actions[1].sum())
+    torch.testing.assert_close(rollout.advantages, actions * spread * torch.tensor([[1.0], [-1.0]]), rtol=0,
+                               atol=1e-5)
+
+
 def numbers(history):
     """Each update's logged numbers but timings and the turn-reward metric, the environment's reward under one name
     (``rewards/<Class>/*``: the classes differ)."""
     return [{re.sub(r"^rewards/\w+/", "rewards/environment/", k): v for k, v in h.items()
-             if not k.startswith(("time/", "eps", "episodes/turn_reward"))} for h in history]
+             if not k.startswith(("time/", "eps", "episodes/turn_reward", "episodes/reward_mean"))} for h in history]
 
 
 def test_without_turn_rewards_every_number_is_the_runs_without_the_feature(models, tmp_path):

@@ -13,7 +13,7 @@ import torch
 import trl_ext
 from trl_ext.ppo.objective.advantages import gae_advantages, lambda_returns, length_adaptive_lam
 from trl_ext.ppo.objective.critic import ValueCritic
-from trl_ext.ppo.objective.critic_health import critic_health, turn_index
+from trl_ext.ppo.objective.critic_health import credit_gain, critic_health, turn_index
 from trl_ext.ppo.objective.masked_stats import masked_whiten
 
 from ppo_helpers import config_kwargs, left_tokenizer, load_models, prompt_dataset, seed_all, update_logs
@@ -62,8 +62,9 @@ def critic_rollout(rewards, values, width_mask=None):
 
 
 def critic(**settings):
-    keys = dict(gamma=1.0, lam=0.5, critic_lam=None, length_adaptive_lam_alpha=None, whiten_rewards=False,
-                cliprange_value=0.2, value_clip="max")
+    keys = dict(advantage_estimator="gae", gamma=1.0, lam=0.5, critic_lam=None, length_adaptive_lam_alpha=None,
+                whiten_rewards=False, cliprange_value=0.2, value_clip="max", grpo_scale_by_std=True,
+                turn_credit="episode", num_samples_per_prompt=1)
     return ValueCritic(SimpleNamespace(**{**keys, **settings}))
 
 
@@ -129,6 +130,40 @@ def test_a_turn_whose_returns_barely_vary_is_not_logged():
     health = critic_health(SimpleNamespace(returns=returns, values=values, padding_mask_p1=~steps), turns=2)
     assert health["critic/vf_explained_var/turn_1"] == pytest.approx(1.0)
     assert "critic/vf_explained_var/turn_2" not in health and "critic/value_rmse/turn_2" not in health
+
+
+def gain_rollout(rewards, values, steps):
+    return SimpleNamespace(rewards=torch.tensor(rewards), values=torch.tensor(values),
+                           padding_mask_p1=~torch.tensor(steps, dtype=torch.bool))
+
+
+def test_credit_gain_by_hand():
+    """Two episodes of two turns (steps ``a a o a a``), gamma 1. Returns-to-go G: (3, 3, -, 2, 2) and (1, 1, -, 1, 1);
+    per-turn RLOO's baseline, the other episode's G at the turn's first step: (1, 1) and (3, 2); so G - b is
+    (2, 2, -, 1, 1) and (-2, -2, -, -1, -1): sum of squares 20. The values leave G - V = (0.5, 0, -, 0, 0.5) and
+    (0, -0.5, -, 0, 0): 0.75. Gain 1 - 0.75 / 20; turn 1: 1 - 0.5 / 16, turn 2: 1 - 0.25 / 4."""
+    rollout = gain_rollout([[0.0, 1.0, 0.0, 0.0, 2.0], [0.0, 0.0, 0.0, 0.0, 1.0]],
+                           [[2.5, 3.0, 0.0, 2.0, 1.5], [1.0, 1.5, 0.0, 1.0, 1.0]], [[1, 1, 0, 1, 1]] * 2)
+    gain = credit_gain(rollout, 1.0, 2, turns=3)
+    assert gain == pytest.approx({"critic/credit_gain": 1 - 0.75 / 20, "critic/credit_gain/turn_1": 1 - 0.5 / 16,
+                                  "critic/credit_gain/turn_2": 1 - 0.25 / 4})
+    assert credit_gain(rollout, 1.0, 1) == pytest.approx({"critic/credit_gain": 1 - 0.75 / 20})  # k 1: the batch
+    rollout.values = rollout.rewards.flip(1).cumsum(1).flip(1) * ~rollout.padding_mask_p1  # V = G: gain 1
+    assert credit_gain(rollout, 1.0, 2)["critic/credit_gain"] == pytest.approx(1.0)
+
+
+def test_credit_gain_discounts_and_leaves_out_turns_without_a_peer():
+    """gamma 0.5 per step, as GAE's: episode 0 (``a a o a``, rewards 1 on its first turn's end and 2 at its end)
+    has G (0.5 * 2, 1 + 0.5 * 2, -, 2); episode 1 (``a a``, reward 1) has G (0.5, 1). Only turn 1 has a peer:
+    b = 0.5 and 1, G - b = (0.5, 1.5) and (-0.5, 0): 2.75; V 0 everywhere, G - V = G: 6.25. Gain 1 - 6.25 / 2.75
+    (negative: the values do worse than the baseline); episode 0's turn 2 counts in neither sum."""
+    rollout = gain_rollout([[0.0, 1.0, 0.0, 2.0], [0.0, 1.0, 0.0, 0.0]], [[0.0] * 4] * 2,
+                           [[1, 1, 0, 1], [1, 1, 0, 0]])
+    expected = 1 - 6.25 / 2.75
+    assert credit_gain(rollout, 0.5, 2, turns=2) == pytest.approx({"critic/credit_gain": expected,
+                                                                   "critic/credit_gain/turn_1": expected})
+    flat = gain_rollout([[0.0, 1.0], [0.0, 1.0]], [[0.0, 0.0]] * 2, [[1, 1]] * 2)  # equal returns: no spread
+    assert credit_gain(flat, 1.0, 2) == {}
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,8 @@ def every_variant(bench, sft_work, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["GAE, pretrained value model", "GAE, critic settings", "GAE, critic warm-up 10",
-                                  "GAE, TRL's settings", "RLOO k=4", "GRPO k=4 (KL in loss)"])
+                                  "GAE, TRL's settings", "RLOO k=4", "GRPO k=4 (KL in loss)", "RLOO k=4, per turn",
+                                  "GRPO k=4 (KL in loss), per turn"])
 def test_variant_runs_one_update(bench, every_variant, name):
     variant = dict(bench.VARIANTS[name])
     pretraining = 1 if variant.pop("value_pretraining", 0) else 0  # --pretrain-updates 1
@@ -45,8 +46,10 @@ def test_variant_runs_one_update(bench, every_variant, name):
     if name == "GAE, TRL's settings":  # the critic's health, per turn the 2-step SFT model played (with
         assert len(cell["explained_var"]) == 1 and cell["health"]  # critic_lam 1 its returns may have no spread:
         assert sorted(cell["health"], key=int) == [str(k) for k in range(1, len(cell["health"]) + 1)]  # none)
+        assert len(cell["credit_gain"]) <= 1  # its gain over per-turn RLOO's: none while the tiny SFT earns nothing
     elif variant["advantage_estimator"] != "gae":
-        assert not cell["explained_var"] and not cell["health"]
+        assert not cell["explained_var"] and not cell["health"] and not cell["credit_gain"]
+    assert settings.get("turn_credit", "episode") == ("turn" if name.endswith("per turn") else "episode")
 
 
 def test_eight_rounds_and_the_merge(bench, sft_work, every_variant, tmp_path):

@@ -40,9 +40,10 @@ class PPOCheckpointMixin:
         """Add to a checkpoint what HF's `_save_checkpoint` leaves out for PPO: the value model (main process) and
         each process's trl-ext state (KL controller, prompt and ptx stream positions)."""
         unwrapped = self.accelerator.unwrap_model(self.model)
-        with gathered_parameters(unwrapped.value_model, self.accelerator):  # ZeRO-3: whole weights, all processes
-            if self.args.should_save:  # the critic's: nothing without a value model
-                self.critic.save_value_model(unwrapped.value_model, os.path.join(checkpoint_dir, VALUE_MODEL_DIR))
+        if self.critic.has_value_model:  # a critic-free run's stand-in has no weights
+            with gathered_parameters(unwrapped.value_model, self.accelerator):  # ZeRO-3: whole weights, all processes
+                if self.args.should_save:  # full weights, or its adapter and score head
+                    unwrapped.value_model.save_pretrained(os.path.join(checkpoint_dir, VALUE_MODEL_DIR))
         os.makedirs(checkpoint_dir, exist_ok=True)
         state = {
             "world_size": self.accelerator.num_processes,
@@ -87,7 +88,8 @@ class PPOCheckpointMixin:
         else:
             unwrapped = self.accelerator.unwrap_model(self.model)
             load_weights_in_place(unwrapped.policy, checkpoint)
-            self.critic.load_value_model(unwrapped.value_model, os.path.join(checkpoint, VALUE_MODEL_DIR))
+            if self.critic.has_value_model:  # in place: the optimizer stays valid
+                load_weights_in_place(unwrapped.value_model, os.path.join(checkpoint, VALUE_MODEL_DIR))
         self._load_optimizer_and_scheduler(checkpoint)
         if extra["kl_controller"] is not None and hasattr(self.kl_ctl, "load_state_dict"):
             self.kl_ctl.load_state_dict(extra["kl_controller"])

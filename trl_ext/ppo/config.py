@@ -7,7 +7,6 @@ from ..config_rules import check_fields, help_from_docstring
 from ..rewards.config import RewardFunctionArgs
 from ..runtime.engines import EngineOnCPUArgsMixin
 from ..runtime.nonfinite import NonFinitePolicyArgs
-from .objective.advantages import AdvantageEstimator
 from .base import ParentPPOConfig
 from .config_rules import check_combinations, check_evaluation, check_launch
 from .episodes.config import ToolArgs
@@ -15,6 +14,7 @@ from .evaluation import EvaluationArgs
 from .grpo_compat.model_ids import ModelInitArgs
 from .grpo_compat.prompt_dataset import PromptArgs
 from .micro_batches import micro_batch_value
+from .objective.estimators import AdvantageEstimator, TurnCredit, get_estimator
 from .objective.kl_controllers import KLControllerName
 from .objective.losses import ValueClip
 from .objective.objectives import KLEstimator, LossAggregation, PolicyLossName, RatioLevel
@@ -52,6 +52,7 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
     - ``num_samples_per_prompt``: samples of each prompt per update; must divide the per-process batch.
     - ``kl_in``: where the KL to the reference goes: reward (PPO) or loss (GRPO's default).
     - ``grpo_scale_by_std``: grpo only: divide by the group's std.
+    - ``turn_credit``: critic-free, with tools: each turn's return-to-go against the group's same turn (turn).
     - ``critic_warmup``: updates at the start in which only the value model trains.
     - ``critic_learning_rate``: the value model's learning rate (default: learning_rate).
     - ``critic_lam``: GAE lambda of the value model's targets (VAPO's decoupled GAE; default: lam).
@@ -92,6 +93,7 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
     num_samples_per_prompt: int = 1
     kl_in: Optional[KLIn] = None
     grpo_scale_by_std: bool = True
+    turn_credit: TurnCredit = "episode"
     critic_warmup: int = 0
     critic_learning_rate: Optional[float] = None
     critic_lam: Optional[float] = None
@@ -122,8 +124,8 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
 
     @property
     def critic_free(self) -> bool:
-        """True when the advantage estimator needs no value model (every one but `gae`)."""
-        return self.advantage_estimator != "gae"
+        """True when the advantage estimator needs no value model (every registered one but `gae`)."""
+        return not get_estimator(self.advantage_estimator).value_model
 
     @property
     def has_value_model(self) -> bool:

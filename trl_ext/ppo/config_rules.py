@@ -8,11 +8,12 @@ import warnings
 from ..errors import UserInputError
 from ..runtime.engines import DEEPSPEED, FSDP, launched_engine, launched_gradient_clipping, launched_zero3
 from .evaluation import evaluation_on
-from .objective.advantages import GROUP_ESTIMATORS
+from .objective.estimators import ESTIMATORS, get_estimator, group_estimators
 from .rollout.chunk import AUTO
 from .rollout.sampling import generation_kwargs_problem
 
-__all__ = ["check_eval_inputs", "check_evaluation", "check_launch", "check_combinations", "check_trainer_inputs"]
+__all__ = ["check_eval_inputs", "check_evaluation", "check_launch", "check_combinations", "check_trainer_inputs",
+           "check_turn_credit"]
 
 
 def check_launch(args) -> None:
@@ -112,34 +113,40 @@ def check_sampling(args) -> None:
 
 
 def check_advantage_estimator(args) -> None:
-    """The critic-free keys and the critic's (``critic_warmup``): combinations that make sense (before any model is
-    loaded); sets the default kl_in."""
-    estimator, k = args.advantage_estimator, args.num_samples_per_prompt
+    """The estimator's keys and the critic's (``critic_warmup``): combinations that make sense (before any model is
+    loaded), each from what the estimator's registration says (:mod:`.objective.estimators`); sets the default
+    kl_in."""
+    name, k = args.advantage_estimator, args.num_samples_per_prompt
+    estimator = get_estimator(name)
     local_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps
     if local_batch % k:
         raise UserInputError(
             f"num_samples_per_prompt: {k} does not divide the episodes per update and process, "
             f"per_device_train_batch_size * gradient_accumulation_steps = {local_batch}; use a divisor of it"
         )
-    if estimator in GROUP_ESTIMATORS and k < 2:
+    if estimator.group and k < 2:
         raise UserInputError(
-            f"num_samples_per_prompt: advantage_estimator {estimator!r} compares the samples of a prompt and needs "
+            f"num_samples_per_prompt: advantage_estimator {name!r} compares the samples of a prompt and needs "
             f"at least 2, got {k}"
         )
     if args.kl_in is None:
-        args.kl_in = "loss" if estimator == "grpo" else "reward"
-    if estimator == "gae" and args.kl_in != "reward":
-        raise UserInputError("kl_in: 'loss' needs a critic-free advantage_estimator; gae takes 'reward'")
-    if args.critic_free and args.whiten_rewards:
+        args.kl_in = estimator.kl_in
+    if estimator.value_model and args.kl_in != "reward":
+        raise UserInputError(f"kl_in: 'loss' needs a critic-free advantage_estimator; {name} takes 'reward'")
+    if args.turn_credit == "turn" and not estimator.turn_credit:
+        with_turns = ", ".join(n for n, e in ESTIMATORS.items() if e.turn_credit)
+        raise UserInputError(f"turn_credit: 'turn' is a form of {with_turns}; advantage_estimator {name!r} has none "
+                             "(gae credits each token through its value model): set turn_credit to 'episode'")
+    if not estimator.value_model and args.whiten_rewards:
         raise UserInputError(
-            f"whiten_rewards: applies to advantage_estimator 'gae' only, not {estimator!r}; set it to false"
+            f"whiten_rewards: applies to advantage_estimator 'gae' only, not {name!r}; set it to false"
         )
-    if args.critic_free:
+    if not estimator.value_model:
         for key, off in (("critic_warmup", 0), ("critic_learning_rate", None), ("critic_lam", None),
                          ("length_adaptive_lam_alpha", None)):
             if getattr(args, key) != off:
                 raise UserInputError(f"{key}: {getattr(args, key)!r} sets the value model, and advantage_estimator "
-                                     f"{estimator!r} has none; remove it, or set advantage_estimator to 'gae'")
+                                     f"{name!r} has none; remove it, or set advantage_estimator to 'gae'")
 
 
 def check_objective(args) -> None:
@@ -158,10 +165,10 @@ def check_objective(args) -> None:
     if args.mask_truncated_completions and args.stop_token is None and args.stop_token_id is None:
         raise UserInputError("mask_truncated_completions: needs a stop token (stop_token: eos or stop_token_id): "
                              "without one every completion runs to response_length")
-    if args.dynamic_sampling and args.advantage_estimator not in GROUP_ESTIMATORS:
+    if args.dynamic_sampling and not get_estimator(args.advantage_estimator).group:
         raise UserInputError(
             f"dynamic_sampling: drops groups of equal scores, which needs a group advantage_estimator "
-            f"({', '.join(GROUP_ESTIMATORS)}), not {args.advantage_estimator!r}"
+            f"({', '.join(group_estimators())}), not {args.advantage_estimator!r}"
         )
 
 
@@ -194,11 +201,21 @@ def check_eval_inputs(args, has_eval_data: bool, multi_turn: bool) -> None:
                              "supported; set eval_strategy 'no'")
 
 
+def check_turn_credit(args, multi_turn: bool) -> None:
+    """``turn_credit: turn`` needs episodes of turns (``tools`` or ``environment_factory``). Called by the trainer and
+    by the recipe loader before any model loads."""
+    if args.turn_credit == "turn" and not multi_turn:
+        raise UserInputError("turn_credit: 'turn' needs episodes of turns (tools or environment_factory) and this run "
+                             "has none (each response is one turn); set turn_credit to 'episode'")
+
+
 def check_trainer_inputs(args, ptx_dataset, kl_controller, eval_dataset=None, multi_turn: bool = False):
     """What :class:`trl_ext.PPOTrainer`'s own arguments add to the settings: ptx data for a ptx coefficient, a
     controller object that is one, evaluation prompts for ``eval_strategy`` (:func:`check_eval_inputs`; ``multi_turn``:
-    the run has tools). Returns the ptx dataset to use (None when ``ptx_coef`` is 0, with a warning)."""
+    the run has tools), turns for ``turn_credit: turn`` (:func:`check_turn_credit`). Returns the ptx dataset to use
+    (None when ``ptx_coef`` is 0, with a warning)."""
     check_eval_inputs(args, eval_dataset is not None and len(eval_dataset) > 0, multi_turn)
+    check_turn_credit(args, multi_turn)
     if args.ptx_coef > 0 and ptx_dataset is None:
         raise UserInputError(
             f"ptx_coef: is {args.ptx_coef} but no ptx_dataset was given; pass ptx_dataset= or set ptx_coef=0"

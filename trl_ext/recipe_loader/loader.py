@@ -394,7 +394,10 @@ def _resolve_ppo_models(ctx: _Resolution) -> None:
                 f"recipe: key '{bad}' is for PPO recipes only (this recipe has trainer: {ctx.trainer})"
             )
         return
+    from ..ppo.config_rules import check_turn_credit
+
     ctx.tool_keys = resolve_tool_keys(ctx)  # before the rewards: an environment with get_reward is one
+    check_turn_credit(training_args, bool(ctx.tool_keys.tools) or ctx.tool_keys.environment_factory is not None)
     resolve_reward_keys(ctx)
     check_reward_source(ctx)
     has_value_model = getattr(training_args, "has_value_model", True)  # a critic-free advantage_estimator: none

@@ -12,12 +12,14 @@ from pathlib import Path
 
 from .loader import RECIPE_FILENAME
 
-#: The metric whose first and last values head the summary, per kind of run (see docs/metrics.md).
+#: The metrics whose first and last values head the summary, per kind of run, the first one logged (docs/metrics.md).
 MAIN_METRIC = {
-    "ppo": "objective/scores",  # the reward of the policy's responses (the weighted sum with reward_funcs)
-    "reward": "accuracy",  # chosen scored above rejected, fraction of pairs in the batch
-    "dpo": "rewards/margins",  # implicit reward of chosen minus rejected
-    "sft": "loss",  # token cross-entropy
+    # with per-turn rewards what an episode earned (the final score and its turns' rewards); else the reward of the
+    # policy's responses (the weighted sum with reward_funcs)
+    "ppo": ("episodes/reward_mean", "objective/scores"),
+    "reward": ("accuracy",),  # chosen scored above rejected, fraction of pairs in the batch
+    "dpo": ("rewards/margins",),  # implicit reward of chosen minus rejected
+    "sft": ("loss",),  # token cross-entropy
 }
 
 
@@ -28,9 +30,9 @@ PPO_LEGEND = ("trl-ext: one line of metrics per update; objective/scores: the re
 
 
 def headline(log_history: list[dict], kind: str) -> tuple[str, float, float, int] | None:
-    """``(metric, first, last, number of logged values)`` of the kind's main metric (``loss`` when the run did not log
-    it), or None when the run logged neither."""
-    for key in dict.fromkeys((MAIN_METRIC.get(kind, "loss"), "loss")):
+    """``(metric, first, last, number of logged values)`` of the kind's main metric (the first of
+    :data:`MAIN_METRIC`'s that the run logged; ``loss`` when it logged none), or None when it logged none of them."""
+    for key in dict.fromkeys((*MAIN_METRIC.get(kind, ()), "loss")):
         values = [entry[key] for entry in log_history if isinstance(entry.get(key), (int, float))]
         if values:
             return key, float(values[0]), float(values[-1]), len(values)

@@ -6,7 +6,13 @@ from __future__ import annotations
 import torch
 from ..trl_internals import nanstd  # unbiased, over the non-NaN entries; NaN with fewer than two
 
-__all__ = ["all_equal_groups", "nanstd", "reward_metrics"]
+__all__ = ["all_equal_groups", "episode_scores", "nanstd", "reward_metrics"]
+
+
+def episode_scores(scores: torch.Tensor, turn_rewards: torch.Tensor | None) -> torch.Tensor:
+    """``(batch,)``: each episode's final score plus its environment's per-turn rewards (``turn_rewards``
+    ``(batch, T)``, None without), what an episode earned; the scores alone without per-turn rewards."""
+    return scores if turn_rewards is None else scores + turn_rewards.sum(1)
 
 
 def all_equal_groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -17,7 +23,7 @@ def all_equal_groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 def reward_metrics(scores, sequence_lengths: torch.Tensor, contain_stop: torch.Tensor, k: int, gather,
-                   with_workers: bool = False) -> dict:
+                   with_workers: bool = False, turn_rewards: torch.Tensor | None = None) -> dict:
     """The metrics above, ``gather`` being ``accelerator.gather_for_metrics`` (every process calls this).
 
     Args:
@@ -26,6 +32,8 @@ def reward_metrics(scores, sequence_lengths: torch.Tensor, contain_stop: torch.T
         contain_stop: ``(batch,)`` True where the response has its stop token.
         k: samples per prompt (consecutive rows).
         with_workers: the functions ran in worker processes (log the timeout and error counts).
+        turn_rewards: ``(batch, T)`` the environments' per-turn rewards (None without): ``reward``, ``reward_std``
+            and ``frac_reward_zero_std`` count them with the final score (:func:`episode_scores`).
     """
     device = sequence_lengths.device
     per_reward = gather(scores.per_reward.to(device))
@@ -37,7 +45,7 @@ def reward_metrics(scores, sequence_lengths: torch.Tensor, contain_stop: torch.T
         if with_workers:
             metrics[f"rewards/{name}/timeouts"] = int(counts[0, i])
             metrics[f"rewards/{name}/errors"] = int(counts[1, i])
-    score = gather(scores.score.float())
+    score = gather(episode_scores(scores.score.float(), turn_rewards))
     unscorable = gather(scores.unscorable)
     scorable = torch.where(unscorable, torch.full_like(score, float("nan")), score)
     metrics["reward"] = torch.nanmean(scorable).item()

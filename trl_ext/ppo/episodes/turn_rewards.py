@@ -2,7 +2,8 @@
 ``get_turn_reward()`` is called after each round of its tool calls (:mod:`trl_ext.ppo.episodes.multi_turn`); each
 float lands on the last token of the turn it scores. The critic decides what to do with them
 (:mod:`trl_ext.ppo.objective.critic`: GAE sees each at its token, critic-free estimators their sum at the end).
-Logged as ``episodes/turn_reward_mean`` (and ``episodes/turn_reward/<Class>/mean`` with several classes).
+Logged as ``episodes/turn_reward_mean`` (and ``episodes/turn_reward/<Class>/mean`` with several classes), and with
+the final scores as ``episodes/reward_mean``, what an episode earned (the train summary's headline).
 """
 
 from __future__ import annotations
@@ -64,15 +65,16 @@ class TurnRewards:
         return turn_reward_tensor(episodes, like.shape[1], like)
 
     def metrics(self, rollout) -> dict:
-        """``episodes/turn_reward_mean`` and, with several classes, ``episodes/turn_reward/<Class>/mean``, over the
-        episodes of every process."""
+        """``episodes/turn_reward_mean``, ``episodes/reward_mean`` (the final score plus the per-turn rewards) and,
+        with several classes, ``episodes/turn_reward/<Class>/mean``, over the episodes of every process."""
         n = rollout.responses.shape[0]
         sums = (rollout.turn_rewards.sum(1).float() if rollout.turn_rewards is not None
                 else torch.zeros(n, device=rollout.responses.device))
         sources = self.source_index if self.source_index is not None and len(self.source_index) == n else \
             torch.full((n,), -1.0, device=sums.device)
-        gathered = self.gather(torch.stack([sums, sources.to(sums.device)], 1))
-        metrics = {"episodes/turn_reward_mean": gathered[:, 0].mean().item()}
+        gathered = self.gather(torch.stack([sums, sources.to(sums.device), rollout.scores.float() + sums], 1))
+        metrics = {"episodes/turn_reward_mean": gathered[:, 0].mean().item(),
+                   "episodes/reward_mean": gathered[:, 2].mean().item()}
         if len(self.sources) > 1:
             for k, source in enumerate(self.sources):
                 mine = gathered[gathered[:, 1] == k, 0]

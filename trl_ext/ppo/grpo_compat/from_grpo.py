@@ -8,6 +8,7 @@ import math
 import warnings
 
 from ...errors import UserInputError
+from ..objective.estimators import ESTIMATORS
 from ..rollout.sampling import NAMED_KEYS
 
 __all__ = ["MAPPED", "NOT_HONOURED", "REFUSED", "ppo_kwargs_from_grpo"]
@@ -276,9 +277,10 @@ def ppo_kwargs_from_grpo(grpo, overrides: dict | None = None) -> dict:
                       UserWarning, stacklevel=3)
     overrides = dict(overrides or {})
     if "advantage_estimator" in overrides and "kl_in" not in overrides:
-        kwargs["kl_in"] = None  # the estimator's own default (loss for grpo, reward otherwise; PPOConfig)
+        kwargs["kl_in"] = None  # the estimator's own default (its registration: trl_ext.ppo.objective.estimators)
     kwargs.update(overrides)
-    kl_in = kwargs["kl_in"] or ("loss" if kwargs["advantage_estimator"] == "grpo" else "reward")
+    estimator = ESTIMATORS.get(kwargs["advantage_estimator"])  # an unknown one: PPOConfig names it
+    kl_in = kwargs["kl_in"] or (estimator.kl_in if estimator is not None else None)
     if kl_in != "loss" and "use_bias_correction_kl" not in overrides:
         kwargs["use_bias_correction_kl"] = False  # it corrects a KL term of the loss, which the run then lacks
     return kwargs

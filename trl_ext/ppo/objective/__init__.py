@@ -4,8 +4,11 @@
   entropy, KL estimators) and ``ObjectiveConfig``.
 * ``losses.py``: the value loss (three clip modes), the ptx LM loss, the loss result types.
 * ``advantages.py``: GAE, and the critic-free RLOO, GRPO/Dr. GRPO, REINFORCE++/-baseline.
+* ``turn_credit.py``: the same per turn (``turn_credit: turn``): returns-to-go and baselines of a group's same turn.
+* ``estimators.py``: the registry of advantage estimators, each registered once with one signature.
 * ``critic.py``: the run's critic, ``ValueCritic`` (GAE with a value model) or ``CriticFree`` (a critic-free
-  estimator), chosen once by ``build_critic``; ``NoValueModel``, prompt groups.
+  estimator), one ``Critic`` Protocol, chosen once by ``build_critic``; ``NoValueModel``, prompt groups.
+* ``critic_health.py``: the value model's explained variance and error, and its credit gain over per-turn credit.
 * ``kl_controllers.py``: fixed, adaptive and doubling KL coefficients.
 * ``masked_stats.py``: masked mean, variance and whitening.
 """

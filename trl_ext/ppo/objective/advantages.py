@@ -10,8 +10,6 @@ GRPO), `reinforce_pp_advantages` (and REINFORCE++-baseline); their formulas and 
 
 from __future__ import annotations
 
-from typing import Literal, get_args
-
 import torch
 
 
@@ -46,6 +44,13 @@ def token_rewards(kl: torch.Tensor, kl_coef: float, scores: torch.Tensor, score_
     return rewards if turn_rewards is None else rewards + turn_rewards
 
 
+def last_counted(mask: torch.Tensor) -> torch.Tensor:
+    """``(batch,)``: the position of each row's last True in ``mask`` (its last counted token: with tools the last
+    token of the last turn, not the count of the episode's action tokens), 0 for a row without one."""
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    return (positions * mask).max(1).values
+
+
 def lambda_returns(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
     """The value targets ``R_t = A_t(lam) + V_t``: the TD(lambda) return (Sutton & Barto 2018, eq. 12.3; GAE paper
     eq. 18). ``lam`` 1 gives the Monte-Carlo return ``sum_{s >= t} gamma^(s-t) r_s``, which no value enters
@@ -61,11 +66,6 @@ def length_adaptive_lam(lengths: torch.Tensor, alpha: float) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------------- critic-free
 
-AdvantageEstimator = Literal["gae", "rloo", "grpo", "reinforce_pp", "reinforce_pp_baseline"]
-ADVANTAGE_ESTIMATORS = get_args(AdvantageEstimator)
-"""Values of `PPOConfig.advantage_estimator`; all but `gae` need no value model."""
-GROUP_ESTIMATORS = ("rloo", "grpo", "reinforce_pp_baseline")
-"""Estimators whose baseline is the other samples of the same prompt: they need `num_samples_per_prompt >= 2`."""
 GRPO_STD_EPS = 1e-4
 """`eps` of GRPO's `(r - mean) / (std + eps)` (TRL's `GRPOTrainer` uses 1e-4)."""
 
@@ -123,8 +123,19 @@ def reinforce_pp_advantages(rewards: torch.Tensor, mask: torch.Tensor, reduce_su
     ``A_t = (G_t - mean) / sqrt(var + 1e-8)`` (unbiased variance, as ``masked_whiten``); 0 where ``mask`` is False.
     ``rewards``: :func:`token_rewards` (REINFORCE++-baseline: the score minus its group's mean first).
     ``reduce_sum`` sums a tensor over all processes (``accelerator.reduce(t, "sum")``); ``None``: one process."""
+    return whiten_over_batch(returns_to_go(rewards, mask), mask, reduce_sum)
+
+
+def returns_to_go(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``G_t = sum_{s >= t} r_s`` over the counted tokens (gamma 1), 0 where ``mask`` is False."""
     maskf = mask.to(rewards.dtype)
-    returns = (rewards * maskf).flip(1).cumsum(1).flip(1) * maskf
+    return (rewards * maskf).flip(1).cumsum(1).flip(1) * maskf
+
+
+def whiten_over_batch(returns: torch.Tensor, mask: torch.Tensor, reduce_sum=None) -> torch.Tensor:
+    """``(G - mean) / sqrt(var + 1e-8)`` over every counted token of every process (unbiased variance), 0 where
+    ``mask`` is False; ``reduce_sum`` as in :func:`reinforce_pp_advantages`."""
+    maskf = mask.to(returns.dtype)
     moments = torch.stack([maskf.sum(), returns.sum(), (returns**2).sum()])
     if reduce_sum is not None:
         moments = reduce_sum(moments)

@@ -1,13 +1,14 @@
-"""The run's critic, chosen once from the config by :func:`build_critic`: :class:`ValueCritic` (a value model, GAE;
-``advantage_estimator="gae"``) or :class:`CriticFree` (RLOO, GRPO, REINFORCE++). Each builds the update's per-token
-reward from explicit inputs (scores, KL, per-turn rewards, the update's ``kl_coef``) and its advantages from that
-reward; the trainer's ``compute_rewards`` and ``compute_advantages`` delegate here, so a new estimator touches this
-module alone. Also: the value model's stand-in when there is none, and the prompt grouping of ``k`` samples.
+"""The run's critic, chosen once from the config by :func:`build_critic`: :class:`ValueCritic` (a value model) or
+:class:`CriticFree` (RLOO, GRPO, REINFORCE++), both a :class:`Critic`. Each builds the update's per-token reward from
+explicit inputs (scores, KL, per-turn rewards, the update's ``kl_coef``) and its advantages from that reward with the
+run's estimator (:mod:`.estimators`, the registry); the trainer's ``compute_rewards`` and ``compute_advantages``
+delegate here. Also: the value model's stand-in when there is none, and the prompt grouping of ``k`` samples.
 """
 
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -15,25 +16,16 @@ from torch.utils.data import DataLoader
 
 from ...errors import UserInputError
 from ...models.scalar_heads import scalar_model_outputs
-from ...rewards.metrics import all_equal_groups
-from ...runtime.checkpoints import load_weights_in_place
-from .action_gae import gae_over_steps
-from .advantages import (
-    gae_advantages,
-    group_mean_baseline,
-    grpo_advantages,
-    length_adaptive_lam,
-    reinforce_pp_advantages,
-    rloo_advantages,
-    sequence_advantages_to_tokens,
-    token_rewards,
-)
+from ...rewards.metrics import all_equal_groups, episode_scores
+from .advantages import group_mean_baseline, last_counted, token_rewards
+from .critic_health import critic_health, credit_gain
+from .estimators import EstimatorBatch, EstimatorSettings, get_estimator
 from .losses import ValueLoss, value_loss
-from .critic_health import critic_health
 from .masked_stats import masked_mean, masked_whiten
+from .turn_credit import centred_turn_rewards, turn_index
 
-__all__ = ["CriticFree", "NoValueModel", "ValueCritic", "build_critic", "check_value_model", "critic_free_metrics",
-           "group_prompts", "repeat_prompts"]
+__all__ = ["Critic", "CriticFree", "NoValueModel", "ValueCritic", "build_critic", "check_value_model",
+           "critic_free_metrics", "group_prompts", "repeat_prompts"]
 
 
 class _NoBackbone(nn.Module):
@@ -113,15 +105,39 @@ MAX_HEALTH_TURNS = 16
 
 
 def _sum_over_processes(accelerator):
-    if accelerator.num_processes == 1:
+    if accelerator is None or accelerator.num_processes == 1:
         return None
     return lambda tensor: accelerator.reduce(tensor, reduction="sum")
 
 
-def build_critic(args, accelerator, multi_turn: bool = False):
-    """The run's critic, built once from its config: :class:`CriticFree` for a critic-free ``advantage_estimator``
-    (every one but ``gae``), else :class:`ValueCritic`."""
-    if args.critic_free:
+@runtime_checkable
+class Critic(Protocol):
+    """What the trainer asks of its critic, with a value model or without (:func:`build_critic`)."""
+
+    has_value_model: bool
+    """Whether the run loads, trains and saves a value model (a critic-free one holds :class:`NoValueModel`)."""
+
+    def values(self, value_model, query_response: torch.Tensor, pad_token_id: int,
+               context_length: int) -> torch.Tensor:
+        """Per-response-token values ``(batch, response_length)``."""
+
+    def rewards(self, rollout, kl_coef: float) -> torch.Tensor:
+        """The update's per-token rewards ``(batch, T)`` at this update's ``kl_coef``."""
+
+    def advantages(self, rollout) -> None:
+        """Set ``rollout.advantages`` and ``rollout.returns`` from ``rollout.rewards``."""
+
+    def value_loss(self, vpred_temp: torch.Tensor, rollout, micro_batch_inds, device) -> ValueLoss:
+        """One micro-batch's value-loss terms (zeros without a value model)."""
+
+    def metrics(self, metrics: dict, rollout, stats) -> None:
+        """Add the critic's metrics to (or replace TRL's value-model metrics in) ``metrics``."""
+
+
+def build_critic(args, accelerator, multi_turn: bool = False) -> Critic:
+    """The run's critic, built once from its config: :class:`ValueCritic` for an estimator with a value model
+    (``gae``), else :class:`CriticFree`."""
+    if not get_estimator(args.advantage_estimator).value_model:
         return CriticFree(args, accelerator)
     turns = None
     if multi_turn:  # the health per turn: every round of tool calls and the answer, the first MAX_HEALTH_TURNS
@@ -131,19 +147,17 @@ def build_critic(args, accelerator, multi_turn: bool = False):
 
 
 class ValueCritic:
-    """GAE with a value model (TRL's PPO; ``advantage_estimator="gae"``), with the value model's own lambda
-    (``critic_lam``), VAPO's length-adaptive lambda for the policy, and the critic's health in the metrics."""
+    """An estimator with a value model (GAE: TRL's PPO), with the value model's own lambda (``critic_lam``), VAPO's
+    length-adaptive lambda for the policy, and the critic's health in the metrics."""
 
     has_value_model = True
 
     def __init__(self, args, accelerator=None, turns: int | None = None):
-        self.gamma, self.lam = args.gamma, args.lam
-        self.critic_lam = args.lam if args.critic_lam is None else args.critic_lam
-        self.length_alpha = args.length_adaptive_lam_alpha
+        self.estimator, self.settings = get_estimator(args.advantage_estimator), EstimatorSettings.from_args(args)
         self.whiten_rewards = args.whiten_rewards
         self.cliprange_value, self.value_clip = args.cliprange_value, args.value_clip
         self.turns = turns  # a multi-turn run: the most turns of an episode (the health metrics per turn)
-        self.reduce_sum = _sum_over_processes(accelerator) if accelerator is not None else None
+        self.reduce_sum = _sum_over_processes(accelerator)
 
     @staticmethod
     def values(value_model, query_response: torch.Tensor, pad_token_id: int, context_length: int) -> torch.Tensor:
@@ -164,24 +178,14 @@ class ValueCritic:
         return rewards
 
     def advantages(self, rollout) -> None:
-        """`rollout.advantages` (GAE at `lam`, whitened over the response tokens, 0 on padding) and
-        `rollout.returns`, the value targets at `critic_lam`; with tools, GAE over the policy's tokens only
-        (:mod:`trl_ext.ppo.objective.action_gae`)."""
-        steps = ~rollout.padding_mask_p1 if rollout.observation_mask is not None else None
-        lam = self.lam
-        if self.length_alpha is not None:
-            lam = length_adaptive_lam((~rollout.padding_mask).sum(1), self.length_alpha)
-        advantages, returns = self._gae(rollout.rewards, rollout.values, lam, steps)
-        if torch.is_tensor(lam) or self.critic_lam != lam:  # decoupled GAE: the targets at their own lambda
-            returns = self._gae(rollout.rewards, rollout.values, self.critic_lam, steps)[1]
-        advantages = masked_whiten(advantages, ~rollout.padding_mask)
-        rollout.advantages = torch.masked_fill(advantages, rollout.padding_mask, 0)
-        rollout.returns = returns
-
-    def _gae(self, rewards, values, lam, steps):
-        if steps is None:
-            return gae_advantages(rewards, values, self.gamma, lam)
-        return gae_over_steps(rewards, values, steps, self.gamma, lam)
+        """`rollout.advantages` and `rollout.returns`, the value targets, from the estimator (GAE: at `lam`,
+        whitened over the response tokens, 0 on padding; the targets at `critic_lam`; with tools over the policy's
+        tokens only, :mod:`trl_ext.ppo.objective.action_gae`)."""
+        batch = EstimatorBatch(rollout.rewards, ~rollout.padding_mask, values=rollout.values,
+                               value_mask=~rollout.padding_mask_p1, over_steps=rollout.observation_mask is not None,
+                               reduce_sum=self.reduce_sum)
+        estimate = self.estimator.fn(batch, self.settings)
+        rollout.advantages, rollout.returns = estimate.advantages, estimate.returns
 
     def value_loss(self, vpred_temp: torch.Tensor, rollout, micro_batch_inds, device) -> ValueLoss:
         """The value loss of one micro-batch (`value_clip` mode, `cliprange_value`) from the value head's output
@@ -192,39 +196,31 @@ class ValueCritic:
         return value_loss(vpred, rollout.values[micro_batch_inds], rollout.returns[micro_batch_inds],
                           ~padding_mask_p1, self.cliprange_value, self.value_clip)
 
-    @staticmethod
-    def save_value_model(value_model, directory: str) -> None:
-        """Write the value model (full weights, or its adapter and score head) to a checkpoint's `directory`."""
-        value_model.save_pretrained(directory)
-
-    @staticmethod
-    def load_value_model(value_model, directory: str) -> None:
-        """Restore the value model's weights from a checkpoint's `directory`, in place (the optimizer stays valid)."""
-        load_weights_in_place(value_model, directory)
-
     def metrics(self, metrics: dict, rollout, stats) -> None:
-        """TRL's value-model metrics, plus the critic's health (:func:`~.critic_health.critic_health`)."""
+        """TRL's value-model metrics, plus the critic's health (:func:`~.critic_health.critic_health`) and what the
+        value model adds to per-turn credit (:func:`~.critic_health.credit_gain`)."""
         metrics.update(critic_health(rollout, self.reduce_sum, self.turns))
+        metrics.update(credit_gain(rollout, self.settings.gamma, self.settings.group_size, self.reduce_sum,
+                                   self.turns))
 
 
 class CriticFree:
-    """A critic-free ``advantage_estimator`` (every one but ``gae``) in one trainer, built once from its config; it
-    answers the calls of :class:`ValueCritic`: :meth:`values` (zeros, no forward), :meth:`advantages` (the
-    estimator), :meth:`value_loss` (zero), :meth:`metrics` (:func:`critic_free_metrics`); no value model is saved,
-    loaded or budgeted.
+    """A critic-free estimator (every registered one without a value model) in one trainer, built once from its
+    config: no value model is trained, saved, loaded or budgeted; :meth:`values` are zeros (no forward) and
+    :meth:`value_loss` zero; :meth:`metrics` are :func:`critic_free_metrics`.
 
     Args:
         args: the trainer's config (``advantage_estimator``, ``num_samples_per_prompt``, ``kl_in``,
-            ``grpo_scale_by_std``).
+            ``grpo_scale_by_std``, ``turn_credit``, ``gamma``).
         accelerator: REINFORCE++ whitens over every process's tokens; metrics are means over processes.
     """
 
     has_value_model = False
-    """No value model: its stand-in (:class:`NoValueModel`) is neither trained, saved nor counted in a budget."""
 
     def __init__(self, args, accelerator):
-        self.estimator, self.group_size = args.advantage_estimator, args.num_samples_per_prompt
-        self.kl_in_reward, self.scale_by_std = args.kl_in == "reward", args.grpo_scale_by_std
+        self.estimator, self.settings = get_estimator(args.advantage_estimator), EstimatorSettings.from_args(args)
+        self.group_size, self.kl_in_reward = args.num_samples_per_prompt, args.kl_in == "reward"
+        self.per_turn = self.settings.turn_credit == "turn"
         self.accelerator = accelerator
 
     @staticmethod
@@ -234,46 +230,42 @@ class CriticFree:
 
     def rewards(self, rollout, kl_coef: float) -> torch.Tensor:
         """The estimators' per-token reward: ``-kl_coef * KL_t`` on the counted tokens (no KL with
-        ``kl_in="loss"``), and on the last one the score plus the episode's per-turn rewards (the estimators score
-        sequences); REINFORCE++-baseline subtracts its group's mean from that first."""
+        ``kl_in="loss"``), and the environment's rewards. ``turn_credit: episode``: on the last counted token
+        (:func:`last_counted`: with tools the last token of the last turn) the score plus the episode's per-turn
+        rewards (the estimators score sequences), minus its group's mean first for REINFORCE++-baseline.
+        ``turn``: the score there and each per-turn reward on its turn's last token; REINFORCE++-baseline's
+        centred per turn (:func:`~.turn_credit.centred_turn_rewards`)."""
         mask = ~rollout.padding_mask
-        scores = rollout.scores if rollout.turn_rewards is None else rollout.scores + rollout.turn_rewards.sum(1)
-        if self.estimator == "reinforce_pp_baseline":
-            scores = group_mean_baseline(scores, self.group_size)
-        last = (mask.sum(1) - 1).clamp(min=0)
-        return token_rewards(rollout.kl, kl_coef if self.kl_in_reward else 0.0, scores, last, mask=mask)
+        last = last_counted(mask)
+        kl_coef = kl_coef if self.kl_in_reward else 0.0
+        if not self.per_turn:
+            scores = episode_scores(rollout.scores, rollout.turn_rewards)
+            if self.estimator.centres_rewards:
+                scores = group_mean_baseline(scores, self.group_size)
+            return token_rewards(rollout.kl, kl_coef, scores, last, mask=mask)
+        if not self.estimator.centres_rewards:
+            return token_rewards(rollout.kl, kl_coef, rollout.scores, last, rollout.turn_rewards, mask=mask)
+        environment = token_rewards(torch.zeros_like(rollout.kl), 0.0, rollout.scores, last, rollout.turn_rewards)
+        centred = centred_turn_rewards(environment, turn_index(mask), self.settings.gamma, self.group_size)
+        return token_rewards(rollout.kl, kl_coef, torch.zeros_like(rollout.scores), last, centred, mask=mask)
 
     def advantages(self, rollout) -> None:
-        """`rollout.advantages` `(batch, T)` (0 on padding) from `rollout.rewards`: `rloo`/`grpo` one advantage per
-        sequence from its group's reward sums, on every counted token, not whitened; `reinforce_pp[_baseline]`
-        returns-to-go whitened over every process's tokens. `rollout.returns` is the advantages (no value target)."""
+        """`rollout.advantages` `(batch, T)` (0 on padding) from `rollout.rewards` by the estimator
+        (:mod:`.estimators`; ``turn_credit: turn``: per turn); `rollout.returns` is the advantages (no value
+        target); one advantage per sequence (`rloo`/`grpo` per episode) goes to `estimator_stats`."""
         mask = ~rollout.padding_mask
-        if self.estimator in ("rloo", "grpo"):
-            rewards = rollout.rewards.sum(1)
-            if self.estimator == "rloo":
-                per_sequence = rloo_advantages(rewards, self.group_size)
-            else:
-                per_sequence = grpo_advantages(rewards, self.group_size, scale_by_std=self.scale_by_std)
-            advantages = sequence_advantages_to_tokens(per_sequence, mask)
-            rollout.estimator_stats["sequence_advantages"] = per_sequence
-        else:
-            advantages = reinforce_pp_advantages(rollout.rewards, mask, _sum_over_processes(self.accelerator))
-        rollout.advantages = advantages
-        rollout.returns = advantages
+        batch = EstimatorBatch(rollout.rewards, mask, turns=turn_index(mask) if self.per_turn else None,
+                               reduce_sum=_sum_over_processes(self.accelerator))
+        estimate = self.estimator.fn(batch, self.settings)
+        if estimate.sequence_advantages is not None:
+            rollout.estimator_stats["sequence_advantages"] = estimate.sequence_advantages
+        rollout.advantages, rollout.returns = estimate.advantages, estimate.returns
 
     @staticmethod
     def value_loss(vpred_temp, rollout, micro_batch_inds, device) -> ValueLoss:
         """The value-loss terms of a critic-free micro-batch: zeros on `device` (the loss is the policy's alone)."""
         zero = torch.zeros((), device=device)
         return ValueLoss(zero, zero)
-
-    @staticmethod
-    def save_value_model(value_model, directory: str) -> None:
-        """Nothing to save: the stand-in has no weights."""
-
-    @staticmethod
-    def load_value_model(value_model, directory: str) -> None:
-        """Nothing to restore: the stand-in has no weights."""
 
     def metrics(self, metrics: dict, rollout, stats) -> None:
         """Replace the value-model metrics in `metrics` with the critic-free ones (:func:`critic_free_metrics`)."""
@@ -283,10 +275,12 @@ class CriticFree:
 def critic_free_metrics(metrics: dict, rollout, stats, k: int, gather) -> None:
     """Replace the value-model metrics in `metrics` with the critic-free ones (means over processes):
 
-    * `objective/group_scores_std`: mean over groups of the std of the scores within a group (k > 1);
-    * `objective/frac_groups_equal_scores`: fraction of groups whose scores are all equal (their group advantage is
-      0: a wasted rollout; k > 1);
-    * `objective/advantages_abs`: mean |advantage| over the response tokens (`rloo`/`grpo`: per sequence);
+    * `objective/group_scores_std`: mean over groups of the std of the scores within a group (k > 1), a score
+      being the final one plus the episode's per-turn rewards (:func:`~trl_ext.rewards.metrics.episode_scores`);
+    * `objective/frac_groups_equal_scores`: fraction of groups whose scores are all equal (their episode-level
+      group advantage is 0: a wasted rollout; k > 1);
+    * `objective/advantages_abs`: mean |advantage| over the response tokens (`rloo`/`grpo` per episode: per
+      sequence);
     * `loss/kl_avg`: the k3 KL loss term before `kl_coef` (`kl_in="loss"`);
     * `policy/ratio_avg`, `policy/ratio_var`, `objective/num_eos_tokens`: TRL's `val/ratio`, `val/ratio_var`,
       `val/num_eos_tokens` renamed, so that a critic-free run logs no `val/*` key.
@@ -296,10 +290,11 @@ def critic_free_metrics(metrics: dict, rollout, stats, k: int, gather) -> None:
     metrics["policy/ratio_avg"] = metrics.pop("val/ratio")
     metrics["policy/ratio_var"] = metrics.pop("val/ratio_var")
     metrics["objective/num_eos_tokens"] = metrics.pop("val/num_eos_tokens")
-    if k > 1:
-        grouped = rollout.scores.view(-1, k)
+    if k > 1:  # an episode's per-turn rewards count with its final score
+        scores = episode_scores(rollout.scores, rollout.turn_rewards)
+        grouped = scores.view(-1, k)
         metrics["objective/group_scores_std"] = gather(grouped.std(1).mean()).mean().item()
-        all_equal = all_equal_groups(rollout.scores, k).float().mean()
+        all_equal = all_equal_groups(scores, k).float().mean()
         metrics["objective/frac_groups_equal_scores"] = gather(all_equal).mean().item()
     if "sequence_advantages" in rollout.estimator_stats:
         abs_advantages = rollout.estimator_stats["sequence_advantages"].abs().mean()

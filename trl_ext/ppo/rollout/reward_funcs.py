@@ -158,12 +158,14 @@ class RewardFunctionScoring:
             rollout.advantages = torch.masked_fill(rollout.advantages, scores.unscorable.unsqueeze(1), 0)
 
     def metrics(self, rollout) -> dict:
-        """The reward-function metrics of the update (:mod:`trl_ext.rewards.metrics`)."""
+        """The reward-function metrics of the update (:mod:`trl_ext.rewards.metrics`), the environments' per-turn
+        rewards counted in ``reward`` and the group metrics."""
         sequence_lengths = rollout.sequence_lengths
         if rollout.observation_mask is not None:  # tools: TRL counts the model's tokens only (its `tool_mask`)
             sequence_lengths = (~rollout.padding_mask).sum(1) - 1
         return reward_metrics(rollout.reward_scores, sequence_lengths, rollout.contain_eos_token,
-                              self.num_samples_per_prompt, self.gather, with_workers=self.scorer.pool is not None)
+                              self.num_samples_per_prompt, self.gather, with_workers=self.scorer.pool is not None,
+                              turn_rewards=rollout.turn_rewards)
 
     def close(self) -> None:
         """Stop the worker processes (the next ``train()`` restarts them)."""
