@@ -214,6 +214,9 @@ def _check(args: argparse.Namespace, overrides: list[str]) -> int:
     from .recipe_loader.lora_targets import check_recipe_lora_targets
 
     notes = recipe.notes + check_recipe_lora_targets(recipe)  # models built on the meta device, no weights
+    from .recipe_loader.plan import full_value_model_note
+
+    notes += [note for note in [full_value_model_note(recipe, args.recipe, overrides)] if note]
     print(f"# {args.recipe}: OK ({recipe.trainer} recipe, {type(recipe.training_args).__name__})")
     for note in notes:
         print(f"# note: {note}")
@@ -237,7 +240,8 @@ def _check(args: argparse.Namespace, overrides: list[str]) -> int:
     for role, margs in (("reward model", recipe.reward_model_args), ("value model", recipe.value_model_args)):
         if margs is not None and not (recipe.trainer == "ppo" and recipe.pipeline.shared_base):
             quant = "4-bit" if margs.load_in_4bit else "8-bit" if margs.load_in_8bit else margs.dtype
-            lora = f", LoRA r={margs.lora_r}" if margs.use_peft else ""
+            how = ", frozen" if role == "reward model" else ", trained in full"
+            lora = f", LoRA r={margs.lora_r}" if margs.use_peft else how
             print(f"# {role}: {margs.model_name_or_path} ({quant}{lora})")
     if recipe.reward_funcs:
         from .rewards.resolve import reward_func_name

@@ -474,7 +474,7 @@ def test_demo_recipes_pass_check(capsys, monkeypatch, tmp_path, tiny_models, rew
                  "ppo_shared": ["--reward_model_path", str(reward_adapter)]}.get(name, [])
         assert main(["check", str(DEMO / f"{name}.yaml"), "--output_dir", str(tmp_path / name), *extra]) == 0
     out = capsys.readouterr().out
-    assert "trainer: ppo" in out and "# value model: tiny://reward (float32)" in out
+    assert "trainer: ppo" in out and "# value model: tiny://reward (float32, trained in full)" in out
     assert f"# shared base tiny://policy: policy adapter; reward: adapter {reward_adapter} (frozen)" in out
 
 
