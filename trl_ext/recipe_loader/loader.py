@@ -28,6 +28,7 @@ from .arguments import (  # re-exported: the loader's public names
 )
 from .argv import RecipeArgumentParser as _RecipeArgumentParser
 from .argv import entry_values, plain, portable_value, to_argv
+from .grpo_keys import translate_grpo_keys
 from .reward_keys import check_no_reward_model, resolve_reward_keys
 from .tool_keys import check_reward_source, resolve_tool_keys
 
@@ -187,6 +188,8 @@ def resolve_recipe(
         raise UserInputError(f"recipe: missing key 'trainer' (one of {', '.join(TRAINERS)})")
     if trainer not in TRAINERS:
         raise UserInputError(f"recipe: key 'trainer': invalid choice '{trainer}' (choose from {', '.join(TRAINERS)})")
+    if trainer == "ppo":  # GRPOConfig's names (num_generations, beta, ...) as PPOConfig's
+        merged = translate_grpo_keys(merged)
 
     types = _dataclass_types(trainer)
     parser = _parser_of(trainer)

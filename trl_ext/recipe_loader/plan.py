@@ -109,6 +109,7 @@ def parse_ppo_recipe(path: str, overrides: list[str]):
     merged.pop("env", None)
     if merged.get("trainer") != "ppo":
         raise UserInputError(f"plan: '{path}' is a {merged.get('trainer')!r} recipe; the planner plans PPO recipes")
+    merged = loader.translate_grpo_keys(merged)
     types = loader._dataclass_types("ppo")
     parser = loader._RecipeArgumentParser(types)
     actions = {a.dest: a for a in parser._actions if a.dest != "help"}

@@ -10,7 +10,8 @@ from ..config_rules import INT64_MAX, MODEL_PREFIXES, RANGES, Bound, KeySpec, ke
 from ..errors import UserInputError
 
 __all__ = ["INT64_MAX", "MODEL_PREFIXES", "RANGES", "Bound", "KeySpec", "key_specs", "check_null", "check_value",
-           "check_namespace", "recipe_message", "find_culprit", "check_lora", "check_value_trains", "check_model_limits", "check_episodes"]
+           "check_namespace", "recipe_message", "find_culprit", "check_lora", "check_value_trains",
+           "check_model_limits", "check_episodes"]
 
 # ----------------------------------------------------------------------------------------------------------------
 # The checks
