@@ -14,7 +14,7 @@ from trl_ext.ppo.rollout.memory_budget import GIB, LLAMA_3_8B, ModelShape, PPOSh
 from trl_ext.cli import main
 from trl_ext.recipe_loader.plan import make_plan, split_plan_options
 
-SHARED = "recipes/qwen2.5-0.5b/ppo_shared.yaml"
+SHARED = "tests/data/recipes/ppo_shared_0.5b.yaml"  # fixed settings, whatever the shipped recipes become
 
 
 @pytest.fixture(scope="module")
