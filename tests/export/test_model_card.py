@@ -5,7 +5,6 @@ API (tests/hub_stand_in.py) that records what it receives."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -13,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from hub_stand_in import HubStandIn
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
-from hub_stand_in import HubStandIn  # noqa: E402
 
 
 @pytest.fixture(scope="module")
