@@ -419,7 +419,7 @@ def _reward_output_override(path, tmp_path):
         for split in (keys.get("dataset_train_split", "train"), keys.get("dataset_test_split", "test")):
             (standin / f"{split}.jsonl").write_text(json.dumps(row) + "\n")
         data_override = ["--dataset_name", str(standin)]
-    if keys.get("shared_base"):  # a LoRA reward adapter trained on the policy's base
+    if keys.get("shared_base") and keys.get("reward_model_path"):  # a LoRA reward adapter trained on the policy's base
         adapter = fake_reward_adapter(tmp_path / "adapter", keys["model_name_or_path"])
         return data_override + ["--reward_model_path", str(adapter)]
     overrides = data_override
