@@ -1,12 +1,12 @@
-"""Wall time of each README quickstart command, run as a newcomer runs them: on a fresh clone.
+"""Wall time of each CPU quickstart command (docs/quickstart-cpu.md), run as a newcomer runs them: on a fresh clone.
 
     python benchmarks/quickstart_times.py                        # the demo quickstart
     python benchmarks/quickstart_times.py --quickstart verifiable
     python benchmarks/quickstart_times.py --quickstart demo verifiable --json benchmarks/results/quickstart.json
 
-What it does: ``git clone`` of this repository's committed HEAD into a temporary folder; the commands of the README's
-quickstart sections (the ```bash blocks under "### The demo step by step" and "### Reward functions: a verifiable
-task", read from the clone's README, so the figures belong to the README they time) run one after the other from the
+What it does: ``git clone`` of this repository's committed HEAD into a temporary folder; the commands of the
+quickstart sections of docs/quickstart-cpu.md (the ```bash blocks under "### The demo step by step" and "### Reward functions: a verifiable
+task", read from the clone's copy, so the figures belong to the text they time) run one after the other from the
 clone's root, each through the shell, with this Python environment and ``PYTHONPATH`` pointing at the clone (so the
 clone's ``trl_ext`` runs, as after ``pip install -e .`` there). A chain ``a && b`` is timed as two commands. The tiny
 models are built into a fresh folder (``TRL_EXT_TINY_DIR``), so the first command pays for building them, as on a new
@@ -15,9 +15,9 @@ machine; ``HF_HUB_OFFLINE=1`` keeps a machine without network from waiting on Hu
 It prints each command's wall time and exit code, the headline line of each ``trl-ext train`` summary (the main
 metric, first -> last) and the last line of any other command, with the 1-minute load average just before it (the
 previous command's own load included), then the machine: CPU, cores, load average before and after, versions,
-commit. A loaded machine makes the times longer (the README's old figures, taken under load average 8-11, were
+commit. A loaded machine makes the times longer (the old figures, taken under load average 8-11, were
 15-40x an idle machine's): when the 1-minute load average is above ``--max-load`` (default 1.0) before the run
-starts, the script refuses to time anything (exit code 3). The README's quickstart times come from this script.
+starts, the script refuses to time anything (exit code 3). The quickstart times in benchmarks/README.md come from this script.
 Stops at the first failing command.
 """
 
@@ -34,11 +34,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = {"demo": "### The demo step by step", "verifiable": "### Reward functions: a verifiable task"}
+DOC = "docs/quickstart-cpu.md"  # where the quickstarts' commands are written
+SECTIONS = {"demo": "### The demo step by step", "verifiable": "## Reward functions: a verifiable task"}
 
 
 def quickstart_commands(readme: str, heading: str) -> list[str]:
-    """The shell commands of the ```bash blocks in the README section under ``heading`` (up to the next heading),
+    """The shell commands of the ```bash blocks in the section of ``readme`` under ``heading`` (up to the next heading),
     continuation lines joined, comments dropped, ``&&`` chains split."""
     start = readme.index(heading + "\n")
     after = re.search(r"\n#{2,6} ", readme[start + len(heading):])  # the next heading (a bash comment has one #)
@@ -78,7 +79,7 @@ def note_of(command: str, output: str) -> str:
 
 
 def run_quickstart(name: str, clone: Path, env: dict, log_dir: Path) -> list[dict]:
-    commands = quickstart_commands((clone / "README.md").read_text(), SECTIONS[name])
+    commands = quickstart_commands((clone / DOC).read_text(), SECTIONS[name])
     results = []
     for i, command in enumerate(commands):
         print(f"[{name} {i + 1}/{len(commands)}] $ {command}", flush=True)

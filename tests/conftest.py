@@ -33,6 +33,7 @@ LONGEST_FIRST = [
     "tests/engines/test_engine_cli.py",  # 2 ZeRO-2 CLI launches
     "tests/benchmarks/test_engine_matrix_benchmark.py",  # one 2-process DDP launch of engine_script
     "tests/recipes/test_every_key.py",
+    "tests/recipes/test_real_model_recipes.py",  # each real-model recipe: check and two updates at tiny size
     "tests/test_gpu_ppo_benchmark.py",
     "tests/recipes/test_sft_recipe.py",
     "tests/recipes/test_cli_interruption.py",

@@ -101,7 +101,7 @@ def test_tiny_tokenizer_roundtrip_and_chat_template(tokenizer):
     assert tokenizer.pad_token_id != tokenizer.eos_token_id
 
 
-DOCS = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", ROOT / "tests" / "README.md",
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "benchmarks" / "README.md", ROOT / "tests" / "README.md",
         *sorted((ROOT / "docs").glob("*.md"))]
 GENERATED = ("benchmarks/results/", "outputs/")  # written by runs, git-ignored
 

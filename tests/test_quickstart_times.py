@@ -1,4 +1,4 @@
-"""benchmarks/quickstart_times.py reads the commands it times from the README: each quickstart section must still
+"""benchmarks/quickstart_times.py reads the commands it times from docs/quickstart-cpu.md: each quickstart section must still
 give it the commands a newcomer runs, with every recipe and script they name present (else the script, which only
 runs by hand, would time the wrong thing unseen)."""
 
@@ -24,7 +24,7 @@ def quickstart_times():
 
 
 def test_demo_commands_in_readme_order(quickstart_times):
-    commands = quickstart_times.quickstart_commands((ROOT / "README.md").read_text(),
+    commands = quickstart_times.quickstart_commands((ROOT / quickstart_times.DOC).read_text(),
                                                     quickstart_times.SECTIONS["demo"])
     assert commands[:2] == ["trl-ext train recipes/demo/reward.yaml", "trl-ext train recipes/demo/ppo.yaml"]
     assert any(c.startswith("trl-ext export ") for c in commands) and any(c.startswith("trl-ext sample ") for c in commands)
@@ -34,7 +34,7 @@ def test_demo_commands_in_readme_order(quickstart_times):
 
 @pytest.mark.parametrize("section", ["demo", "verifiable"])
 def test_every_file_a_quickstart_command_names_exists(quickstart_times, section):
-    commands = quickstart_times.quickstart_commands((ROOT / "README.md").read_text(),
+    commands = quickstart_times.quickstart_commands((ROOT / quickstart_times.DOC).read_text(),
                                                     quickstart_times.SECTIONS[section])
     assert commands
     named = [p for c in commands for p in re.findall(r"\b(?:recipes|benchmarks)/\S+\.(?:yaml|py|jsonl)", c)]

@@ -66,10 +66,10 @@ def _add_export_parsers(sub) -> None:
     help_ = "write a run's models as standalone full-precision transformers models (no peft, no trl-ext needed)"
     p = sub.add_parser("export", help=help_, description=help_ + (
         ". Writes OUT_DIR/policy (AutoModelForCausalLM), OUT_DIR/reward and OUT_DIR/value "
-        "(AutoModelForSequenceClassification, one output), each with the tokenizer, and OUT_DIR/trl_ext_export.json "
-        "(where each came from). LoRA adapters are merged into their base reloaded unquantized (also for 4-/8-bit "
-        "runs); a centred reward head keeps its bias (loads with trust_remote_code=True). OUT_DIR must be new or "
-        "empty (or --overwrite); nothing is written on error."))
+        "(AutoModelForSequenceClassification, one output), each with the tokenizer, OUT_DIR/trl_ext_export.json "
+        "(where each came from) and OUT_DIR/README.md (a model card). LoRA adapters are merged into their base "
+        "reloaded unquantized (also for 4-/8-bit runs); a centred reward head keeps its bias (loads with "
+        "trust_remote_code=True). OUT_DIR must be new or empty (or --overwrite); nothing is written on error."))
     p.add_argument("run", metavar="RUN_DIR", help="output_dir of `trl-ext train` (SFT, reward, DPO, PPO) or a "
                    "checkpoint-N folder of it")
     p.add_argument("out", metavar="OUT_DIR", help="new folder for the exported models")
@@ -83,6 +83,10 @@ def _add_export_parsers(sub) -> None:
                    help="replace a non-empty OUT_DIR (only once the new export is complete)")
     p.add_argument("--base", metavar="MODEL", help="the base model the run's LoRA adapters were trained on, when it is "
                    "no longer where adapter_config.json says (policy adapters; shared-base reward/value adapters)")
+    p.add_argument("--push-to-hub", metavar="REPO", help="then upload OUT_DIR (the models and the model card, "
+                   "README.md) to this Hub model repo, created if needed (huggingface_hub: HF_TOKEN or "
+                   "`hf auth login`)")
+    p.add_argument("--private", action="store_true", help="with --push-to-hub: create the repo private")
 
     help_ = "generate responses from a run's (or an export's) policy with the run's sampling settings"
     p = sub.add_parser("sample", help=help_, description=help_ + (
@@ -133,8 +137,36 @@ def _add_export_parsers(sub) -> None:
                    help="dtype to run in (default: a run's recipe dtype; an export's or model's own)")
 
 
+def config_option_as_recipe(argv: list[str]) -> list[str]:
+    """``trl-ext train --config RECIPE`` (TRL's ``trl grpo --config x.yaml``) as ``trl-ext train RECIPE``; also for
+    check and plan. A recipe given both ways is refused."""
+    if not argv or argv[0] not in ("train", "check", "plan"):
+        return argv
+    rest = argv[1:]
+    for i, token in enumerate(rest):
+        name, eq, value = token.partition("=")
+        if name != "--config":
+            continue
+        if not eq and i + 1 >= len(rest):
+            raise UserInputError("--config needs the recipe file: --config RECIPE")
+        value = value if eq else rest[i + 1]
+        others = rest[:i] + rest[i + (1 if eq else 2):]
+        j = 0
+        while j < len(others) and others[j].partition("=")[0] in ("--verbose", "--gpu-memory", "--prompt-length"):
+            j += 1 if others[j] == "--verbose" or "=" in others[j] else 2  # the command's own options
+        if j < len(others) and not others[j].startswith("-"):
+            raise UserInputError(f"the recipe is given twice: --config {value} and {others[j]}; give one")
+        return [argv[0], value, *others]
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    try:
+        argv = config_option_as_recipe(list(sys.argv[1:] if argv is None else argv))
+    except UserInputError as err:
+        print(f"trl-ext: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -214,6 +246,9 @@ def _check(args: argparse.Namespace, overrides: list[str]) -> int:
     from .recipe_loader.lora_targets import check_recipe_lora_targets
 
     notes = recipe.notes + check_recipe_lora_targets(recipe)  # models built on the meta device, no weights
+    from .recipe_loader.plan import full_value_model_note
+
+    notes += [note for note in [full_value_model_note(recipe, args.recipe, overrides)] if note]
     print(f"# {args.recipe}: OK ({recipe.trainer} recipe, {type(recipe.training_args).__name__})")
     for note in notes:
         print(f"# note: {note}")
@@ -237,7 +272,8 @@ def _check(args: argparse.Namespace, overrides: list[str]) -> int:
     for role, margs in (("reward model", recipe.reward_model_args), ("value model", recipe.value_model_args)):
         if margs is not None and not (recipe.trainer == "ppo" and recipe.pipeline.shared_base):
             quant = "4-bit" if margs.load_in_4bit else "8-bit" if margs.load_in_8bit else margs.dtype
-            lora = f", LoRA r={margs.lora_r}" if margs.use_peft else ""
+            how = ", frozen" if role == "reward model" else ", trained in full"
+            lora = f", LoRA r={margs.lora_r}" if margs.use_peft else how
             print(f"# {role}: {margs.model_name_or_path} ({quant}{lora})")
     if recipe.reward_funcs:
         from .rewards.resolve import reward_func_name

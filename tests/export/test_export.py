@@ -240,12 +240,12 @@ def test_roles_and_dtype_options(runs, tmp_path):
     from trl_ext.export import export_run
 
     info = export_run(runs["ppo_checkpoint"][0], tmp_path / "out", roles=["value"], dtype="float16")
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["trl_ext_export.json", "value"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["README.md", "trl_ext_export.json", "value"]
     config = json.loads((tmp_path / "out" / "value" / "config.json").read_text())
     assert config["dtype"] == "float16" and info["dtype"] == "float16"
     # --overwrite replaces the folder, once the new export is complete
     export_run(runs["ppo_checkpoint"][0], tmp_path / "out", roles=["policy"], overwrite=True)
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["policy", "trl_ext_export.json"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["README.md", "policy", "trl_ext_export.json"]
 
 
 # ---------------------------------------------------------------------------------------------------------------

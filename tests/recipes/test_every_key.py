@@ -78,7 +78,7 @@ def standins(keys, tmp_path, tiny_models, reward_adapter):
     policy = "tiny://policy"
     if keys.get("tools") or keys.get("environment_factory"):
         policy = tool_policy(tmp_path)
-    if keys.get("shared_base"):
+    if keys.get("shared_base") and keys.get("reward_model_path"):  # an adapter on the tiny policy's base
         keys.update(model_name_or_path="tiny://policy", reward_model_path=str(reward_adapter))
         keys.pop("value_model_path", None)
     for key in ("model_name_or_path", "reward_model_path", "value_model_path"):

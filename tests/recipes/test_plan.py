@@ -14,7 +14,7 @@ from trl_ext.ppo.rollout.memory_budget import GIB, LLAMA_3_8B, ModelShape, PPOSh
 from trl_ext.cli import main
 from trl_ext.recipe_loader.plan import make_plan, split_plan_options
 
-SHARED = "recipes/qwen2.5-0.5b/ppo_shared.yaml"
+SHARED = "tests/data/recipes/ppo_shared_0.5b.yaml"  # fixed settings, whatever the shipped recipes become
 
 
 @pytest.fixture(scope="module")
@@ -126,9 +126,12 @@ def test_bf16_residual_key_is_planned(llama_8b):
 
 
 def test_hub_ids_and_other_recipes_are_refused_in_one_line(capsys):
-    assert main(["plan", SHARED]) == 2  # Qwen/Qwen2.5-0.5B-Instruct: not local, never downloaded
+    assert main(["plan", SHARED]) == 2  # Qwen/Qwen2.5-0.5B-Instruct: a Hub id, and the tests are offline
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--model_name_or_path DIR" in err and "never downloads" in err
+    assert err.count("\n") == 1 and "'Qwen/Qwen2.5-0.5B-Instruct' is a Hub id whose config.json could not be fetched" \
+        in err and "--model_name_or_path path/to/config.json" in err
+    assert main(["plan", SHARED, "--model_name_or_path", "no/such/folder/config.json"]) == 2
+    assert "is not a local directory or config.json" in capsys.readouterr().err
     assert main(["plan", "recipes/demo/reward.yaml"]) == 2
     assert "the planner plans PPO recipes" in capsys.readouterr().err
     with pytest.raises(UserInputError, match="--gpu-memory takes a number"):

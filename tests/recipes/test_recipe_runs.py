@@ -133,7 +133,7 @@ def test_demo_refuses_to_overwrite_an_earlier_demo(demo_run, capfd):
 
 
 def test_demo_steps_are_the_readme_commands(tiny_env, tmp_path, monkeypatch):
-    """The steps are the README's step-by-step commands on --out's paths, --overwrite passed to export and sample;
+    """The steps are the step-by-step commands of docs/quickstart-cpu.md on --out's paths, --overwrite passed to export and sample;
     from another directory the demo uses the clone's recipes/demo by absolute paths."""
     from trl_ext.recipe_loader.demo import demo_folder, steps
 

@@ -419,7 +419,7 @@ def _reward_output_override(path, tmp_path):
         for split in (keys.get("dataset_train_split", "train"), keys.get("dataset_test_split", "test")):
             (standin / f"{split}.jsonl").write_text(json.dumps(row) + "\n")
         data_override = ["--dataset_name", str(standin)]
-    if keys.get("shared_base"):  # a LoRA reward adapter trained on the policy's base
+    if keys.get("shared_base") and keys.get("reward_model_path"):  # a LoRA reward adapter trained on the policy's base
         adapter = fake_reward_adapter(tmp_path / "adapter", keys["model_name_or_path"])
         return data_override + ["--reward_model_path", str(adapter)]
     overrides = data_override
@@ -474,7 +474,7 @@ def test_demo_recipes_pass_check(capsys, monkeypatch, tmp_path, tiny_models, rew
                  "ppo_shared": ["--reward_model_path", str(reward_adapter)]}.get(name, [])
         assert main(["check", str(DEMO / f"{name}.yaml"), "--output_dir", str(tmp_path / name), *extra]) == 0
     out = capsys.readouterr().out
-    assert "trainer: ppo" in out and "# value model: tiny://reward (float32)" in out
+    assert "trainer: ppo" in out and "# value model: tiny://reward (float32, trained in full)" in out
     assert f"# shared base tiny://policy: policy adapter; reward: adapter {reward_adapter} (frozen)" in out
 
 

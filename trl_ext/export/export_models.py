@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 from ..errors import UserInputError
+from .model_card import model_card, push_export
 from .run_dir import DTYPES, EXPORT_FILENAME, ROLES, Run, load_merged, load_run_tokenizer, open_run
 
 __all__ = ["export_run", "ppo_sampling_settings"]
@@ -42,7 +43,8 @@ def _check_out_dir(out: Path, overwrite: bool) -> None:
 
 
 def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, roles: list[str] | None = None,
-               dtype: str | None = None, overwrite: bool = False, base: str | None = None) -> dict:
+               dtype: str | None = None, overwrite: bool = False, base: str | None = None,
+               card_name: str | None = None) -> dict:
     """Export the models of a trl-ext run or checkpoint into ``out_dir``; returns what ``trl_ext_export.json`` says.
 
     Args:
@@ -53,6 +55,8 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, roles:
             recorded it (see :func:`~trl_ext.export.run_dir.open_run`).
         dtype: ``float32``, ``bfloat16``, ``float16`` or ``auto`` (the base checkpoint's); default: the recipe's
             ``dtype`` (``float32`` unless it says otherwise).
+        card_name: the name the model card's loading code uses (a Hub repo it will be pushed to); default the
+            folder ``out_dir``.
 
     Raises:
         UserInputError: not a run, a role it lacks, a missing base, a bad dtype, a non-empty ``out_dir``.
@@ -79,6 +83,7 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, roles:
         for role, source in sources.items():
             info["roles"][role] = _export_role(run, role, source, staging / role, dtype)
         (staging / EXPORT_FILENAME).write_text(json.dumps(info, indent=2, default=str) + "\n")
+        (staging / "README.md").write_text(model_card(info, run.path, card_name or str(out)))
         if out.exists():  # empty, or --overwrite: replaced only now that the export is complete
             shutil.rmtree(out)
         os.replace(staging, out)
@@ -112,8 +117,16 @@ def _export_role(run: Run, role: str, source, target: Path, dtype: str) -> dict:
 
 def main(args) -> int:
     """``trl-ext export`` (parsed arguments from :mod:`trl_ext.cli`)."""
+    repo = getattr(args, "push_to_hub", None)
+    if repo:  # a bad repo id stops before anything is exported
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+        try:
+            validate_repo_id(repo)
+        except HFValidationError as err:
+            raise UserInputError(f"--push-to-hub {repo!r}: {str(err).splitlines()[0]}") from None
     info = export_run(args.run, args.out, roles=args.roles, dtype=args.dtype, overwrite=args.overwrite,
-                      base=args.base)
+                      base=args.base, card_name=repo)
     if info["trainer"] == "ppo" and "reward" not in info["roles"] and not args.roles:
         print(f"note: the run's reward model ({info['recipe'].get('reward_model_path')}) was not found from this "
               "directory; export it from its own run")
@@ -121,4 +134,7 @@ def main(args) -> int:
         note = " (load with trust_remote_code=True: centred score head with a bias)" if entry["trust_remote_code"] else ""
         merged = f", adapter merged into {entry['merged_adapter_on']}" if entry["merged_adapter_on"] else ""
         print(f"{Path(args.out) / role}: {entry['class']} ({info['dtype']}{merged}){note}")
+    print(f"{Path(args.out) / 'README.md'}: the model card")
+    if repo:
+        print(f"pushed to the Hub: {push_export(args.out, repo, private=args.private)}")
     return 0

@@ -8,13 +8,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["ENTRY_KEYS", "INHERITED_MODEL_KEYS", "PATH_KEYS", "TRAINERS", "UNSUPPORTED_KEYS", "PipelineArguments",
-           "Recipe"]
+__all__ = ["ENTRY_KEYS", "INHERITED_MODEL_KEYS", "PATH_KEYS", "QLORA_QUANTIZATION_KEYS", "QLORA_VALUE_LORA_KEYS",
+           "TRAINERS", "UNSUPPORTED_KEYS", "PipelineArguments", "Recipe", "scalar_model_config"]
 
 TRAINERS = ("sft", "reward", "dpo", "ppo")
 
 # Keys of TRL's ModelConfig that the reward and value models inherit from the policy when not set with a prefix.
 INHERITED_MODEL_KEYS = ("model_revision", "dtype", "attn_implementation")
+# QLoRA-safe defaults: with a quantized LoRA policy, the reward and value models' unset quantization keys follow the
+# policy's, and the value model trains a LoRA adapter with the policy's LoRA keys (its own value_* keys win).
+QLORA_QUANTIZATION_KEYS = ("load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type", "use_bnb_nested_quant",
+                           "bnb_4bit_quant_storage")
+QLORA_VALUE_LORA_KEYS = ("use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
+                         "lora_target_parameters", "use_rslora", "use_dora")
 # Trainer-config fields that trl-ext's pipeline does not use (it loads the policy from ``model_name_or_path``).
 UNSUPPORTED_KEYS = {"sft_model_path": "set model_name_or_path to the policy (SFT) checkpoint instead"}
 # Keys whose value, when it looks like a local path, must exist.
@@ -127,3 +133,42 @@ class Recipe:
         import yaml
 
         return yaml.safe_dump(self.explicit, sort_keys=False, default_flow_style=None)
+
+
+def _followed_policy_keys(prefix: str, given: set, policy_args) -> dict:
+    """The QLoRA-safe defaults (see :data:`QLORA_QUANTIZATION_KEYS`): the ModelConfig fields of the reward or value
+    model that follow the policy because the recipe leaves them unset; none unless the policy is quantized with
+    LoRA. Setting either ``load_in_*`` key takes the model's quantization out of the policy's hands."""
+    if not (policy_args.use_peft and (policy_args.load_in_4bit or policy_args.load_in_8bit)):
+        return {}
+    keys = [k for k in QLORA_QUANTIZATION_KEYS if k not in given]
+    if given & {"load_in_4bit", "load_in_8bit"}:
+        keys = [k for k in keys if not k.startswith("load_in_")]
+    if prefix == "value":
+        keys += [k for k in QLORA_VALUE_LORA_KEYS if k not in given]
+    return {k: getattr(policy_args, k) for k in keys if hasattr(policy_args, k)}
+
+
+def scalar_model_config(prefixed, prefix: str, policy_args, path: Optional[str]):
+    """A ``trl.ModelConfig`` for the reward or value model from its ``<prefix>_*`` keys (``prefixed``: the parsed
+    dataclass, None for unset keys); unset keys take ModelConfig's defaults, except :data:`INHERITED_MODEL_KEYS` and,
+    with a quantized LoRA policy, the QLoRA-safe defaults. The one place both the loader and ``trl-ext plan`` get
+    them."""
+    import dataclasses
+
+    from trl import ModelConfig
+
+    from ..errors import UserInputError
+
+    given = {f.name[len(prefix) + 1:]: getattr(prefixed, f.name) for f in dataclasses.fields(prefixed)
+             if getattr(prefixed, f.name) is not None}
+    kwargs = {"model_name_or_path": path, "lora_task_type": "SEQ_CLS"}
+    for key in INHERITED_MODEL_KEYS + ("trust_remote_code",):
+        if hasattr(policy_args, key):
+            kwargs[key] = getattr(policy_args, key)
+    kwargs.update(_followed_policy_keys(prefix, set(given), policy_args))
+    kwargs.update(given)
+    try:
+        return ModelConfig(**kwargs)
+    except ValueError as err:
+        raise UserInputError(f"recipe: {prefix} model: {str(err).splitlines()[0]}") from None

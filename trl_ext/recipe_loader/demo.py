@@ -1,6 +1,6 @@
-"""``trl-ext demo``: the README's demo in one command, on its defaults: the reward model, PPO against it, the export,
-samples from the exported policy and the plots, each step the ``trl-ext`` command the README lists (printed before it
-runs), then one summary of what each step wrote and what its numbers mean.
+"""``trl-ext demo``: the CPU demo in one command, on its defaults: the reward model, PPO against it, the export,
+samples from the exported policy and the plots, each step the ``trl-ext`` command docs/quickstart-cpu.md lists (printed
+before it runs), then one summary of what each step wrote and what its numbers mean.
 
 The demo's recipes and data are the clone's ``recipes/demo`` (looked for in the current directory, then beside the
 installed package). Its outputs go under ``--out`` (default ``outputs/demo``, the step-by-step commands' paths); any of
@@ -21,7 +21,7 @@ from .summary import headline
 
 #: What the demo writes under --out, in step order.
 OUTPUTS = ("reward", "ppo", "export", "samples.jsonl", "plots")
-PPO_TAIL = 10  # the README's PPO figure: mean objective/scores of the last 10 updates
+PPO_TAIL = 10  # docs/quickstart-cpu.md's PPO figure: mean objective/scores of the last 10 updates
 
 
 def demo_folder() -> Path:
@@ -34,7 +34,7 @@ def demo_folder() -> Path:
 
 
 def steps(demo: Path, out: Path, overwrite: bool) -> list[tuple[str, list[str]]]:
-    """(what, trl-ext argv) of each step: the README's step-by-step commands, with --out's paths."""
+    """(what, trl-ext argv) of each step: the step-by-step commands of docs/quickstart-cpu.md, with --out's paths."""
     forced = ["--overwrite"] if overwrite else []
     data = demo / "data"
     return [
@@ -109,6 +109,7 @@ def summary(out: Path, seconds: dict[str, float]) -> str:
         f"exported policy's response to each and its reward: mean {sum(rewards) / len(rewards):+.2f} "
         f"({', '.join(f'{r:+.1f}' for r in rewards)})",
         f"  5. plots         {out / 'plots'}/{{{','.join(plots)}}}: every logged curve of both runs",
-        "  The same steps one by one: README, \"The demo step by step\"; what each metric means: docs/metrics.md",
+        "  The same steps one by one: docs/quickstart-cpu.md, \"The demo step by step\"; what each metric means: "
+        "docs/metrics.md",
     ]
     return "\n".join(lines)

@@ -24,9 +24,11 @@ from .arguments import (  # re-exported: the loader's public names
     UNSUPPORTED_KEYS,
     PipelineArguments,
     Recipe,
+    scalar_model_config,
 )
 from .argv import RecipeArgumentParser as _RecipeArgumentParser
 from .argv import entry_values, plain, portable_value, to_argv
+from .grpo_keys import translate_grpo_keys
 from .reward_keys import check_no_reward_model, resolve_reward_keys
 from .tool_keys import check_reward_source, resolve_tool_keys
 
@@ -186,6 +188,8 @@ def resolve_recipe(
         raise UserInputError(f"recipe: missing key 'trainer' (one of {', '.join(TRAINERS)})")
     if trainer not in TRAINERS:
         raise UserInputError(f"recipe: key 'trainer': invalid choice '{trainer}' (choose from {', '.join(TRAINERS)})")
+    if trainer == "ppo":  # GRPOConfig's names (num_generations, beta, ...) as PPOConfig's
+        merged = translate_grpo_keys(merged)
 
     types = _dataclass_types(trainer)
     parser = _parser_of(trainer)
@@ -402,14 +406,13 @@ def _resolve_ppo_models(ctx: _Resolution) -> None:
     check_reward_source(ctx)
     has_value_model = getattr(training_args, "has_value_model", True)  # a critic-free advantage_estimator: none
     if ctx.has_reward_model:
-        ctx.reward_args = _model_config_from_prefix(ctx.parsed[4], "reward", model_args,
-                                                    training_args.reward_model_path)
+        ctx.reward_args = scalar_model_config(ctx.parsed[4], "reward", model_args, training_args.reward_model_path)
     else:  # reward functions only: no reward model (TRL's config default path would be a model nobody asked for)
         check_no_reward_model(ctx.merged, has_value_model, pipeline)
         training_args.reward_model_path = None
     if has_value_model:
         value_path = default_value_model_path(pipeline, training_args, model_args)
-        ctx.value_args = _model_config_from_prefix(ctx.parsed[5], "value", model_args, value_path)
+        ctx.value_args = scalar_model_config(ctx.parsed[5], "value", model_args, value_path)
     else:
         _check_no_value_keys(ctx.merged, training_args)  # no value model: value_model_args stays None
     _check_ptx(training_args, pipeline)
@@ -418,6 +421,7 @@ def _resolve_ppo_models(ctx: _Resolution) -> None:
     else:
         validation.check_lora(ctx.reward_args, prefix="reward_")
         validation.check_lora(ctx.value_args, prefix="value_")
+        validation.check_value_trains(ctx.value_args)
 
 
 def _check_model_and_output(ctx: _Resolution) -> None:
@@ -541,24 +545,6 @@ def _check_no_value_keys(merged: dict, training_args) -> None:
                 f"recipe: key '{key}' configures the value model, but advantage_estimator "
                 f"'{training_args.advantage_estimator}' uses none; remove the key (or use advantage_estimator: gae)"
             )
-
-
-def _model_config_from_prefix(prefixed, prefix: str, policy_args, path: Optional[str]):
-    """A ModelConfig for the reward or value model from its ``<prefix>_*`` keys (see :data:`INHERITED_MODEL_KEYS`)."""
-    from trl import ModelConfig
-
-    kwargs = {"model_name_or_path": path, "lora_task_type": "SEQ_CLS"}
-    for key in INHERITED_MODEL_KEYS + ("trust_remote_code",):
-        if hasattr(policy_args, key):
-            kwargs[key] = getattr(policy_args, key)
-    for f in dataclasses.fields(prefixed):
-        value = getattr(prefixed, f.name)
-        if value is not None:
-            kwargs[f.name[len(prefix) + 1:]] = value
-    try:
-        return ModelConfig(**kwargs)
-    except ValueError as err:
-        raise UserInputError(f"recipe: {prefix} model: {str(err).splitlines()[0]}") from None
 
 
 def _check_ptx(training_args, pipeline: PipelineArguments) -> None:

@@ -9,7 +9,18 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import UserInputError
 from ..models.paths import looks_local
-from ..ppo.rollout.memory_budget import GIB, LINEAR_MODULES, MemoryBudget, ModelShape, PPOShape, ppo_memory_budget
+from ..ppo.rollout.memory_budget import (
+    GIB,
+    LINEAR_MODULES,
+    MemoryBudget,
+    ModelLoad,
+    ModelShape,
+    PPOShape,
+    ppo_memory_budget,
+    quantization_of,
+    role_loads,
+    trainable_parameters,
+)
 from ..ppo.rollout.chunk import AUTO, largest_fitting_chunk
 
 DEFAULT_PROMPT_LENGTH = 512
@@ -46,6 +57,25 @@ class Plan:
     value_model: bool = True
     reward_model: bool = True
 
+    def roles(self) -> dict:
+        """``role -> (ModelLoad, trainable parameters)`` of each model the run holds (0: frozen), as budgeted."""
+        loads = role_loads(self.run, shared=self.shared)
+        held = ["policy"] + ["reward"] * self.reward_model + ["value"] * self.value_model
+        return {role: (loads[role], 0 if role == "reward" else
+                       trainable_parameters(self.shape, loads[role], scalar=role == "value")) for role in held}
+
+    def roles_line(self) -> str:
+        """The models, role by role: quantization, adapter, what trains (``trl-ext plan``'s second header line)."""
+        words = []
+        for role, (load, trainable) in self.roles().items():
+            weights = load.quantization or f"{8 * self.run.dtype_bytes}-bit"
+            how = "trained in full" if load.trained_in_full else (
+                f"LoRA r {load.lora_r}" if load.lora_r is not None else "no adapter")
+            base = " (shared base)" if self.shared and role != "policy" else ""
+            trains = f"{trainable / 1e6:.2f}M trainable" if trainable else "frozen"
+            words.append(f"{role} {weights}{base}, {how}, {trains}")
+        return "# models: " + "; ".join(words)
+
 
 def split_plan_options(tokens: list[str]) -> tuple[dict, list[str]]:
     """Take ``--gpu-memory GIB`` and ``--prompt-length N`` out of the override tokens (they may follow the recipe)."""
@@ -70,8 +100,8 @@ def split_plan_options(tokens: list[str]) -> tuple[dict, list[str]]:
 
 
 def parse_ppo_recipe(path: str, overrides: list[str]):
-    """(ScriptArguments, ModelConfig, PPOConfig, PipelineArguments) of a PPO recipe, typed by the
-    recipe loader's parser; no path has to exist and precision is not checked (planning happens anywhere)."""
+    """(ScriptArguments, ModelConfig, PPOConfig, PipelineArguments, reward keys, value keys) of a PPO recipe, typed
+    by the recipe loader's parser; no path has to exist and precision is not checked (planning happens anywhere)."""
     from . import loader
 
     cli = loader.parse_overrides(overrides)
@@ -79,6 +109,7 @@ def parse_ppo_recipe(path: str, overrides: list[str]):
     merged.pop("env", None)
     if merged.get("trainer") != "ppo":
         raise UserInputError(f"plan: '{path}' is a {merged.get('trainer')!r} recipe; the planner plans PPO recipes")
+    merged = loader.translate_grpo_keys(merged)
     types = loader._dataclass_types("ppo")
     parser = loader._RecipeArgumentParser(types)
     actions = {a.dest: a for a in parser._actions if a.dest != "help"}
@@ -98,7 +129,7 @@ def parse_ppo_recipe(path: str, overrides: list[str]):
         raise UserInputError(f"recipe: {str(err).strip().splitlines()[0]}") from None
     for key, value in loader.entry_values(merged, cli).items():
         setattr(parsed[3], key, value)
-    return tuple(parsed[:4])
+    return tuple(parsed[:6])
 
 
 def merged_reward_model_path(path: str, overrides) -> str | None:
@@ -111,19 +142,21 @@ def merged_reward_model_path(path: str, overrides) -> str | None:
 
 
 def read_model_config(path: str, key: str):
-    """The transformers config of a local checkpoint (``config.json`` only), following a LoRA adapter directory to
-    its base; one-line errors for Hub ids and missing files."""
+    """The transformers config of a checkpoint, from its ``config.json`` only: a local folder (a LoRA adapter
+    directory is followed to its base), a ``config.json`` file, or a Hub id (that one file is fetched, when the Hub
+    is reachable); one-line errors for the rest."""
     from transformers import AutoConfig
 
     from .loader import resolve_tiny_name
 
-    local = resolve_tiny_name(path)
-    if not os.path.isdir(os.path.expanduser(local)):
-        what = "is not a local directory" if looks_local(path) else \
-            "is a Hub id (the planner reads only a local config.json and never downloads)"
-        raise UserInputError(f"plan: key '{key}': '{path}' {what}; pass a local path, e.g. --{key} DIR (a folder "
-                             "with the checkpoint's config.json)")
-    local = os.path.expanduser(local)
+    local = os.path.expanduser(resolve_tiny_name(path))
+    if os.path.isfile(local) and local.endswith(".json"):
+        return _config_from_file(local, path, key)
+    if not os.path.isdir(local):
+        if looks_local(path):
+            raise UserInputError(f"plan: key '{key}': '{path}' is not a local directory or config.json; pass one, "
+                                 f"e.g. --{key} path/to/config.json")
+        return _hub_config(path, key)
     adapter = os.path.join(local, "adapter_config.json")
     if not os.path.isfile(os.path.join(local, "config.json")) and os.path.isfile(adapter):
         with open(adapter) as f:
@@ -134,6 +167,38 @@ def read_model_config(path: str, key: str):
     if not os.path.isfile(os.path.join(local, "config.json")):
         raise UserInputError(f"plan: key '{key}': '{path}' has no config.json")
     return AutoConfig.from_pretrained(local, local_files_only=True)
+
+
+def _config_from_file(file: str, path: str, key: str):
+    """A config from a ``config.json`` file (its ``model_type`` names the class)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(file, local_files_only=True)
+    except (OSError, ValueError, KeyError) as err:
+        first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise UserInputError(f"plan: key '{key}': '{path}' is not a transformers config.json: {first}") from None
+
+
+def _hub_config(model_id: str, key: str):
+    """A Hub model's config, fetching its ``config.json`` alone; offline or unreachable, one line saying what to
+    pass instead."""
+    import logging
+
+    from transformers import AutoConfig
+
+    hub_log = logging.getLogger("huggingface_hub")  # its retry warnings would make the error several lines
+    level = hub_log.level
+    hub_log.setLevel(logging.ERROR)
+    try:
+        return AutoConfig.from_pretrained(model_id)
+    except Exception as err:  # noqa: BLE001 - offline, unknown id, gated model: all say the same thing to do
+        first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise UserInputError(
+            f"plan: key '{key}': '{model_id}' is a Hub id whose config.json could not be fetched ({first[:160]}); "
+            f"offline, pass the model's config.json: --{key} path/to/config.json (or a folder holding it)") from None
+    finally:
+        hub_log.setLevel(level)
 
 
 def _scalar_model_notes(args, pipeline, shape: ModelShape, has_reward_model: bool, critic: bool) -> list[str]:
@@ -154,6 +219,83 @@ def _scalar_model_notes(args, pipeline, shape: ModelShape, has_reward_model: boo
     return notes
 
 
+def lora_modules(targets, model_type: str) -> tuple | None:
+    """The budget's ``lora_modules`` of ``lora_target_modules`` as peft reads it: None for ``all-linear`` (all seven
+    linear layers), peft's default for the model type when unset, the known names of a list; None (all seven, an
+    over-estimate) for names the budget does not know."""
+    if not targets:
+        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+
+        targets = TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.get(model_type) or "all-linear"
+    targets = [targets] if isinstance(targets, str) else list(targets)
+    if "all-linear" in targets:
+        return None
+    modules = tuple(m for m in LINEAR_MODULES if m in targets)
+    return None if not modules or len(modules) == len(LINEAR_MODULES) else modules
+
+
+def local_adapter_config(path: str | None) -> dict | None:
+    """The ``adapter_config.json`` of a local LoRA adapter directory (a reward recipe's output with ``use_peft``);
+    None for anything else."""
+    from .loader import resolve_tiny_name
+
+    local = os.path.expanduser(resolve_tiny_name(path or ""))
+    adapter = os.path.join(local, "adapter_config.json")
+    if not path or not os.path.isfile(adapter) or os.path.isfile(os.path.join(local, "config.json")):
+        return None
+    with open(adapter) as f:
+        return json.load(f)
+
+
+def with_role_loads(run: PPOShape, model_args, prefixed, reward_path: str | None, pipeline, model_type: str,
+                    notes: list) -> PPOShape:
+    """``run`` with the separate reward and value models loaded as the loader loads them: their ModelConfigs from
+    the recipe's keys by the loader's own rule (``scalar_model_config``, the QLoRA-safe defaults included), the LoRA
+    rank and targets of a local adapter directory they start from; a note where it had to assume."""
+    from .arguments import scalar_model_config
+    from .loader import resolve_tiny_name
+
+    value_path = pipeline.value_model_path or reward_path or model_args.model_name_or_path
+    loads = {}
+    for role, keys, path in (("reward", prefixed[0], reward_path), ("value", prefixed[1], value_path)):
+        margs = scalar_model_config(keys, role, model_args, path)
+        adapter = local_adapter_config(path)
+        r, targets = (margs.lora_r, margs.lora_target_modules) if margs.use_peft else (None, None)
+        if adapter is not None and (role == "reward" or margs.use_peft):
+            r, targets = adapter.get("r"), adapter.get("target_modules")
+        elif role == "reward" and path and model_args.use_peft and not margs.use_peft \
+                and not os.path.isdir(os.path.expanduser(resolve_tiny_name(path))):
+            r, targets = model_args.lora_r, model_args.lora_target_modules
+            notes[:] = [note + (f", as a LoRA adapter of the policy's rank ({r}) (what a reward recipe with the "
+                                "policy's LoRA keys writes)" if note.startswith(f"reward_model_path '{path}'") else "")
+                        for note in notes]
+        loads[role] = ModelLoad(quantization_of(margs), r, lora_modules(targets, model_type),
+                                trained_in_full=role == "value" and not margs.use_peft)
+    return replace(run, reward_load=loads["reward"], value_load=loads["value"])
+
+
+def full_value_model_note(recipe, recipe_path: str, overrides: list[str]) -> str | None:
+    """``trl-ext check``'s note on a value model trained in full beside a quantized policy (a recipe that asks for it
+    with ``value_use_peft: false``), with the plan's figures when the policy's config.json is readable here."""
+    policy, value = recipe.model_args, recipe.value_model_args
+    bits = 4 if policy.load_in_4bit else 8 if policy.load_in_8bit else None
+    if recipe.trainer != "ppo" or recipe.pipeline.shared_base or value is None or bits is None or value.use_peft:
+        return None
+    line = (f"the value model trains in full (value_use_peft: false) beside a {bits}-bit policy: every parameter "
+            "of it trains, with AdamW moments and gradients of its size")
+    try:
+        plan = make_plan(recipe_path, overrides)
+        lean = make_plan(recipe_path, list(overrides) + ["--value_use_peft", "true", "--value_load_in_4bit",
+                                                         str(bits == 4), "--value_load_in_8bit", str(bits == 8)])
+    except UserInputError:
+        return line + " (trl-ext plan RECIPE --model_name_or_path path/to/config.json gives its memory)"
+    load, trainable = plan.roles()["value"]
+    held = trainable * plan.run.dtype_bytes * 3  # weights and two AdamW moments, all run
+    return (f"{line}: {trainable / 1e6:,.1f}M parameters, {held / GIB:.2f} GiB of weights and moments all run; "
+            f"trl-ext plan: peak {plan.budget.peak / GIB:.2f} GiB as written, {lean.budget.peak / GIB:.2f} GiB with a "
+            f"{bits}-bit LoRA value model (drop value_use_peft and value_load_in_*)")
+
+
 def _no_reward_model_note(pipeline) -> str:
     """The note of a run without a reward model: its rewards come from reward functions or an environment."""
     if pipeline.environment_factory and not pipeline.reward_funcs:
@@ -161,25 +303,33 @@ def _no_reward_model_note(pipeline) -> str:
     return "no reward model (reward_funcs only): none budgeted"
 
 
-def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memory: float = 24.0,
-              prompt_length: int = DEFAULT_PROMPT_LENGTH) -> Plan:
-    """The :class:`Plan` of a PPO recipe (see the module docstring)."""
-    _script, model_args, args, pipeline = parse_ppo_recipe(recipe_path, list(overrides or []))
+def _planned_run(recipe_path: str, overrides: list[str], prompt_length: int):
+    """``(args, shape, run, shared, critic, has_reward_model, notes)`` of a PPO recipe: its PPOConfig, the policy's
+    shape, the run's settings with each model loaded as the loader loads it, and the notes so far."""
+    _script, model_args, args, pipeline, *prefixed = parse_ppo_recipe(recipe_path, overrides)
     upcast = pipeline.upcast_non_quantized
     config = read_model_config(model_args.model_name_or_path, "model_name_or_path")
-    name = f"{os.path.basename(os.path.normpath(model_args.model_name_or_path))} ({config.model_type})"
+    name = os.path.normpath(model_args.model_name_or_path)
+    name = f"{os.path.basename(os.path.dirname(name) if name.endswith('.json') else name)} ({config.model_type})"
     shape = ModelShape.from_config(config, name=name)
     run = replace(PPOShape.from_config(args, model_args, prompt_length, upcast_non_quantized=upcast), rollout_chunk=1,
                   full_finetune=not model_args.use_peft)
-    targets = model_args.lora_target_modules
-    if targets and targets != "all-linear" and "all-linear" not in targets:  # else all seven (an over-estimate)
-        run = replace(run, lora_modules=tuple(m for m in LINEAR_MODULES if m in targets) or None)
+    run = replace(run, lora_modules=lora_modules(model_args.lora_target_modules, config.model_type))
     shared = bool(pipeline.shared_base)
     critic = args.has_value_model  # a critic-free advantage_estimator: no value model to budget
-    has_reward_model = bool(merged_reward_model_path(recipe_path, overrides))
-    notes = [] if has_reward_model else [_no_reward_model_note(pipeline)]
+    reward_path = merged_reward_model_path(recipe_path, overrides)
+    notes = [] if reward_path else [_no_reward_model_note(pipeline)]
     if not shared:
-        notes += _scalar_model_notes(args, pipeline, shape, has_reward_model, critic)
+        notes += _scalar_model_notes(args, pipeline, shape, bool(reward_path), critic)
+        run = with_role_loads(run, model_args, prefixed, reward_path, pipeline, config.model_type, notes)
+    return args, shape, run, shared, critic, bool(reward_path), notes
+
+
+def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memory: float = 24.0,
+              prompt_length: int = DEFAULT_PROMPT_LENGTH) -> Plan:
+    """The :class:`Plan` of a PPO recipe (see the module docstring)."""
+    args, shape, run, shared, critic, has_reward_model, notes = _planned_run(recipe_path, list(overrides or []),
+                                                                            prompt_length)
     target = int(gpu_memory * GIB)
     chunk = args.local_rollout_forward_batch_size
     mini = run.batch // max(getattr(args, "num_mini_batches", 1), 1)  # episodes per optimizer step per device
@@ -234,6 +384,9 @@ def make_plan(recipe_path: str, overrides: list[str] | None = None, *, gpu_memor
             candidates.append(("upcast_non_quantized", False, replace(run, upcast_non_quantized=False), shared))
         if run.quantization is None:
             candidates.append(("load_in_4bit", True, replace(run, quantization="nf4"), shared))
+        if run.value_load and run.value_load.trained_in_full and run.quantization and not shared:
+            lean = ModelLoad(run.quantization, run.lora_r, run.lora_modules)  # the QLoRA-safe default
+            candidates.append(("value_use_peft", True, replace(run, value_load=lean), shared))
         for key, value, other_run, is_shared in candidates:
             choice = fit_at(1, other_run, is_shared)
             peak = choice.budget.peak if choice else ppo_memory_budget(
@@ -255,6 +408,7 @@ def format_plan(plan: Plan) -> str:
         f"# {run.batch} episodes per update per device, micro-batch {run.micro_batch}, rollout chunk "
         f"{plan.chunk_as_written}, prompts {run.prompt_length} tokens (--prompt-length), responses "
         f"{run.response_length}; target {gib:g} GiB (--gpu-memory)",
+        plan.roles_line(),
         "",
         "| part | GiB |",
         "|---|---|",

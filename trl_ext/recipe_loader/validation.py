@@ -10,7 +10,8 @@ from ..config_rules import INT64_MAX, MODEL_PREFIXES, RANGES, Bound, KeySpec, ke
 from ..errors import UserInputError
 
 __all__ = ["INT64_MAX", "MODEL_PREFIXES", "RANGES", "Bound", "KeySpec", "key_specs", "check_null", "check_value",
-           "check_namespace", "recipe_message", "find_culprit", "check_lora", "check_model_limits", "check_episodes"]
+           "check_namespace", "recipe_message", "find_culprit", "check_lora", "check_value_trains",
+           "check_model_limits", "check_episodes"]
 
 # ----------------------------------------------------------------------------------------------------------------
 # The checks
@@ -85,6 +86,16 @@ def check_lora(model_args, *, prefix: str = "") -> None:
                        "lora_modules_to_save", "use_dora": "use_dora", "use_rslora": "use_rslora"}
         key = next((k for p, k in peft_to_key.items() if re.search(rf"\b{p}\b", msg)), "use_peft")
         raise UserInputError(f"recipe: key '{prefix}{key}': {msg}") from None
+
+
+def check_value_trains(value_args) -> None:
+    """A quantized value model trains only through a LoRA adapter: refuse one without (it would stay frozen)."""
+    if value_args is not None and (value_args.load_in_4bit or value_args.load_in_8bit) and not value_args.use_peft:
+        bits = "4" if value_args.load_in_4bit else "8"
+        raise UserInputError(
+            f"recipe: a {bits}-bit value model (value_load_in_{bits}bit, or the policy's quantization it follows) "
+            "without a LoRA adapter would train nothing (a quantized model trains through its adapter): set "
+            f"value_use_peft: true, or value_load_in_{bits}bit: false to train the value model in full")
 
 
 def check_model_limits(trainer: str, training_args, model_config: Optional[dict]) -> None:

@@ -173,3 +173,62 @@ def save_scalar_adapter(base_path: str | os.PathLike, out_dir: str | os.PathLike
         model.base_model.model.score.modules_to_save["default"].weight.normal_(std=0.5)
     model.save_pretrained(out_dir)
     return Path(out_dir)
+
+
+def build_byte_level_tokenizer(vocab_size: int = 512, seed: int = 0):
+    """A tiny byte-level BPE tokenizer trained on :func:`tiny_corpus`, with :data:`CHAT_TEMPLATE`: what the tiny
+    stand-ins of real checkpoints (:func:`build_tiny_like`) use, since transformers reads the tokenizer of a Qwen2 or
+    GPT-NeoX checkpoint as its own byte-level class (``Qwen2Tokenizer``, rebuilt from the vocabulary and merges)
+    whatever class the files name: a byte-level vocabulary reads back as it was saved."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(tiny_corpus(seed=seed) + [" ".join(_WORDS)], trainer=trainer)
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", bos_token="<s>",
+                                      unk_token="<unk>", additional_special_tokens=SPECIAL_TOKENS[4:])
+    wrapped.chat_template = CHAT_TEMPLATE
+    return wrapped
+
+
+#: The sizes :func:`build_tiny_like` writes over a real config (the keys a config has; others stay as published).
+TINY_SIZES = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "max_window_layers": 2, "head_dim": 16}
+
+
+def build_tiny_like(config_json: str | os.PathLike, out_dir: str | os.PathLike, *, scalar: bool = False,
+                    seed: int = 0) -> Path:
+    """A random tiny model of a real checkpoint's family, for running its recipe offline: the checkpoint's published
+    ``config.json`` with the sizes of :data:`TINY_SIZES` (the vocabulary: :func:`build_byte_level_tokenizer`'s, and
+    its special token ids), every other key as published; saved in bfloat16 with the tokenizer. ``scalar``: a
+    one-output ``*ForSequenceClassification`` (a stand-in for a full reward checkpoint). Idempotent."""
+    import json
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    out = Path(out_dir)
+    if (out / "config.json").is_file() and (out / "tokenizer_config.json").is_file():
+        return out
+    tokenizer = build_byte_level_tokenizer(seed=seed)
+    config = json.loads(Path(config_json).read_text())
+    config.update({key: value for key, value in TINY_SIZES.items() if key in config})
+    config.update(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                  pad_token_id=tokenizer.pad_token_id)
+    if scalar:
+        config.update(num_labels=1, architectures=[a.replace("ForCausalLM", "ForSequenceClassification")
+                                                   for a in config.get("architectures", [])])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    torch.manual_seed(seed)
+    model_class = AutoModelForSequenceClassification if scalar else AutoModelForCausalLM
+    model = model_class.from_config(AutoConfig.from_pretrained(out)).to(torch.bfloat16)
+    if not scalar:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -11,7 +11,7 @@ from ...errors import UserInputError
 from ..objective.estimators import ESTIMATORS
 from ..rollout.sampling import NAMED_KEYS
 
-__all__ = ["MAPPED", "NOT_HONOURED", "REFUSED", "ppo_kwargs_from_grpo"]
+__all__ = ["MAPPED", "NOT_HONOURED", "REFUSED", "RENAMED", "ppo_kwargs_from_grpo", "renamed_kwargs"]
 
 LOSS_TYPES = {  # TRL loss_type -> our keys
     "grpo": {"loss_aggregation": "seq_mean_token_mean"},
@@ -101,6 +101,60 @@ WARNED: dict[str, str] = {
 """GRPO keys with no counterpart that do not change what is optimised: a non-default value is named in the
 warning. The vLLM keys (``use_vllm``, ``vllm_*``) are warned the same way: generation runs with transformers here."""
 
+RENAMED: dict[str, tuple[str, ...]] = {
+    "num_generations": ("num_samples_per_prompt",),
+    "num_iterations": ("num_ppo_epochs",),
+    "beta": ("kl_coef",),
+    "epsilon": ("cliprange",),
+    "epsilon_high": ("cliprange_high",),
+    "loss_type": ("loss_aggregation", "policy_loss"),
+    "importance_sampling_level": ("ratio_level",),
+    "scale_rewards": ("grpo_scale_by_std",),
+    "max_completion_length": ("response_length",),
+}
+"""GRPO keys that PPOConfig names otherwise -> the PPOConfig keys they set (:func:`renamed_kwargs`): what a PPO
+recipe accepts under GRPO's name (``trl_ext.recipe_loader.grpo_keys``)."""
+
+
+def renamed_kwargs(values: dict) -> dict:
+    """The PPOConfig keywords of ``values``, GRPO keys of :data:`RENAMED` (any of them) -> their values; the one
+    mapping of those keys, for :meth:`trl_ext.PPOConfig.from_grpo_config` and PPO recipes alike.
+
+    Raises:
+        UserInputError: a value with no counterpart (a loss type or reward scaling trl-ext lacks, no completion length,
+            a cispo cap below 1), naming the GRPO key.
+    """
+    get = values.get
+    plain = ("num_generations", "num_iterations", "beta", "epsilon", "importance_sampling_level")
+    kwargs = {RENAMED[name][0]: values[name] for name in plain if name in values}
+    if "scale_rewards" in values:
+        scale = {True: "group", False: "none"}.get(get("scale_rewards"), get("scale_rewards"))
+        if scale not in ("group", "none"):
+            raise UserInputError(f"scale_rewards: {scale!r} has no counterpart in trl-ext (group std: 'group', "
+                                 "none: 'none'); the batch std of PPO Lite is not implemented")
+        kwargs["grpo_scale_by_std"] = scale == "group"
+    loss_type = get("loss_type")
+    if "loss_type" in values:
+        if loss_type not in LOSS_TYPES:
+            raise UserInputError(f"loss_type: {loss_type!r} has no counterpart in trl-ext; use one of "
+                                 f"{', '.join(LOSS_TYPES)}")
+        kwargs.update(LOSS_TYPES[loss_type])
+    if loss_type == "cispo":  # TRL caps the weight at epsilon_high (default: epsilon); ours at 1 + cliprange_high
+        cap = get("epsilon") if get("epsilon_high") is None else get("epsilon_high")
+        if cap is None or cap < 1:
+            raise UserInputError(f"epsilon_high: loss_type 'cispo' caps the importance weight at epsilon_high = {cap} "
+                                 "(< 1 weakens every token); set epsilon_high (ScaleRL uses 5.0)")
+        kwargs["cliprange_high"] = cap - 1
+    elif "epsilon_high" in values:
+        kwargs["cliprange_high"] = get("epsilon_high")
+    if "max_completion_length" in values:
+        if get("max_completion_length") is None:
+            raise UserInputError("max_completion_length: None (up to the model's length) has no counterpart; trl-ext "
+                                 "generates response_length tokens at most: set max_completion_length")
+        kwargs.update(response_length=get("max_completion_length"), stop_token="eos")
+    return kwargs
+
+
 NOT_HONOURED_PREFIXES = ("vllm_",)
 NOT_HONOURED: frozenset[str] = frozenset(REFUSED) | frozenset(WARNED) | {"use_vllm"}
 
@@ -171,7 +225,7 @@ def _batch_kwargs(grpo) -> dict:
             "the completions of a prompt on one process"
         )
     kwargs = {"per_device_train_batch_size": per_device, "gradient_accumulation_steps": accumulation,
-              "num_mini_batches": 1, "num_ppo_epochs": iterations, "num_samples_per_prompt": k}
+              "num_mini_batches": 1, **renamed_kwargs({"num_generations": k, "num_iterations": iterations})}
     if grpo.max_steps is not None and grpo.max_steps > 0:
         updates = math.ceil(grpo.max_steps / iterations)
         kwargs["total_episodes"] = updates * per_device * accumulation * grpo.world_size
@@ -184,32 +238,14 @@ def _batch_kwargs(grpo) -> dict:
 
 def _objective_kwargs(grpo) -> dict:
     """Loss, clipping, KL and advantage keys."""
-    loss_type = getattr(grpo, "loss_type", "dapo")
-    if loss_type not in LOSS_TYPES:
-        raise UserInputError(f"loss_type: {loss_type!r} has no counterpart in trl-ext; use one of "
-                             f"{', '.join(LOSS_TYPES)}")
-    scale = getattr(grpo, "scale_rewards", "group")
-    scale = {True: "group", False: "none"}.get(scale, scale)
-    if scale not in ("group", "none"):
-        raise UserInputError(f"scale_rewards: {scale!r} has no counterpart in trl-ext (group std: 'group', "
-                             "none: 'none'); the batch std of PPO Lite is not implemented")
-    epsilon = grpo.epsilon
-    high = getattr(grpo, "epsilon_high", None)
-    kwargs = {"advantage_estimator": "grpo", "kl_in": "loss", "kl_coef": grpo.beta, "cliprange": epsilon,
-              "grpo_scale_by_std": scale == "group", **LOSS_TYPES[loss_type],
-              "ratio_level": getattr(grpo, "importance_sampling_level", "token"), "delta": getattr(grpo, "delta", None),
-              "use_bias_correction_kl": getattr(grpo, "use_bias_correction_kl", False),
-              "entropy_coef": getattr(grpo, "entropy_coef", 0.0),
-              "mask_truncated_completions": getattr(grpo, "mask_truncated_completions", False)}
-    if loss_type == "cispo":  # TRL caps the weight at epsilon_high (default: epsilon); ours at 1 + cliprange_high
-        cap = epsilon if high is None else high
-        if cap < 1:
-            raise UserInputError(f"epsilon_high: loss_type 'cispo' caps the importance weight at epsilon_high = {cap} "
-                                 "(< 1 weakens every token); set epsilon_high (ScaleRL uses 5.0)")
-        kwargs["cliprange_high"] = cap - 1
-    else:
-        kwargs["cliprange_high"] = high
-    return kwargs
+    values = {"beta": grpo.beta, "epsilon": grpo.epsilon, "epsilon_high": getattr(grpo, "epsilon_high", None),
+              "loss_type": getattr(grpo, "loss_type", "dapo"), "scale_rewards": getattr(grpo, "scale_rewards", "group"),
+              "importance_sampling_level": getattr(grpo, "importance_sampling_level", "token")}
+    return {"advantage_estimator": "grpo", "kl_in": "loss", **renamed_kwargs(values),
+            "delta": getattr(grpo, "delta", None),
+            "use_bias_correction_kl": getattr(grpo, "use_bias_correction_kl", False),
+            "entropy_coef": getattr(grpo, "entropy_coef", 0.0),
+            "mask_truncated_completions": getattr(grpo, "mask_truncated_completions", False)}
 
 
 def _other_kwargs(grpo) -> dict:
@@ -217,10 +253,7 @@ def _other_kwargs(grpo) -> dict:
     init_kwargs = dict(getattr(grpo, "model_init_kwargs", None) or {})
     if getattr(grpo, "trust_remote_code", False):
         init_kwargs.setdefault("trust_remote_code", True)
-    if grpo.max_completion_length is None:
-        raise UserInputError("max_completion_length: None (up to the model's length) has no counterpart; trl-ext "
-                             "generates response_length tokens at most: set max_completion_length")
-    kwargs = {"response_length": grpo.max_completion_length, "stop_token": "eos", "temperature": grpo.temperature,
+    kwargs = {**renamed_kwargs({"max_completion_length": grpo.max_completion_length}), "temperature": grpo.temperature,
               "num_sample_generations": 0, "model_init_kwargs": init_kwargs or None,
               "chat_template_kwargs": getattr(grpo, "chat_template_kwargs", None),
               "reward_weights": getattr(grpo, "reward_weights", None),

@@ -17,6 +17,7 @@ __all__ = [
     "QWEN2_5_7B",
     "STREAMING_STEP_COPIES",
     "MemoryBudget",
+    "ModelLoad",
     "ModelShape",
     "PPOShape",
     "base_weight_bytes",
@@ -27,8 +28,11 @@ __all__ = [
     "logprob_slice_rows",
     "lora_parameters",
     "ppo_memory_budget",
+    "quantization_of",
+    "role_loads",
     "rollout_scores_bytes",
     "streaming_logprob_bytes",
+    "trainable_parameters",
 ]
 
 GIB = 2**30
@@ -206,6 +210,28 @@ def streaming_logprob_bytes(chunk: int, vocab_size: int) -> int:
     return STREAMING_STEP_COPIES * chunk * vocab_size * 4
 
 
+def quantization_of(model_args) -> str | None:
+    """The budget's name of a ``trl.ModelConfig``'s quantization: ``"nf4"``, ``"nf4-nested"``, ``"int8"`` or None."""
+    if model_args.load_in_4bit:
+        return "nf4-nested" if model_args.use_bnb_nested_quant else "nf4"
+    return "int8" if model_args.load_in_8bit else None
+
+
+@dataclass(frozen=True)
+class ModelLoad:
+    """How a separate reward or value model is loaded, as far as its memory goes (what the loader does with its
+    ``reward_*``/``value_*`` keys, :func:`trl_ext.recipe_loader.arguments.scalar_model_config`)."""
+
+    quantization: str | None
+    """As :attr:`PPOShape.quantization`; None: every parameter at ``dtype_bytes``."""
+    lora_r: int | None
+    """The rank of its LoRA adapter; None: no adapter."""
+    lora_modules: tuple | None = None
+    """Its adapter's target modules (None: ``all-linear``)."""
+    trained_in_full: bool = False
+    """A value model without an adapter: every parameter trains (AdamW moments, gradients)."""
+
+
 @dataclass(frozen=True)
 class PPOShape:
     """The settings of a PPO run that its memory depends on (per device)."""
@@ -235,6 +261,10 @@ class PPOShape:
     full_finetune: bool = False
     """The policy (and value model) trained in full (``use_peft: false``, unquantized; ``lora_r`` ignored): see
     :func:`full_finetune_parts`."""
+    reward_load: ModelLoad | None = None
+    """A separate reward model's loading; None: as the policy (its quantization, an adapter of ``lora_r``)."""
+    value_load: ModelLoad | None = None
+    """A separate value model's loading; None: as the policy (its quantization, an adapter of ``lora_r``)."""
 
     @classmethod
     def from_config(cls, args, model_args, prompt_length: int, *, upcast_non_quantized: bool = True) -> "PPOShape":
@@ -242,11 +272,7 @@ class PPOShape:
         ``response_length``) and the policy's ``trl.ModelConfig`` (quantization, ``lora_r``, ``dtype``), for prompts
         of up to ``prompt_length`` tokens. ``upcast_non_quantized``: the loader option of that name, read from
         ``model_args`` when it has the field (a recipe's flat key), else this argument."""
-        quantization = None
-        if model_args.load_in_4bit:
-            quantization = "nf4-nested" if model_args.use_bnb_nested_quant else "nf4"
-        elif model_args.load_in_8bit:
-            quantization = "int8"
+        quantization = quantization_of(model_args)
         return cls(
             batch=args.per_device_train_batch_size * args.gradient_accumulation_steps
             * getattr(args, "num_mini_batches", 1),
@@ -301,19 +327,9 @@ def ppo_memory_budget(shape: ModelShape, run: PPOShape, *, shared: bool, value_m
     if run.full_finetune:
         return _full_finetune_budget(shape, run, value_model=value_model, reward_model=reward_model)
     act = run.activation_bytes
-    lora = lora_parameters(shape, run.lora_r, run.lora_modules)
-    head = shape.hidden_size * 4  # a 1-output float32 score head
     trained = 2 if value_model else 1  # models trained: policy (+ value)
-    scalars = int(value_model) + int(reward_model)  # scalar-headed models: value and/or reward
-    trainable = trained * lora + (shape.hidden_size if value_model else 0)  # adapters (+ value head)
-    kw = dict(dtype_bytes=run.dtype_bytes, upcast_non_quantized=run.upcast_non_quantized)
-    policy_base = base_weight_bytes(shape, run.quantization, lm_head=True, **kw)
-    scalar_base = base_weight_bytes(shape, run.quantization, lm_head=False, **kw)
-    parts = {
-        "base weights": policy_base if shared else policy_base + scalars * scalar_base,
-        "LoRA adapters + score heads (policy, reward, value)": (1 + scalars) * lora * 4 + scalars * head,
-        "AdamW moments (policy and value adapters, value head)": trainable * 8,
-    }
+    parts, _trainable, step_bytes = _weight_parts(shape, run, shared=shared, value_model=value_model,
+                                                 reward_model=reward_model)
     persistent = sum(parts.values())
     chunk = min(run.rollout_chunk, run.batch)
     kv = kv_cache_bytes(shape, chunk, run.seq_len, act)
@@ -327,7 +343,7 @@ def ppo_memory_budget(shape: ModelShape, run: PPOShape, *, shared: bool, value_m
     scoring = {"scoring: reference logits held at once": reference_rows * positions * shape.vocab_size * act,
                "scoring: one layer's activations (one chunk)": layer_activation_bytes(shape, chunk, L, act)}
     m = run.micro_batch
-    training = {"training: gradients + AdamW step temporaries": trainable * OPTIMIZER_STEP_BYTES,
+    training = {"training: gradients + AdamW step temporaries": step_bytes,
                 "training: checkpointed layer inputs (policy + value)": trained * shape.num_layers * m * L * h * act,
                 "training: one layer recomputed, with gradients": trained * layer_activation_bytes(shape, m, L, act),
                 "training: policy logits (one micro-batch)": LOGIT_COPIES * m * positions * shape.vocab_size * act}
@@ -341,6 +357,54 @@ def ppo_memory_budget(shape: ModelShape, run: PPOShape, *, shared: bool, value_m
               + ("" if reward_model else ", no reward model"))
     return MemoryBudget(model=shape.name, design=design, parts=parts,
                         persistent=persistent, phases=phases, peak=peak)
+
+
+def role_loads(run: PPOShape, *, shared: bool) -> dict:
+    """``{"policy", "reward", "value"}`` -> the :class:`ModelLoad` of each (a shared base: the policy's for all)."""
+    policy = ModelLoad(run.quantization, None if run.full_finetune else run.lora_r, run.lora_modules,
+                       trained_in_full=run.full_finetune)
+    if shared:
+        return {"policy": policy, "reward": policy, "value": policy}
+    return {"policy": policy, "reward": run.reward_load or policy, "value": run.value_load or policy}
+
+
+def trainable_parameters(shape: ModelShape, load: ModelLoad, *, scalar: bool) -> int:
+    """Parameters a trained model of ``load`` trains: its adapter (with a scalar model's one-output head), or every
+    parameter when trained in full."""
+    head = shape.hidden_size if scalar else 0
+    if load.trained_in_full:
+        return shape.linear_parameters + shape.other_parameters(lm_head=not scalar) + head
+    return lora_parameters(shape, load.lora_r or 0, load.lora_modules) + head
+
+
+def _weight_parts(shape: ModelShape, run: PPOShape, *, shared: bool, value_model: bool, reward_model: bool):
+    """What stays all run, role by role (:func:`role_loads`): ``(parts, trainable, step_bytes)``: the three weight
+    parts, the parameters the optimizer holds, and the bytes of their gradients and AdamW step temporaries. LoRA
+    weights and adapter-trained heads are float32 (moments 8 bytes, step :data:`OPTIMIZER_STEP_BYTES`); a value model
+    trained in full stays at ``dtype_bytes``, its head too (moments ``2 * dtype_bytes``, step ``3 * dtype_bytes``:
+    a gradient and two temporaries, as :func:`_full_finetune_budget`)."""
+    loads = role_loads(run, shared=shared)
+    scalars = (["reward"] if reward_model else []) + (["value"] if value_model else [])
+    kw = dict(dtype_bytes=run.dtype_bytes, upcast_non_quantized=run.upcast_non_quantized)
+    weights = base_weight_bytes(shape, run.quantization, lm_head=True, **kw)
+    if not shared:
+        weights += sum(base_weight_bytes(shape, loads[r].quantization, lm_head=False, **kw) for r in scalars)
+    adapters = sum(lora_parameters(shape, loads[r].lora_r, loads[r].lora_modules) * 4
+                   for r in ["policy"] + scalars if loads[r].lora_r is not None)
+    heads = sum(shape.hidden_size * (run.dtype_bytes if loads[r].trained_in_full else 4) for r in scalars)
+    full = lora = 0
+    for role in ["policy"] + (["value"] if value_model else []):  # the trained models
+        count = trainable_parameters(shape, loads[role], scalar=role == "value")
+        if loads[role].trained_in_full:
+            full += count
+        else:
+            lora += count
+    parts = {
+        "base weights": weights,
+        "LoRA adapters + score heads (policy, reward, value)": adapters + heads,
+        "AdamW moments (policy and value adapters, value head)": lora * 8 + full * 2 * run.dtype_bytes,
+    }
+    return parts, lora + full, lora * OPTIMIZER_STEP_BYTES + full * 3 * run.dtype_bytes
 
 
 def _full_finetune_budget(shape: ModelShape, run: PPOShape, *, value_model: bool, reward_model: bool) -> MemoryBudget:
