@@ -79,7 +79,9 @@ def build(a):
     from _ppo_setup import Models, config_kwargs, prompts, ptx_texts
 
     models = Models(a.hidden, a.layers)
-    data = prompts(models.tokenizer, n=4 * a.batch)
+    # more prompts than one run takes: no update takes an epoch's last prompt batch, where TRL 1.12 steps on every
+    # micro-batch and trl-ext once per mini-batch (docs/ppo.md, "Where TRL 1.12's PPO counts differently")
+    data = prompts(models.tokenizer, n=a.batch * (a.updates + 1))
     base = config_kwargs(batch=a.batch, response_length=a.response_length, updates=a.updates)
     return models, data, ptx_texts(), base
 
