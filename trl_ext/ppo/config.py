@@ -14,7 +14,7 @@ from .evaluation import EvaluationArgs
 from .grpo_compat.model_ids import ModelInitArgs
 from .grpo_compat.prompt_dataset import PromptArgs
 from .micro_batches import micro_batch_value
-from .objective.estimators import AdvantageEstimator, TurnCredit, get_estimator
+from .objective.estimators import AdvantageEstimator, TurnCredit, default_kl_in, get_estimator
 from .objective.kl_controllers import KLControllerName
 from .objective.losses import ValueClip
 from .objective.objectives import KLEstimator, LossAggregation, PolicyLossName, RatioLevel
@@ -140,6 +140,7 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
         super().__post_init__()
         self.local_rollout_forward_batch_size = rollout_chunk_value(self.local_rollout_forward_batch_size)
         self.train_micro_batch_size = micro_batch_value(self.train_micro_batch_size)
+        self.kl_in = default_kl_in(self.kl_in, self.advantage_estimator)  # unset: the estimator's
         check_combinations(self)  # how the settings combine (trl_ext.ppo.config_rules)
 
 

@@ -150,6 +150,10 @@ class GradientClip:
             raise UserInputError(f"max_grad_norm: {max_norm} but DeepSpeed's engine clips at {engine_clip()}; set "
                                  "gradient_clipping in the DeepSpeed config to max_grad_norm")
 
+    def begin(self) -> None:
+        """A new update: forget the norms of the last one."""
+        self.norms = []
+
     def __call__(self) -> None:
         """Clip the gradients about to be stepped with, and keep their pre-clip norm (no host synchronisation)."""
         if self.max_norm <= 0:
@@ -160,9 +164,8 @@ class GradientClip:
             self.norms.append(norm.detach().float() if torch.is_tensor(norm) else torch.tensor(float(norm)))
 
     def metrics(self) -> dict:
-        """``policy/grad_norm``: the mean pre-clip norm of this update's optimizer steps (none when off or no step);
-        resets for the next update."""
-        norms, self.norms = self.norms, []
-        if not norms:
+        """``policy/grad_norm``: the mean pre-clip norm of this update's optimizer steps (none when off or no step;
+        :meth:`begin` starts an update)."""
+        if not self.norms:
             return {}
-        return {"policy/grad_norm": torch.stack([n.cpu() for n in norms]).mean().item()}
+        return {"policy/grad_norm": torch.stack([n.cpu() for n in self.norms]).mean().item()}

@@ -40,7 +40,7 @@ from .rollout.prompt_stream import PromptStream
 from .grpo_compat.grpo_inputs import grpo_inputs
 from .micro_batches import objective_for_micro_batches, resolve_train_micro_batch
 from .optimize_loop import GradientClip, MiniBatchPlan, UpdateSteps, run_ppo_epochs
-from .base.parent_fixes import ParentFixesMixin
+from .base.parent_fixes import ParentFixesMixin, ParentInitArgs
 from .ptx_data import PretrainingMix, PtxConfig
 from .rollout.reward_funcs import (
     attach_reward_scorer,
@@ -115,13 +115,13 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         if args.fp16:  # the loss scaler needs float32 gradients (trl_ext.models.dtypes)
             float32_trainable_parameters(model, value_model)
 
-        kl_estimator, args.kl_estimator = args.kl_estimator, "k1"  # TRL 1.12's __init__ takes k1/k3 only
         with deepspeed_gradient_clipping(args.max_grad_norm):  # DeepSpeed: the engine clips at max_grad_norm
-            super().__init__(args=args, processing_class=processing_class, model=model, ref_model=ref_model,
-                             reward_model=reward_model, train_dataset=train_dataset, value_model=value_model,
-                             data_collator=data_collator, eval_dataset=eval_dataset, optimizers=optimizers,
-                             callbacks=callbacks, peft_config=peft_config)
-        args.kl_estimator = kl_estimator
+            # the parent's view of the config: its kl_estimator check knows k1/k3 only (ParentInitArgs)
+            super().__init__(args=ParentInitArgs(args), processing_class=processing_class, model=model,
+                             ref_model=ref_model, reward_model=reward_model, train_dataset=train_dataset,
+                             value_model=value_model, data_collator=data_collator, eval_dataset=eval_dataset,
+                             optimizers=optimizers, callbacks=callbacks, peft_config=peft_config)
+        self.args = args
         self.build_features(reward_list, ptx_dataset, kl_controller, toolbox)
 
     def build_features(self, reward_list, ptx_dataset, kl_controller: KLController | None, toolbox=None) -> None:
@@ -276,14 +276,17 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
             timings = {"time/rollout": t1 - t0, "time/scoring": t2 - t1, "time/optimization": t3 - t2}
             with torch.no_grad():
                 metrics = self.update_metrics(rollout, stats, kl_coef, timings)
-            self.log_update(metrics)
+        else:  # NaN/inf scores under nonfinite_policy "skip": the update is dropped (nor scheduler nor KL step)
+            metrics = {**self.step_guard.metrics(), "episode": self.state.episode}
+        self.state.epoch = self.state.episode / self.train_dataset_len  # the update is done: the one place the
+        self.state.global_step += 1  # step counter advances
+        self.log_update(metrics)
+        if scored:
+            self.kl_ctl.update(metrics["objective/kl"], args.batch_size)  # the KL controller's one step
             if self.completions_log is not None:
                 self.completions_log.log(rollout, self.state.global_step)
-        else:  # NaN/inf scores under nonfinite_policy "skip": the update is dropped (nor scheduler nor KL step)
-            self.state.global_step += 1
-            self.log({**self.step_guard.metrics(), "episode": self.state.episode})
-        if scored and stats.stepped:  # False only when the guard skipped every optimizer step of the update
-            self.lr_scheduler.step()
+            if stats.stepped:  # False only when the guard skipped every optimizer step of the update
+                self.lr_scheduler.step()
         self.control = self.callback_handler.on_step_end(args, self.state, self.control)
         if self.control.should_evaluate and self.evaluation is not None:  # every eval_steps updates (HF's flow)
             self.evaluate()
@@ -400,6 +403,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         the value model trains (``self.critic_warmup``)."""
         if self.critic_warmup is not None:
             self.critic_warmup.begin(self.state.global_step)
+        self.grad_clip.begin()  # policy/grad_norm: this update's steps
         ptx_mode = self.ptx.mode if self.ptx is not None and not self.policy_held else None
         steps = UpdateSteps(loss=self.compute_micro_batch_loss, step=self.optimizer_step,
                             zero_grad=self.optimizer.zero_grad, observe=self.step_guard.observe,

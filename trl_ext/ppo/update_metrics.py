@@ -1,5 +1,5 @@
 """Step 7 of :class:`trl_ext.PPOTrainer`'s update: the update's metrics (TRL's names and formulas, plus the
-extensions'), logging them, and the KL controller's step (the list of steps: :mod:`trl_ext.ppo.trainer`)."""
+extensions') and logging them (the list of steps: :mod:`trl_ext.ppo.trainer`)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class UpdateMetricsMixin:
         if stats.ptx_losses:
             metrics["loss/ptx_avg"] = gather(torch.stack(stats.ptx_losses).mean()).mean().item()
         metrics.update(objective_metrics(rollout, stats, self.objective, self.accelerator))
-        self.critic.metrics(metrics, rollout, stats)  # critic-free: the value-model metrics replaced
+        metrics = self.critic.metrics(metrics, rollout, stats)  # critic-free: the value-model metrics replaced
         if self.critic_warmup is not None:  # critic_warmup: critic/warmup, 1 while the policy is held
             metrics.update(self.critic_warmup.metrics())
         if self.reward_scoring is not None:  # reward_funcs: rewards/*, reward, completions/*
@@ -68,8 +68,6 @@ class UpdateMetricsMixin:
         return metrics
 
     def log_update(self, metrics: dict) -> None:
-        """Advance the step counters, log `metrics`, then let the KL controller see this update's KL."""
-        self.state.epoch = self.state.episode / self.train_dataset_len  # used by self.log
-        self.state.global_step += 1
+        """Log the update's `metrics` (``run_update`` has advanced the step counter; it steps the KL controller
+        after)."""
         self.log(metrics)
-        self.kl_ctl.update(metrics["objective/kl"], self.args.batch_size)

@@ -9,7 +9,23 @@ from contextlib import contextmanager, nullcontext
 from ...models.shared_base import adapter_switch, saving_policy_adapters_only, scalar_adapter_names
 from ...runtime.engines import gathered_parameters
 
-__all__ = ["ParentFixesMixin"]
+__all__ = ["ParentFixesMixin", "ParentInitArgs"]
+
+
+class ParentInitArgs:
+    """The config as the parent's ``__init__`` reads it (:class:`trl_ext.PPOTrainer` passes this view and keeps the
+    config itself): every attribute is the config's, read and written through, but ``kl_estimator``, which the
+    parent's ``__init__`` checks against the two estimators it knows (TRL 1.12: ``k1``, ``k3``) and none of its later
+    steps reads (trl-ext's update takes the estimator from its objective): ``"k1"`` there."""
+
+    def __init__(self, args):
+        object.__setattr__(self, "_args", args)
+
+    def __getattr__(self, name):
+        return "k1" if name == "kl_estimator" else getattr(self._args, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._args, name, value)
 
 
 class ParentFixesMixin:

@@ -130,8 +130,8 @@ class Critic(Protocol):
     def value_loss(self, vpred_temp: torch.Tensor, rollout, micro_batch_inds, device) -> ValueLoss:
         """One micro-batch's value-loss terms (zeros without a value model)."""
 
-    def metrics(self, metrics: dict, rollout, stats) -> None:
-        """Add the critic's metrics to (or replace TRL's value-model metrics in) ``metrics``."""
+    def metrics(self, metrics: dict, rollout, stats) -> dict:
+        """``metrics`` with the critic's added (or TRL's value-model metrics replaced): a new dict."""
 
 
 def build_critic(args, accelerator, multi_turn: bool = False) -> Critic:
@@ -196,12 +196,11 @@ class ValueCritic:
         return value_loss(vpred, rollout.values[micro_batch_inds], rollout.returns[micro_batch_inds],
                           ~padding_mask_p1, self.cliprange_value, self.value_clip)
 
-    def metrics(self, metrics: dict, rollout, stats) -> None:
+    def metrics(self, metrics: dict, rollout, stats) -> dict:
         """TRL's value-model metrics, plus the critic's health (:func:`~.critic_health.critic_health`) and what the
         value model adds to per-turn credit (:func:`~.critic_health.credit_gain`)."""
-        metrics.update(critic_health(rollout, self.reduce_sum, self.turns))
-        metrics.update(credit_gain(rollout, self.settings.gamma, self.settings.group_size, self.reduce_sum,
-                                   self.turns))
+        return {**metrics, **critic_health(rollout, self.reduce_sum, self.turns),
+                **credit_gain(rollout, self.settings.gamma, self.settings.group_size, self.reduce_sum, self.turns)}
 
 
 class CriticFree:
@@ -267,13 +266,13 @@ class CriticFree:
         zero = torch.zeros((), device=device)
         return ValueLoss(zero, zero)
 
-    def metrics(self, metrics: dict, rollout, stats) -> None:
-        """Replace the value-model metrics in `metrics` with the critic-free ones (:func:`critic_free_metrics`)."""
-        critic_free_metrics(metrics, rollout, stats, self.group_size, self.accelerator.gather_for_metrics)
+    def metrics(self, metrics: dict, rollout, stats) -> dict:
+        """`metrics` with the value-model metrics replaced by the critic-free ones (:func:`critic_free_metrics`)."""
+        return critic_free_metrics(metrics, rollout, stats, self.group_size, self.accelerator.gather_for_metrics)
 
 
-def critic_free_metrics(metrics: dict, rollout, stats, k: int, gather) -> None:
-    """Replace the value-model metrics in `metrics` with the critic-free ones (means over processes):
+def critic_free_metrics(metrics: dict, rollout, stats, k: int, gather) -> dict:
+    """A copy of `metrics` with the value-model metrics replaced by the critic-free ones (means over processes):
 
     * `objective/group_scores_std`: mean over groups of the std of the scores within a group (k > 1), a score
       being the final one plus the episode's per-turn rewards (:func:`~trl_ext.rewards.metrics.episode_scores`);
@@ -285,6 +284,7 @@ def critic_free_metrics(metrics: dict, rollout, stats, k: int, gather) -> None:
     * `policy/ratio_avg`, `policy/ratio_var`, `objective/num_eos_tokens`: TRL's `val/ratio`, `val/ratio_var`,
       `val/num_eos_tokens` renamed, so that a critic-free run logs no `val/*` key.
     """
+    metrics = dict(metrics)
     for key in ("loss/value_avg", "val/clipfrac_avg"):
         metrics.pop(key, None)
     metrics["policy/ratio_avg"] = metrics.pop("val/ratio")
@@ -303,3 +303,4 @@ def critic_free_metrics(metrics: dict, rollout, stats, k: int, gather) -> None:
     metrics["objective/advantages_abs"] = gather(abs_advantages).mean().item()
     if stats.kl_losses:
         metrics["loss/kl_avg"] = gather(torch.stack(stats.kl_losses).mean()).mean().item()
+    return metrics
