@@ -34,7 +34,7 @@ ALLOWED = {
     ("ppo/trainer.py:PPOTrainer.init_train_state", "setattr(self.state)"): "train()'s start: logging/eval/save steps",
     **{("ppo/trainer.py:PPOTrainer.run_update", f"self.state.{name}"): "the update's one place"
        for name in ("episode", "epoch", "global_step")},
-    ("ppo/checkpointing.py:PPOCheckpointMixin.save_update_start_checkpoint", "self.state.episode"): "rewind",
+    ("ppo/trainer.py:PPOTrainer.save_update_start_checkpoint", "self.state.episode"): "rewind",
     ("runtime/checkpoints.py:AtomicCheckpointMixin._save_checkpoint", "self.state.best_model_checkpoint"):
         "the staging folder renamed",
     ("rewards/scoring.py:RewardScorer._light_state", "state.log_history"): "a copy of the state without its history",

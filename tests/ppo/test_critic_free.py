@@ -65,7 +65,8 @@ def test_value_model_must_match_the_estimator(tiny_models, tok, data, tmp_path):
 
 
 def test_gae_keeps_its_value_model_and_one_sample_per_prompt_keeps_the_batch():
-    from trl_ext.ppo.objective.critic import check_value_model, repeat_prompts
+    from trl_ext.ppo.objective.critic import check_value_model
+    from trl_ext.ppo.rollout.prompt_stream import repeat_prompts
 
     value = object()
     assert check_value_model(SimpleNamespace(critic_free=False), value) is value

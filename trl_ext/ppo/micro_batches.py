@@ -62,29 +62,25 @@ def balanced_micro_batch(largest: int, mini_batch: int) -> int:
     return -(-mini_batch // passes)
 
 
-def resolve_train_micro_batch(trainer) -> int:
-    """The micro-batch of ``trainer``'s PPO epochs (``train_micro_batch_size``; ``"auto"`` chosen once, printed,
-    kept in ``trainer.train_micro_batch``). Under several processes each takes the smallest of their choices."""
-    if getattr(trainer, "train_micro_batch", None):
-        return trainer.train_micro_batch
+def resolve_train_micro_batch(args, accelerator, policy, prompt_length: int, *, shared: bool, value_model: bool,
+                              reward_model: bool) -> int:
+    """The micro-batch of the PPO epochs (``train_micro_batch_size``; ``"auto"`` chosen and printed: from the
+    unwrapped ``policy``, the longest train prompt and which models the run holds, as the rollout chunk's
+    :func:`~trl_ext.ppo.rollout.chunk.resolve_auto_rollout_chunk`). Under several processes each takes the smallest
+    of their choices."""
     from .rollout.chunk import memory_target_bytes, run_shape_from_models
 
-    args, accelerator = trainer.args, trainer.accelerator
     if accelerator.distributed_type.value == "DEEPSPEED":
         raise UserInputError(f"{KEY}: not supported under DeepSpeed (its engine counts the accumulation steps); "
                              "use per_device_train_batch_size and gradient_accumulation_steps")
     micro = args.train_micro_batch_size
     if micro == AUTO:
-        unwrapped = accelerator.unwrap_model(trainer.model)
-        policy = getattr(unwrapped, "policy", unwrapped)
-        prompt = max(len(ids) for ids in trainer.train_dataset["input_ids"])
-        shape, run = run_shape_from_models(policy, args, prompt)
+        shape, run = run_shape_from_models(policy, args, prompt_length)
         run = replace(run, batch=args.local_mini_batch_size,
                       rollout_chunk=int(args.local_rollout_forward_batch_size))
         micro = largest_fitting_micro_batch(
             shape, run, memory_target_bytes(args.max_memory_gib, accelerator.device),
-            shared=bool(getattr(trainer, "shared_base", False)), value_model=trainer.critic.has_value_model,
-            reward_model=trainer.reward_model is not None,
+            shared=shared, value_model=value_model, reward_model=reward_model,
             target_name="max_memory_gib" if args.max_memory_gib is not None else "the device's free memory",
             margin=allocator_margin(run.rollout_chunk, device_type=accelerator.device.type,
                                     expandable_segments=expandable_segments_on()))
@@ -93,8 +89,7 @@ def resolve_train_micro_batch(trainer) -> int:
         micro = balanced_micro_batch(micro, args.local_mini_batch_size)
         accelerator.print(f"{KEY}: auto -> {micro} (the fewest passes whose training phase fits beside the "
                           "persistent memory, as even as they go)")
-    trainer.train_micro_batch = min(int(micro), args.local_mini_batch_size)
-    return trainer.train_micro_batch
+    return min(int(micro), args.local_mini_batch_size)
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """What :class:`trl_ext.PPOTrainer` changes in its parent (TRL's PPO trainer or trl-ext's copy, :mod:`trl_ext.ppo.base`)
 so that it runs where the parent crashed or did not fit: DDP and DeepSpeed wrappers, a shared base, a critic-free
-run. No step of the update is here (see :mod:`trl_ext.ppo.trainer`)."""
+run (:class:`PPOParent`, the parent with these fixes, which ``PPOTrainer`` extends), and the config as the parent's
+``__init__`` reads it (:class:`ParentInitArgs`). No step of the update is here (see :mod:`trl_ext.ppo.trainer`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from contextlib import contextmanager, nullcontext
 
 from ...models.shared_base import adapter_switch, saving_policy_adapters_only, scalar_adapter_names
 from ...runtime.engines import gathered_parameters
+from . import ParentPPOTrainer
 
-__all__ = ["ParentFixesMixin", "ParentInitArgs"]
+__all__ = ["PPOParent", "ParentInitArgs"]
 
 
 class ParentInitArgs:
@@ -28,8 +30,12 @@ class ParentInitArgs:
         setattr(self._args, name, value)
 
 
-class ParentFixesMixin:
-    """Mixed into :class:`trl_ext.PPOTrainer` before the parent trainer: its fixes of the parent's methods."""
+class PPOParent(ParentPPOTrainer):
+    """The parent trainer (:mod:`trl_ext.ppo.base` chooses it) with its methods fixed: what
+    :class:`trl_ext.PPOTrainer` extends."""
+
+    # HF Trainer.__init__ (which TRL's PPO never calls) sets these; its checkpoint save/load code reads them
+    is_fsdp_xla_enabled = is_fsdp_xla_v1_enabled = is_fsdp_xla_v2_enabled = False
 
     @contextmanager
     def null_ref_context(self):

@@ -9,8 +9,8 @@ from typing import Any, Optional
 
 from ...config_rules import MappingArgs, help_from_docstring, mapping_field
 
-__all__ = ["SamplingArgs", "NAMED_KEYS", "OWNED_KEYS", "rollout_generation_kwargs", "sample_generation_kwargs",
-           "reshapes_sampling", "generation_kwargs_problem"]
+__all__ = ["SamplingArgs", "NAMED_KEYS", "OWNED_KEYS", "RolloutSampling", "rollout_generation_kwargs",
+           "sample_generation_kwargs", "reshapes_sampling", "generation_kwargs_problem"]
 
 NAMED_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 """Sampling keys that are `PPOConfig` fields: `generation_kwargs` may not set them (one value per knob)."""
@@ -100,6 +100,24 @@ def reshapes_sampling(args) -> bool:
     return (getattr(args, "top_k", 0) not in (0, None) or getattr(args, "top_p", 1.0) < 1.0
             or getattr(args, "min_p", None) is not None or getattr(args, "repetition_penalty", 1.0) != 1.0
             or bool(getattr(args, "generation_kwargs", None)))
+
+
+@dataclass(frozen=True)
+class RolloutSampling:
+    """The rollout's generation settings, read from the config when ``train()`` starts (the trainer's
+    ``init_data_streams``): ``generate``'s keyword arguments and config, and whether a sampling key reshapes the
+    distribution (:func:`reshapes_sampling`)."""
+
+    kwargs: dict
+    config: Any
+    reshapes: bool
+
+    @classmethod
+    def from_args(cls, args) -> "RolloutSampling":
+        from transformers import GenerationConfig
+
+        kwargs = rollout_generation_kwargs(args)  # TRL's, with the sampling keys
+        return cls(kwargs, GenerationConfig(**kwargs), reshapes_sampling(args))
 
 
 def generation_kwargs_problem(generation_kwargs: dict | None) -> str | None:
