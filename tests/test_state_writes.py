@@ -22,7 +22,7 @@ ALLOWED = {
     **{("runtime/engines.py:adapt_to_cpu_engine", f"args.{name}"): "the config's own construction"
        for name in ("ddp_backend", "dataloader_pin_memory", "use_cpu")},
     # `local_rollout_forward_batch_size: auto` resolved once at __init__, before anything reads the chunk
-    ("ppo/rollout/chunk.py:resolve_auto_rollout_chunk", "args.local_rollout_forward_batch_size"): "auto resolved",
+    ("ppo/memory/chunk.py:resolve_auto_rollout_chunk", "args.local_rollout_forward_batch_size"): "auto resolved",
     # argparse's namespace, not a config
     ("cli.py:main", "args.overrides"): "argparse namespace",
     ("cli.py:main", "args.verbose"): "argparse namespace",

@@ -14,7 +14,7 @@ import torch
 from transformers import GenerationConfig
 from transformers.trainer_utils import speed_metrics
 
-from ..config_rules import help_from_docstring
+from ..field_rules import help_from_docstring
 from ..models.scalar_heads import scalar_model_outputs
 from ..rewards.metrics import reward_metrics
 from ..rewards.scoring import RewardScores

@@ -10,13 +10,13 @@ from typing import Any
 from .completions_log import CompletionsLog
 from .episodes.multi_turn import MultiTurnRollout
 from .episodes.turn_rewards import TurnRewards
-from .micro_batches import objective_for_micro_batches
+from .optimize_loop import objective_for_micro_batches
 from .objective.critic import Critic, build_critic
 from .objective.critic_warmup import CriticWarmup
 from .objective.kl_controllers import build_kl_controller
 from .objective.objectives import ObjectiveConfig
 from .ptx_data import PretrainingMix, PtxConfig
-from .rollout.chunk import AUTO, ChunkChoice, resolve_auto_rollout_chunk
+from .memory.chunk import AUTO, ChunkChoice, resolve_auto_rollout_chunk
 from .rollout.decode_graphs import DecodeGraphs
 from .rollout.dynamic_sampling import DynamicSampling
 from .rollout.engine import build_rollout_engine

@@ -17,15 +17,13 @@ from ..errors import UserInputError
 from ..runtime.checkpoints import (VALUE_MODEL_DIR, AtomicCheckpointMixin, PPOCheckpoints, latest_checkpoint,
                                    ppo_state_file, resolve_checkpoint)
 from ..runtime.devices import empty_cache, release_memory
-from ..runtime.engines import deepspeed_gradient_clipping
 from ..runtime.interruption import raise_if_interrupted, watch_signals
 from ..runtime.nonfinite import Finding, NonFiniteError, StepGuard, count_nonfinite, guarded_optimizer_step
 from .base import OnlineTrainerState
-from .base.parent_fixes import ParentInitArgs, PPOParent
+from .base.parent_fixes import PPOParent
 from .config import PPOConfig
 from .evaluation import Evaluation
 from .features import build_features
-from .micro_batches import resolve_train_micro_batch
 from .objective.critic_warmup import with_critic_learning_rate
 from .objective.objectives import kl_penalty, rollout_objective
 from .optimize_loop import GradientClip, MiniBatchPlan, UpdateSteps, run_ppo_epochs
@@ -42,7 +40,7 @@ __all__ = ["PPOConfig", "PPOTrainer", "VALUE_MODEL_DIR", "ppo_state_file"]
 
 class PPOTrainer(AtomicCheckpointMixin, PPOParent):
     """TRL's PPO trainer (see :mod:`trl_ext.ppo.base`) with trl-ext's extensions. Takes TRL's arguments and
-    GRPOTrainer's (:mod:`trl_ext.ppo.grpo_compat.grpo_inputs`), plus `ptx_dataset`, `kl_controller`, `reward_funcs`,
+    GRPOTrainer's (:mod:`trl_ext.ppo.trainer_inputs`), plus `ptx_dataset`, `kl_controller`, `reward_funcs`,
     `tools` and `environment_factory`: docs/ppo.md, "The trainer's arguments"."""
 
     _tag_names = ["trl", "ppo", "trl-ext"]
@@ -55,10 +53,8 @@ class PPOTrainer(AtomicCheckpointMixin, PPOParent):
             args, processing_class, model, ref_model, reward_model, train_dataset, value_model, data_collator,
             eval_dataset, optimizers, callbacks, peft_config, ptx_dataset, kl_controller, reward_funcs, tools,
             environment_factory)
-        args, self.shared_base = inputs.args, inputs.shared_base
-        with deepspeed_gradient_clipping(args.max_grad_norm):  # DeepSpeed: the engine clips at max_grad_norm
-            super().__init__(args=ParentInitArgs(args), **inputs.parent)  # its view: kl_estimator k1/k3 only
-        self.args = args
+        self.shared_base = inputs.shared_base
+        super().__init__(inputs.args, **inputs.parent)  # the parent (PPOParent: its view of the config)
         self.build_features(inputs.reward_list, inputs.ptx_dataset, kl_controller, inputs.toolbox)
 
     def build_features(self, reward_list, ptx_dataset, kl_controller, toolbox=None) -> None:
@@ -404,14 +400,12 @@ class PPOTrainer(AtomicCheckpointMixin, PPOParent):
         """How each update's rollout is cut, built at the first update (``train_micro_batch_size: auto`` measures the
         memory then; the micro-batch is kept in ``self.train_micro_batch``)."""
         if self._mini_batch_plan is None:
-            self.train_micro_batch = None
-            if self.args.train_micro_batch_size is not None:
-                unwrapped = self.accelerator.unwrap_model(self.model)
-                self.train_micro_batch = resolve_train_micro_batch(
-                    self.args, self.accelerator, getattr(unwrapped, "policy", unwrapped), self.prompt_length,
-                    shared=bool(self.shared_base), value_model=self.critic.has_value_model,
-                    reward_model=self.reward_model is not None)
-            self._mini_batch_plan = MiniBatchPlan.from_args(self.args, self.objective, self.train_micro_batch)
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            self._mini_batch_plan = MiniBatchPlan.for_run(
+                self.args, self.objective, self.accelerator, getattr(unwrapped, "policy", unwrapped),
+                self.prompt_length, shared=bool(self.shared_base), value_model=self.critic.has_value_model,
+                reward_model=self.reward_model is not None)
+            self.train_micro_batch = self._mini_batch_plan.micro
         return self._mini_batch_plan
 
     @property

@@ -1,7 +1,15 @@
 """The arguments of :class:`trl_ext.PPOTrainer`, checked and turned into what the parent's ``__init__`` takes, before
 any of it runs (:func:`prepare_trainer_inputs`): GRPOTrainer's inputs, the trainer's own arguments against the
 config, multi-turn tools, reward functions, LoRA targets, a shared base, float32 gradients under fp16. Bad input is
-refused here with one line naming the culprit (docs/ppo.md, "The trainer's arguments")."""
+refused here with one line naming the culprit (docs/ppo.md, "The trainer's arguments").
+
+GRPOTrainer's inputs, so that a GRPOTrainer script runs with the trainer's name changed, first thing after a
+``GRPOConfig`` is mapped to a ``PPOConfig`` (:func:`trl_ext.ppo.config.ppo_config_from`): models may be ids or
+paths, loaded as GRPOTrainer loads them, and the tokenizer from the policy's checkpoint when ``processing_class`` is
+None (:mod:`trl_ext.ppo.grpo_compat.model_ids`); datasets may have a ``prompt`` column, text or chat messages,
+tokenized as GRPOTrainer tokenizes them, keeping the other columns for reward functions and tools
+(:mod:`trl_ext.ppo.grpo_compat.prompt_dataset`). With loaded models, a tokenizer and tokenized datasets everything
+passes through unchanged."""
 
 from __future__ import annotations
 
@@ -15,9 +23,10 @@ from ..models.dtypes import float32_trainable_parameters
 from ..models.lora import check_lora_targets
 from ..models.shared_base import SharedBaseScalarModel
 from .config import PPOConfig, ppo_config_from
-from .config_rules import check_trainer_inputs
+from .combination_rules import check_trainer_inputs
 from .episodes.toolbox import Toolbox
-from .grpo_compat.grpo_inputs import grpo_inputs
+from .grpo_compat.model_ids import load_model_ids
+from .grpo_compat.prompt_dataset import prepare_prompt_datasets
 from .objective.critic import check_value_model
 from .rollout.reward_funcs import prepare_reward_funcs
 
@@ -42,11 +51,13 @@ def prepare_trainer_inputs(args, processing_class, model, ref_model, reward_mode
                            data_collator, eval_dataset, optimizers, callbacks, peft_config, ptx_dataset,
                            kl_controller, reward_funcs, tools, environment_factory) -> TrainerInputs:
     """The trainer's arguments (those of :class:`trl_ext.PPOTrainer`), checked and converted (module docstring)."""
-    # GRPOTrainer's inputs: a GRPOConfig, model ids, `prompt` datasets (trl_ext/ppo/grpo_compat/grpo_inputs.py)
+    # GRPOTrainer's inputs (module docstring): a GRPOConfig, model ids, `prompt` datasets
     args = ppo_config_from(args)
-    (args, processing_class, model, ref_model, reward_model, value_model, reward_funcs, train_dataset,
-     eval_dataset) = grpo_inputs(args, processing_class, model, ref_model, reward_model, value_model, reward_funcs,
-                                 train_dataset, eval_dataset, multi_turn=bool(tools or environment_factory))
+    processing_class, model, ref_model, reward_model, value_model, reward_funcs = load_model_ids(
+        args, processing_class, model, ref_model, reward_model, value_model, reward_funcs)
+    train_dataset, eval_dataset = prepare_prompt_datasets(
+        args, processing_class, train_dataset, eval_dataset,
+        keep_columns=reward_funcs is not None or bool(tools or environment_factory))
     if not isinstance(args, PPOConfig):
         raise UserInputError(f"args: expected a trl_ext.PPOConfig, got {type(args).__name__}")
     ptx_dataset = check_trainer_inputs(args, ptx_dataset, kl_controller,  # the trainer's own arguments

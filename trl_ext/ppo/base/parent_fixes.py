@@ -8,7 +8,7 @@ from __future__ import annotations
 from contextlib import contextmanager, nullcontext
 
 from ...models.shared_base import adapter_switch, saving_policy_adapters_only, scalar_adapter_names
-from ...runtime.engines import gathered_parameters
+from ...runtime.engines import deepspeed_gradient_clipping, gathered_parameters
 from . import ParentPPOTrainer
 
 __all__ = ["PPOParent", "ParentInitArgs"]
@@ -36,6 +36,14 @@ class PPOParent(ParentPPOTrainer):
 
     # HF Trainer.__init__ (which TRL's PPO never calls) sets these; its checkpoint save/load code reads them
     is_fsdp_xla_enabled = is_fsdp_xla_v1_enabled = is_fsdp_xla_v2_enabled = False
+
+    def __init__(self, args, **kwargs):
+        """The parent's ``__init__`` on its view of ``args`` (:class:`ParentInitArgs`), a DeepSpeed engine it
+        prepares clipping at ``args.max_grad_norm`` (:func:`~trl_ext.runtime.engines.deepspeed_gradient_clipping`);
+        ``self.args`` is ``args`` after it."""
+        with deepspeed_gradient_clipping(args.max_grad_norm):
+            super().__init__(args=ParentInitArgs(args), **kwargs)
+        self.args = args
 
     @contextmanager
     def null_ref_context(self):

@@ -21,7 +21,7 @@ from transformers.generation.logits_process import (
 
 from ...runtime.devices import empty_cache
 from ...trl_internals import selective_log_softmax
-from .memory_budget import logprob_slice_rows
+from ..memory.budget import logprob_slice_rows
 from .sequences import INVALID_LOGPROB, batch_generation, forward
 
 __all__ = ["SampledTokenLogprobs", "SamplingPlan", "sampling_plan", "generate_with_logprobs", "sequence_logits",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ...config_rules import MappingArgs, help_from_docstring, mapping_field
+from ...field_rules import MappingArgs, help_from_docstring, mapping_field
 
 __all__ = ["SamplingArgs", "NAMED_KEYS", "OWNED_KEYS", "RolloutSampling", "rollout_generation_kwargs",
            "sample_generation_kwargs", "reshapes_sampling", "generation_kwargs_problem"]
@@ -62,7 +62,7 @@ class SamplingArgs(MappingArgs):
             recomputed by one forward of the policy (`log_softmax(logits / temperature)`).
     """
 
-    # ranges: trl_ext.config_rules.RANGES
+    # ranges: trl_ext.field_rules.RANGES
     top_p: float = 1.0
     top_k: int = 0
     min_p: Optional[float] = None

@@ -10,8 +10,8 @@ from functools import partial
 import torch
 
 from ...errors import UserInputError
-from .allocator_margin import allocator_margin, expandable_segments_on, planned_reserved_bytes
-from .memory_budget import GIB, LINEAR_MODULES, MemoryBudget, ModelShape, PPOShape, ppo_memory_budget
+from .budget import (GIB, LINEAR_MODULES, MemoryBudget, ModelShape, PPOShape, allocator_margin, expandable_segments_on,
+                     planned_reserved_bytes, ppo_memory_budget)
 
 __all__ = [
     "AUTO",
@@ -76,7 +76,7 @@ def largest_fitting_chunk(shape: ModelShape, run: PPOShape, target_bytes: int, *
                           at_most: int | None = None, margin=None) -> ChunkChoice:
     """The largest ``rollout_chunk`` in ``1..run.batch`` whose :func:`ppo_memory_budget` peak is ``<= target_bytes``
     (or ``at_most`` if that is smaller). ``margin``: None, or ``chunk -> float``, the caching allocator's margin
-    (:mod:`trl_ext.ppo.rollout.allocator_margin`): the peak planned is then the reserved one.
+    (:mod:`trl_ext.ppo.memory.budget`): the peak planned is then the reserved one.
 
     Raises:
         UserInputError: if even a chunk of 1 does not fit (the message names ``target_name``).
@@ -144,7 +144,7 @@ def run_shape_from_models(policy, args, prompt_length: int) -> tuple[ModelShape,
     peft_config = getattr(policy, "peft_config", None)
     if not peft_config:
         raise UserInputError(
-            "local_rollout_forward_batch_size: 'auto' needs a LoRA policy (trl_ext.ppo.rollout.memory_budget models LoRA "
+            "local_rollout_forward_batch_size: 'auto' needs a LoRA policy (trl_ext.ppo.memory.budget models LoRA "
             "runs); give an integer for a policy trained in full"
         )
     lora = peft_config[getattr(policy, "active_adapter", None) or next(iter(peft_config))]

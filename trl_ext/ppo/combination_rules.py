@@ -9,7 +9,7 @@ from ..errors import UserInputError
 from ..runtime.engines import DEEPSPEED, FSDP, launched_engine, launched_gradient_clipping, launched_zero3
 from .evaluation import evaluation_on
 from .objective.estimators import ESTIMATORS, get_estimator, group_estimators
-from .rollout.chunk import AUTO
+from .memory.chunk import AUTO
 from .rollout.sampling import generation_kwargs_problem
 
 __all__ = ["check_eval_inputs", "check_evaluation", "check_launch", "check_combinations", "check_trainer_inputs",
