@@ -1,6 +1,7 @@
 """What the PPO update keeps whatever its micro-batches: for every ptx mode (off, joint, separate), every loss
 aggregation and a mini-batch of 4 sequences cut into passes of 1, 3 + 1 or 4, each optimizer step's gradients are
-those of the whole mini-batch in one pass (within float rounding), and the joint ptx term adds exactly
+those of the whole mini-batch in one pass as TRL computes it (train_micro_batch_size unset, one micro-batch of 4;
+within float rounding), and the joint ptx term adds exactly
 ``ptx_coef * grad lm_loss`` of its batch. The gradients are read where the trainer steps (its overridable
 ``optimizer_step``), before any clipping, on the real trainer and tiny models; they pin the update while its parts
 move (issue 58)."""
@@ -29,7 +30,7 @@ def ptx_rows():
     return Dataset.from_dict({"text": [PTX_TEXT] * 8})
 
 
-def step_gradients(tiny_models, tok, tmp_path, *, micro, ptx, aggregation):
+def step_gradients(tiny_models, tok, tmp_path, *, micro, ptx, aggregation, **more):
     """``(gradients of each optimizer step, trainer)`` of one update: per step, each trainable parameter's gradient
     (None where it has none) as the trainer's ``optimizer_step`` sees it."""
     import trl_ext
@@ -43,7 +44,7 @@ def step_gradients(tiny_models, tok, tmp_path, *, micro, ptx, aggregation):
 
     seed_all(0)
     policy, value, reward = load_models(tiny_models)
-    overrides = {**SETTINGS, "loss_aggregation": aggregation, "train_micro_batch_size": micro}
+    overrides = {**SETTINGS, "loss_aggregation": aggregation, "train_micro_batch_size": micro, **more}
     if ptx is not None:
         overrides.update(PTX, ptx_mode=ptx)
     args = trl_ext.PPOConfig(**config_kwargs(tmp_path, **overrides))
@@ -73,6 +74,10 @@ def test_every_cut_of_the_mini_batch_gives_the_gradients_of_one_pass(tiny_models
     assert len(whole) == (2 if ptx == "separate" else 1)  # the PPO step (and the separate ptx step)
     assert trainer.state.global_step == 1
     assert max(g.abs().max().item() for g in whole[0].values() if g is not None) > 1e-3  # real gradients
+    # the whole mini-batch as TRL computes it: train_micro_batch_size unset, one pass of 4 (nothing weighted)
+    one, _ = step_gradients(tiny_models, tok, tmp_path / "trl", micro=None, ptx=ptx, aggregation=aggregation,
+                            per_device_train_batch_size=4, gradient_accumulation_steps=1)
+    assert largest_difference(one, whole) < TOLERANCE, f"ptx {ptx}, {aggregation}: weighted pass of 4 vs TRL's"
     for micro in (1, 3):
         cut, cut_trainer = step_gradients(tiny_models, tok, tmp_path / f"micro{micro}", micro=micro, ptx=ptx,
                                           aggregation=aggregation)
