@@ -32,7 +32,7 @@ engine, tokenizer class). For each variant: peak reserved and allocated GPU memo
 (reserved plus what lies outside the caching allocator, ``total - free - reserved`` at the end: the CUDA context and
 library workspaces; assumes the GPU runs nothing else), seconds per update (wall, from a callback) and per phase
 (trl-ext's ``time/*`` metrics; TRL 1.12 logs none), rollout tokens per second, the share of responses ending in EOS,
-the first update's metrics, and what ``trl_ext.ppo.rollout.memory_budget`` predicts. The JSON and the markdown table are
+the first update's metrics, and what ``trl_ext.ppo.memory.budget`` predicts. The JSON and the markdown table are
 rewritten after each variant.
 
 ``--smoke`` runs the same code on CPU with a tiny Llama and a tiny Qwen2 (4-bit through bitsandbytes' CPU path,
@@ -362,8 +362,8 @@ def variant_child(a):
 def predicted_budget(variant, recipe, policy, trainer, train_ds) -> dict:
     """What memory_budget predicts for the variant's run (the loaded policy's shape; the chunk and the training
     micro-batch that ran; TRL 1.12's stacked scores and logits of every position for ``trl112``)."""
-    from trl_ext.ppo.rollout.memory_budget import DEVICE_OVERHEAD_BYTES, PPOShape, ppo_memory_budget
-    from trl_ext.ppo.rollout.chunk import run_shape_from_models
+    from trl_ext.ppo.memory.budget import DEVICE_OVERHEAD_BYTES, PPOShape, ppo_memory_budget
+    from trl_ext.ppo.memory.chunk import run_shape_from_models
 
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     peft_policy = getattr(unwrapped, "policy", policy)
@@ -383,8 +383,8 @@ def predicted_budget(variant, recipe, policy, trainer, train_ds) -> dict:
 
 
 def budget_only() -> str:
-    from trl_ext.ppo.rollout.memory_budget import LLAMA_3_8B, PPOShape, budget_table, ppo_memory_budget
-    from trl_ext.ppo.rollout.chunk import largest_fitting_chunk
+    from trl_ext.ppo.memory.budget import LLAMA_3_8B, PPOShape, budget_table, ppo_memory_budget
+    from trl_ext.ppo.memory.chunk import largest_fitting_chunk
 
     s = SHAPES["llama-3-8b"]
     run = PPOShape(batch=s["micro"] * s["accumulation"], micro_batch=s["micro"], rollout_chunk=s["chunk"],

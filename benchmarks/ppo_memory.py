@@ -8,7 +8,7 @@
     (temperature 0.7 + 1e-7, top_k 0, top_p 1) and no stop token, so every response has the full length. Each
     (implementation, length) runs in its own child process; the child builds the model, warms generation up, hands
     freed heap back (glibc malloc_trim), resets the kernel's peak RSS (VmHWM) and reads it after the rollout:
-    growth = peak - RSS before. Reported with what the formulas of `trl_ext.ppo.rollout.memory_budget` predict: TRL's
+    growth = peak - RSS before. Reported with what the formulas of `trl_ext.ppo.memory.budget` predict: TRL's
     stacked scores (`B*T*V*4` bytes, held twice at its peak) and the KV cache, which grows with T in both.
 
 (b) `shared`: a whole PPO run (trainer construction and `--updates` updates, models already loaded), 4-bit nf4 LoRA
@@ -24,7 +24,7 @@
     process on a smaller model (`--timing-hidden`, `--timing-layers`), `--repeats` times; the time spent switching
     adapters is also counted directly.
 
-(c) `budget`: the memory budget of `trl_ext.ppo.rollout.memory_budget` for Llama-3-8B and Qwen2.5-7B at the Qwen2.5-0.5B
+(c) `budget`: the memory budget of `trl_ext.ppo.memory.budget` for Llama-3-8B and Qwen2.5-7B at the Qwen2.5-0.5B
     recipe's batch and lengths, TRL's design (separate models, its rollout, logits of every position) vs the shared
     base, and its formulas checked against (a) and (b).
 
@@ -127,7 +127,7 @@ def rollout_child(a):
 
 
 def run_rollout(a):
-    from trl_ext.ppo.rollout.memory_budget import ModelShape, kv_cache_bytes, rollout_scores_bytes
+    from trl_ext.ppo.memory.budget import ModelShape, kv_cache_bytes, rollout_scores_bytes
 
     lengths = a.lengths or ([32, 128] if a.quick else [32, 128, 512])
     cfg = ModelShape.from_config(rollout_model_config(a))
@@ -249,7 +249,7 @@ def shared_child(a):
     policy, reward, value = load_design(root, a.design, tokenizer)
     trim_heap()
     loaded = rss_parts_mb()
-    from trl_ext.ppo.rollout.memory_budget import held_weight_bytes
+    from trl_ext.ppo.memory.budget import held_weight_bytes
 
     weights = held_weight_bytes(policy, reward, value)
     timer = UpdateTimer()
@@ -329,7 +329,7 @@ def run_shared(a):
         parameters = build_shared_models(Path(tmp) / "big", a.shared_hidden, a.shared_layers)
         from transformers import AutoConfig
 
-        from trl_ext.ppo.rollout.memory_budget import ModelShape
+        from trl_ext.ppo.memory.budget import ModelShape
 
         shape = vars(ModelShape.from_config(AutoConfig.from_pretrained(Path(tmp) / "big" / "policy")))
         common = ["--model-dir", str(Path(tmp) / "big"), "--threads", str(a.threads), "--updates", str(a.updates),
@@ -380,7 +380,7 @@ local_rollout_forward_batch_size 8."""
 def run_budget(a, results):
     from dataclasses import replace
 
-    from trl_ext.ppo.rollout.memory_budget import (
+    from trl_ext.ppo.memory.budget import (
         LLAMA_3_8B,
         QWEN2_5_7B,
         STREAMING_STEP_COPIES,

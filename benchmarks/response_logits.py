@@ -14,7 +14,7 @@ A random-initialised Llama with Qwen2.5's vocabulary (151,936 tokens) and two sm
 builds the model, warms the pass up once, hands freed heap back (glibc malloc_trim), resets the kernel's peak RSS and
 reads it after the pass: growth = peak - RSS before. Children run with ``MALLOC_MMAP_THRESHOLD_=131072`` (freed
 large buffers go back to the OS, so RSS follows live memory). Beside each growth: the logits bytes the pass holds by
-``trl_ext.ppo.rollout.memory_budget``'s rule, and a checksum of the log-probs (equal across the ways).
+``trl_ext.ppo.memory.budget``'s rule, and a checksum of the log-probs (equal across the ways).
 
     python benchmarks/response_logits.py --trl112-site /tmp/trl112     # about a minute on 2 CPU cores
     python benchmarks/response_logits.py --quick                        # small vocabulary and lengths (the test)
@@ -100,7 +100,7 @@ def training_pass(way: str, model, query_responses, context: int):
 def logits_bytes(a, way: str, phase: str) -> int:
     """The logits the pass holds by memory_budget's rule (float32): the reference's one slice, or one micro-batch's
     logits times LOGIT_COPIES (logits, gradient, one softmax-sized temporary) in training."""
-    from trl_ext.ppo.rollout.memory_budget import LOGIT_COPIES, logprob_slice_rows
+    from trl_ext.ppo.memory.budget import LOGIT_COPIES, logprob_slice_rows
 
     positions = a.response + 1 if way == "trl_ext" else a.prompt + a.response
     if phase == "scoring":

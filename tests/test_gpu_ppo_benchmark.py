@@ -38,7 +38,7 @@ EXPECTED = {"trl112": (2, 2, 0.05, "float32", "generate"), "separate": (2, 2, 0.
 @pytest.mark.parametrize("shape, workload, tokenizer", [("smoke-llama", "full", "TokenizersBackend"),
                                                         ("smoke-qwen2", "uneven", "Qwen2Tokenizer")])
 def test_smoke_every_variant_on_cpu(gpu_ppo, tmp_path, shape, workload, tokenizer):
-    from trl_ext.ppo.rollout.memory_budget import GIB
+    from trl_ext.ppo.memory.budget import GIB
 
     a = gpu_ppo.parse_args(["--smoke", "--shape", shape, "--workload", workload, "--updates", "1",
                             "--workdir", str(tmp_path)])

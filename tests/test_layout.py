@@ -15,14 +15,14 @@ MAX_FUNCTION_LINES = 80
 
 # Layers, low to high: a module may import from its own layer or a lower one. Matched by the longest prefix.
 LAYERS = {
-    "trl_ext.errors": 0, "trl_ext.config_rules": 0, "trl_ext.trl_internals": 0,
+    "trl_ext.errors": 0, "trl_ext.field_rules": 0, "trl_ext.trl_internals": 0,
     "trl_ext.models": 1,
     "trl_ext.runtime": 2, "trl_ext.user_code": 2,
     "trl_ext.rewards": 3,
     # PPO's rooms: the math, then the rollout and the episodes, then what the PPO extends and GRPOTrainer's inputs
     # (config fields PPOConfig mixes in), then the trainer and its config at ppo/'s top
     "trl_ext.ppo.objective": 4,
-    "trl_ext.ppo.rollout.containers": 5,
+    "trl_ext.ppo.rollout.containers": 5, "trl_ext.ppo.memory": 5,
     "trl_ext.ppo.rollout": 6, "trl_ext.ppo.episodes": 6,
     "trl_ext.ppo.base": 7, "trl_ext.ppo.grpo_compat": 7,
     "trl_ext.ppo": 8, "trl_ext.preference": 8, "trl_ext.sft": 8,

@@ -44,6 +44,7 @@ MODULES = {  # module under trl_ext/ -> the test files that own its behaviour (f
     "ppo/episodes/toolbox.py": ["tests/ppo/test_toolbox.py"],
     "ppo/episodes/multi_turn.py": ["tests/ppo/test_multi_turn.py", "tests/ppo/test_toolbox.py",
                                    "tests/ppo/test_tools_trainer.py"],
+    "ppo/optimize_loop.py": ["tests/ppo/test_update_gradients.py", "tests/ppo/test_optimize_loop_alone.py"],
 }
 
 SWAP_BINOP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,

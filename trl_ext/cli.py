@@ -1,5 +1,5 @@
-"""The ``trl-ext`` command line (also ``python -m trl_ext``), above the packages whose commands it runs: ``recipes``
-(train, check, plan, plot) and ``export`` (export, sample, score). How it works: docs/internals.md#the-command-line."""
+"""The ``trl-ext`` command line (also ``python -m trl_ext``), above the packages whose commands it runs:
+``recipe_loader`` (demo, train, check, plan, plot) and ``export`` (export, sample, score). How it works: docs/internals.md#the-command-line."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """benchmarks/ppo_memory.py through its ``main``: the budget part (the memory budget tables of
-``trl_ext.ppo.rollout.memory_budget`` for Llama-3-8B and Qwen2.5-7B at the 0.5B recipe's settings and two fitting
+``trl_ext.ppo.memory.budget`` for Llama-3-8B and Qwen2.5-7B at the 0.5B recipe's settings and two fitting
 ones, each design against the shared base with streamed log-probs), and the rollout part on a Llama of hidden size
 32, one layer, with Qwen2.5's 151,936-token vocabulary, responses of 4 and 8 tokens: TRL's rollout and trl_ext's,
 each child's code here in this process (its peak RSS is then this process's: only checked to be measured; a peak

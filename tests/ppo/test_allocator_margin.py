@@ -1,4 +1,4 @@
-"""The caching allocator's margin (trl_ext.ppo.rollout.allocator_margin) and the auto chunk planned on the reserved peak, with
+"""The caching allocator's margin (trl_ext.ppo.memory.budget) and the auto chunk planned on the reserved peak, with
 the device passed in (no CUDA needed)."""
 
 from dataclasses import replace
@@ -6,9 +6,9 @@ from functools import partial
 
 import pytest
 
-from trl_ext.ppo.rollout.allocator_margin import allocator_margin, expandable_segments_on, planned_reserved_bytes
-from trl_ext.ppo.rollout.memory_budget import DEVICE_OVERHEAD_BYTES, GIB, LLAMA_3_8B, PPOShape, ppo_memory_budget
-from trl_ext.ppo.rollout.chunk import largest_fitting_chunk
+from trl_ext.ppo.memory.budget import allocator_margin, expandable_segments_on, planned_reserved_bytes
+from trl_ext.ppo.memory.budget import DEVICE_OVERHEAD_BYTES, GIB, LLAMA_3_8B, PPOShape, ppo_memory_budget
+from trl_ext.ppo.memory.chunk import largest_fitting_chunk
 
 RUN = PPOShape(batch=64, micro_batch=2, rollout_chunk=8, prompt_length=512, response_length=64, lora_r=32,
                quantization="nf4-nested", upcast_non_quantized=True)

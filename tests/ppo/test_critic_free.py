@@ -65,7 +65,8 @@ def test_value_model_must_match_the_estimator(tiny_models, tok, data, tmp_path):
 
 
 def test_gae_keeps_its_value_model_and_one_sample_per_prompt_keeps_the_batch():
-    from trl_ext.ppo.objective.critic import check_value_model, repeat_prompts
+    from trl_ext.ppo.objective.critic import check_value_model
+    from trl_ext.ppo.rollout.prompt_stream import repeat_prompts
 
     value = object()
     assert check_value_model(SimpleNamespace(critic_free=False), value) is value
@@ -165,14 +166,14 @@ def test_group_metrics_count_groups_with_equal_scores():
                               advantages=torch.tensor([[0.0, 0.0], [0.0, 0.0], [-1.0, -1.0], [1.0, 0.0]]),
                               padding_mask=torch.tensor([[False, False]] * 3 + [[False, True]]))
     stats = SimpleNamespace(kl_losses=[])
-    critic_free_metrics(metrics, rollout, stats, 2, lambda t: t)
+    metrics = critic_free_metrics(metrics, rollout, stats, 2, lambda t: t)
     assert metrics["objective/frac_groups_equal_scores"] == 0.5
     assert metrics["objective/group_scores_std"] == pytest.approx((0 + 2**-0.5) / 2)
     assert metrics["objective/advantages_abs"] == pytest.approx(3 / 7)
     assert not [key for key in metrics if key.startswith("val/")] and metrics["objective/num_eos_tokens"] == 3
     single = {"loss/value_avg": 1.0, "val/clipfrac_avg": 0.0, "val/ratio": 1.0, "val/ratio_var": 0.0,
               "val/num_eos_tokens": 3}  # one sample per prompt (reinforce_pp): no groups, no group metrics
-    critic_free_metrics(single, rollout, stats, 1, lambda t: t)
+    single = critic_free_metrics(single, rollout, stats, 1, lambda t: t)
     assert not [key for key in single if "group" in key]
 
 

@@ -102,7 +102,7 @@ def test_the_held_parameters_are_the_policys_alone_also_on_a_shared_base(tiny_mo
     from peft import LoraConfig, get_peft_model
 
     from trl_ext.models.shared_base import add_scalar_adapter
-    from trl_ext.ppo.objective.value_parameters import policy_only_parameters
+    from trl_ext.ppo.objective.critic_warmup import policy_only_parameters
 
     policy, value, _ = load_models(tiny_models)
     held = policy_only_parameters(SimpleNamespace(policy=policy, value_model=value))

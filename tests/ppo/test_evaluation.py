@@ -144,7 +144,7 @@ def test_eval_on_or_off_gives_the_same_training_numbers(tiny_models, tok, tmp_pa
 
 def test_evaluate_without_eval_strategy_and_multi_turn_are_refused():
     from trl_ext.errors import UserInputError
-    from trl_ext.ppo.config_rules import check_eval_inputs
+    from trl_ext.ppo.combination_rules import check_eval_inputs
 
     class Args:
         eval_strategy = "steps"

@@ -1,4 +1,4 @@
-"""trl_ext.ppo.rollout.memory_budget: formulas against hand-computed numbers, published parameter counts, real models, and
+"""trl_ext.ppo.memory.budget: formulas against hand-computed numbers, published parameter counts, real models, and
 what benchmarks/ppo_memory.py measured at small scale."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from trl_ext.ppo.rollout.memory_budget import (
+from trl_ext.ppo.memory.budget import (
     GIB,
     LLAMA_3_8B,
     QWEN2_5_0_5B,

@@ -1,4 +1,4 @@
-"""train_micro_batch_size (trl_ext.ppo.micro_batches): forward/backward in micro-batches of their own size inside
+"""train_micro_batch_size (trl_ext.ppo.memory.micro_batch, trl_ext.ppo.optimize_loop.micro_batch_weights): forward/backward in micro-batches of their own size inside
 unchanged mini-batches and optimizer steps. Under global_token_mean, the sequence-level aggregations and (with the
 key set) token_mean, the update does not depend on the micro-batch: one sequence per pass and the whole mini-batch in
 one pass give the same weights within float rounding; with the value model, critic-free, and on a shared base."""
@@ -105,8 +105,8 @@ def test_auto_takes_the_largest_micro_batch_whose_training_phase_fits():
     from dataclasses import replace
 
     from trl_ext.errors import UserInputError
-    from trl_ext.ppo.rollout.memory_budget import GIB, LLAMA_3_8B, PPOShape, ppo_memory_budget
-    from trl_ext.ppo.micro_batches import largest_fitting_micro_batch
+    from trl_ext.ppo.memory.budget import GIB, LLAMA_3_8B, PPOShape, ppo_memory_budget
+    from trl_ext.ppo.memory.micro_batch import largest_fitting_micro_batch
 
     run = PPOShape(batch=64, micro_batch=2, rollout_chunk=8, prompt_length=512, response_length=64, lora_r=32,
                    quantization="nf4-nested")
@@ -128,7 +128,7 @@ def test_auto_takes_the_largest_micro_batch_whose_training_phase_fits():
 def test_auto_evens_out_its_passes(largest, mini_batch, expected):
     """``auto`` keeps the fewest passes the largest fitting micro-batch needs, at the smallest size that needs no more
     (one H200, 8B: 15 of 16 ran 15 + 1; 8 + 8 is the same two passes with about half the activations)."""
-    from trl_ext.ppo.micro_batches import balanced_micro_batch
+    from trl_ext.ppo.memory.micro_batch import balanced_micro_batch
 
     got = balanced_micro_batch(largest, mini_batch)
     assert got == expected
@@ -138,7 +138,7 @@ def test_auto_evens_out_its_passes(largest, mini_batch, expected):
 
 @pytest.mark.parametrize("value, expected", [(None, None), ("auto", "auto"), (" 3 ", 3), (2, 2)])
 def test_values(value, expected):
-    from trl_ext.ppo.micro_batches import micro_batch_value
+    from trl_ext.ppo.memory.micro_batch import micro_batch_value
 
     assert micro_batch_value(value) == expected
 
@@ -146,7 +146,7 @@ def test_values(value, expected):
 @pytest.mark.parametrize("value", [0, -1, "x", 1.5, True])
 def test_bad_values_name_the_key(value):
     from trl_ext.errors import UserInputError
-    from trl_ext.ppo.micro_batches import micro_batch_value
+    from trl_ext.ppo.memory.micro_batch import micro_batch_value
 
     with pytest.raises(UserInputError, match="^train_micro_batch_size: must be a positive integer or 'auto'"):
         micro_batch_value(value)

@@ -238,7 +238,9 @@ def test_gradient_clip_scales_to_max_norm_and_reports_the_mean_pre_clip_norm():
     clip()
     assert model.policy.grad.tolist() == pytest.approx([0.3, 0.0, 0.0])
     assert clip.metrics() == {"policy/grad_norm": pytest.approx(2.75)}
-    assert clip.metrics() == {}  # reset for the next update
+    assert clip.metrics() == {"policy/grad_norm": pytest.approx(2.75)}  # reading changes nothing
+    clip.begin()
+    assert clip.metrics() == {}  # a new update
 
 
 def test_gradient_clip_off_computes_nothing_and_refuses_a_deepspeed_engine_that_clips_otherwise():

@@ -1,4 +1,4 @@
-"""local_rollout_forward_batch_size: auto (trl_ext.ppo.rollout.chunk): the chosen chunk fits the memory target and the
+"""local_rollout_forward_batch_size: auto (trl_ext.ppo.memory.chunk): the chosen chunk fits the memory target and the
 next larger one does not, on the budget's formulas and on a real trainer with tiny models."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 from ppo_helpers import config_kwargs, prompt_dataset, seed_all, update_logs
 from trl_ext.errors import UserInputError
-from trl_ext.ppo.rollout.memory_budget import GIB, ModelShape, PPOShape, ppo_memory_budget
-from trl_ext.ppo.rollout.chunk import largest_fitting_chunk, rollout_chunk_value
+from trl_ext.ppo.memory.budget import GIB, ModelShape, PPOShape, ppo_memory_budget
+from trl_ext.ppo.memory.chunk import largest_fitting_chunk, rollout_chunk_value
 
 TINY = ModelShape(vocab_size=100, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=4, num_kv_heads=2,
                   head_dim=16)
@@ -171,7 +171,7 @@ def test_shape_of_a_loaded_4bit_lora_policy(tiny_models, tokenizer, tmp_path):
 
     import trl_ext
     from trl_ext.models import load_policy
-    from trl_ext.ppo.rollout.chunk import run_shape_from_models
+    from trl_ext.ppo.memory.chunk import run_shape_from_models
 
     policy = load_policy(ModelConfig(model_name_or_path=str(tiny_models.policy), load_in_4bit=True, dtype="bfloat16",
                                      use_bnb_nested_quant=True, use_peft=True, lora_r=8,

@@ -9,7 +9,7 @@ import torch
 
 from ppo_helpers import config_kwargs, prompt_dataset, seed_all, update_logs
 from trl_ext.errors import UserInputError
-from trl_ext.ppo.rollout.memory_budget import ModelShape, kv_cache_bytes
+from trl_ext.ppo.memory.budget import ModelShape, kv_cache_bytes
 from trl_ext.ppo.rollout.engine import (
     AUTO_MIN_RESPONSE_LENGTH,
     LOGPROB_TOLERANCE,

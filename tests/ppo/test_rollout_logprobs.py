@@ -180,7 +180,7 @@ def reference_logprobs_as_trl(model, query_responses, context_length, pad, tempe
 
 @pytest.mark.parametrize("slice_bytes", [None, 1], ids=["one-slice", "row-by-row"])
 def test_reference_logprobs_take_response_positions_in_slices(setup, monkeypatch, slice_bytes):
-    from trl_ext.ppo.rollout import memory_budget
+    from trl_ext.ppo.memory import budget as memory_budget
     from trl_ext.ppo.rollout.logprobs import response_logprobs
 
     model, tok, queries = setup

@@ -156,19 +156,16 @@ def test_launches_where_turns_cannot_differ_between_processes_are_refused():
     class Accelerator:
         distributed_type = "MULTI_CPU"
 
-    fsdp = SimpleNamespace(is_fsdp_enabled=True, accelerator=Accelerator(), args=None)
     with pytest.raises(UserInputError, match="tools: not supported under FSDP"):
-        MultiTurnRollout.check_launch(fsdp)
-    MultiTurnRollout.check_launch(SimpleNamespace(is_fsdp_enabled=False, accelerator=Accelerator(), args=None))
+        MultiTurnRollout.check_launch(Accelerator(), True, True)
+    MultiTurnRollout.check_launch(Accelerator(), False, True)
     from accelerate.utils import DistributedType
 
     zero3 = SimpleNamespace(distributed_type=DistributedType.DEEPSPEED,
                             state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=3)))
     with pytest.raises(UserInputError, match="ds3_gather_for_generation: false with tools under ZeRO-3"):
-        MultiTurnRollout.check_launch(SimpleNamespace(is_fsdp_enabled=False, accelerator=zero3,
-                                                      args=SimpleNamespace(ds3_gather_for_generation=False)))
-    MultiTurnRollout.check_launch(SimpleNamespace(is_fsdp_enabled=False, accelerator=zero3,
-                                                  args=SimpleNamespace(ds3_gather_for_generation=True)))
+        MultiTurnRollout.check_launch(zero3, False, False)
+    MultiTurnRollout.check_launch(zero3, False, True)
 
 
 @pytest.mark.parametrize("settings, data, message", [

@@ -161,7 +161,7 @@ def test_the_registry_holds_each_estimator_once_with_what_the_rules_read():
     assert [n for n, e in ESTIMATORS.items() if e.kl_in == "loss"] == ["grpo"]
     assert [n for n, e in ESTIMATORS.items() if e.turn_credit] == ["rloo", "grpo", "reinforce_pp",
                                                                     "reinforce_pp_baseline"]
-    from trl_ext.config_rules import choices_of
+    from trl_ext.field_rules import choices_of
 
     assert choices_of(trl_ext.PPOConfig.__dataclass_fields__["advantage_estimator"].type) == tuple(ESTIMATORS)
     with pytest.raises(ValueError, match="'rloo' is already registered"):

@@ -246,8 +246,7 @@ def test_gae_returns_of_the_scripted_episodes_by_hand(models, tmp_path, critic_l
             mc[t] = later
         monte_carlo.append([(turn, mc[t], value[t], k == 0 or steps_of[k - 1][0] != turn)
                             for k, (turn, t) in enumerate(steps_of)])
-    health = {}
-    ppo.critic.metrics(health, rollout, None)
+    health = ppo.critic.metrics({}, rollout, None)
     first = [{turn: g for turn, g, _, start in rows if start} for rows in monte_carlo]
     squares = [0.0, 0.0]
     for i, rows in enumerate(monte_carlo):

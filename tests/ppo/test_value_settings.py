@@ -219,7 +219,7 @@ def test_on_a_shared_base_the_value_adapter_gets_the_critic_rate(tiny_models):
     from peft import LoraConfig, get_peft_model
 
     from trl_ext.models.shared_base import add_scalar_adapter
-    from trl_ext.ppo.objective.value_parameters import with_critic_learning_rate
+    from trl_ext.ppo.objective.critic_warmup import with_critic_learning_rate
 
     policy = load_models(tiny_models)[0]
     lora = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from trl_ext.errors import UserInputError
-from trl_ext.ppo.rollout.memory_budget import GIB, LLAMA_3_8B, ModelShape, PPOShape, ppo_memory_budget
+from trl_ext.ppo.memory.budget import GIB, LLAMA_3_8B, ModelShape, PPOShape, ppo_memory_budget
 from trl_ext.cli import main
 from trl_ext.recipe_loader.plan import make_plan, split_plan_options
 
@@ -103,7 +103,7 @@ def test_nothing_fits_names_the_keys_that_shrink_the_weights(llama_8b, capsys):
 
 
 def test_auto_chunk_is_planned_as_the_trainer_would_choose(llama_8b, capsys):
-    from trl_ext.ppo.rollout.chunk import largest_fitting_chunk
+    from trl_ext.ppo.memory.chunk import largest_fitting_chunk
 
     overrides = ["--model_name_or_path", str(llama_8b), "--local_rollout_forward_batch_size", "auto"]
     plan = make_plan(SHARED, overrides + ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "16"],

@@ -306,7 +306,7 @@ MISSING_REWARD = ("recipe: missing key 'reward_model_path' (the reward model PPO
      "split 'train' has no column 'environment' (columns: prompt, answer); environment_factory names several"),
     (dict(dataset_name=unknown_environment, environment_factory=TWO_ENVS),
      "split 'train' row 1: environment 'chess' is not one of environment_factory's (guess, quiet)"),
-    (dict(max_tool_calling_iterations=0),  # a field's own `range` metadata: config_rules reads it, argparse does not
+    (dict(max_tool_calling_iterations=0),  # a field's own `range` metadata: field_rules reads it, argparse does not
      "recipe: key 'max_tool_calling_iterations': 0 is out of range (valid: an integer >= 1)"),
     (dict(stop_token=None, stop_token_id=999), "recipe: key 'stop_token_id': 999 with tools; each turn ends at the "
      "tokenizer's EOS"),

@@ -4,6 +4,7 @@
   ``reward``, ``value``) and loading one role as a plain ``transformers`` model with adapters merged
   (:func:`load_merged`).
 * ``export_models.py``: ``trl-ext export RUN_DIR OUT_DIR`` (:func:`export_run`).
+* ``model_card.py``: the export's model card (``OUT_DIR/README.md``) and ``--push-to-hub REPO``.
 * ``sample.py``: ``trl-ext sample RUN_DIR --prompts FILE [--reward MODEL_DIR]``.
 * ``score.py``: ``trl-ext score REWARD_DIR --data FILE``.
 

@@ -3,22 +3,22 @@
 from dataclasses import dataclass
 from typing import Literal, Optional, get_args
 
-from ..config_rules import check_fields, help_from_docstring
+from ..field_rules import check_fields, help_from_docstring
 from ..rewards.config import RewardFunctionArgs
 from ..runtime.engines import EngineOnCPUArgsMixin
 from ..runtime.nonfinite import NonFinitePolicyArgs
 from .base import ParentPPOConfig
-from .config_rules import check_combinations, check_evaluation, check_launch
+from .combination_rules import check_combinations, check_evaluation, check_launch
 from .episodes.config import ToolArgs
 from .evaluation import EvaluationArgs
 from .grpo_compat.model_ids import ModelInitArgs
 from .grpo_compat.prompt_dataset import PromptArgs
-from .micro_batches import micro_batch_value
-from .objective.estimators import AdvantageEstimator, TurnCredit, get_estimator
+from .memory.micro_batch import micro_batch_value
+from .objective.estimators import AdvantageEstimator, TurnCredit, default_kl_in, get_estimator
 from .objective.kl_controllers import KLControllerName
 from .objective.losses import ValueClip
 from .objective.objectives import KLEstimator, LossAggregation, PolicyLossName, RatioLevel
-from .rollout.chunk import rollout_chunk_value
+from .memory.chunk import rollout_chunk_value
 from .rollout.engine import RolloutEngineName
 from .rollout.sampling import SamplingArgs
 
@@ -134,13 +134,14 @@ class PPOConfig(EngineOnCPUArgsMixin, ToolArgs, RewardFunctionArgs, ModelInitArg
         return not self.critic_free
 
     def __post_init__(self):
-        check_fields(self)  # each field's range and choices (trl_ext.config_rules)
+        check_fields(self)  # each field's range and choices (trl_ext.field_rules)
         check_launch(self)  # engine limits: before accelerate's state is set up for that engine
         check_evaluation(self)  # eval keys: before HF's checks of them (ValueErrors)
         super().__post_init__()
         self.local_rollout_forward_batch_size = rollout_chunk_value(self.local_rollout_forward_batch_size)
         self.train_micro_batch_size = micro_batch_value(self.train_micro_batch_size)
-        check_combinations(self)  # how the settings combine (trl_ext.ppo.config_rules)
+        self.kl_in = default_kl_in(self.kl_in, self.advantage_estimator)  # unset: the estimator's
+        check_combinations(self)  # how the settings combine (trl_ext.ppo.combination_rules)
 
 
 def ppo_config_from(args):

@@ -14,15 +14,14 @@ import torch
 from transformers import GenerationConfig
 from transformers.trainer_utils import speed_metrics
 
-from ..config_rules import help_from_docstring
-from ..errors import UserInputError
+from ..field_rules import help_from_docstring
 from ..models.scalar_heads import scalar_model_outputs
 from ..rewards.metrics import reward_metrics
 from ..rewards.scoring import RewardScores
 from ..trl_internals import unwrap_model_for_generation
 from .rollout.sequences import first_true_indices, padded_model_inputs
 
-__all__ = ["EvaluateMixin", "EvaluationArgs", "Evaluation", "evaluation_on", "gather_rows"]
+__all__ = ["EvaluationArgs", "Evaluation", "evaluation_on", "gather_rows"]
 
 
 @help_from_docstring
@@ -59,21 +58,6 @@ def gather_rows(accelerator, tensor: torch.Tensor) -> torch.Tensor:
     return rows.bool() if flag else rows
 
 
-class EvaluateMixin:
-    """:class:`trl_ext.PPOTrainer`'s `evaluate()`: HF's `Trainer.evaluate` API over :class:`Evaluation`."""
-
-    def evaluate(self, *args, **kwargs) -> dict:
-        """Score `eval_dataset` now with the current policy, log the `eval_*` metrics and call the callbacks'
-        `on_evaluate`; returns the metrics. The update loop calls it when `control.should_evaluate` is set (HF's
-        `DefaultFlowCallback`: every `eval_steps` updates). Needs `eval_strategy` "steps" (arguments are ignored)."""
-        if self.evaluation is None:
-            raise UserInputError("evaluate: needs eval_strategy 'steps' and an eval_dataset when the trainer is built")
-        metrics = self.evaluation.run(self)
-        self.log(metrics)
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
-        return metrics
-
-
 @contextlib.contextmanager
 def restored_rng_states(device: torch.device):
     """Restore the torch (CPU and `device` if CUDA), numpy and Python RNG states on exit."""
@@ -88,15 +72,19 @@ def restored_rng_states(device: torch.device):
 
 
 class Evaluation:
-    """`eval_dataset` generated on and scored every `eval_steps` updates (module docstring). Built by the trainer's
-    `build_features` when `eval_strategy` is not `"no"`; :meth:`run` is called by its `evaluate()`.
+    """`eval_dataset` generated on and scored every `eval_steps` updates (module docstring): the trainer's part for
+    its ``evaluate()``, built once (:meth:`build`) from the config's evaluation keys, the data, the models and the
+    accelerator.
 
     State: this process's shard of the evaluation rows (`indices`, with `valid` False on the padding repeats), the
     generation config, and `history`, the metrics of every evaluation so far."""
 
-    def __init__(self, trainer):
-        args, accelerator = trainer.args, trainer.accelerator
-        self.dataset = trainer.eval_dataset
+    def __init__(self, args, *, dataset, data_collator, model, accelerator, processing_class, reward_scoring=None,
+                 reward_model=None):
+        self.dataset, self.data_collator = dataset, data_collator
+        self.model, self.accelerator = model, accelerator
+        self.pad_token_id, self.eos_token_id = processing_class.pad_token_id, processing_class.eos_token_id
+        self.reward_scoring, self.reward_model = reward_scoring, reward_model
         n, world, rank = len(self.dataset), accelerator.num_processes, accelerator.process_index
         per_process = -(-n // world)
         start = min(rank * per_process, n)
@@ -113,62 +101,64 @@ class Evaluation:
         self.history: list[dict] = []
 
     @classmethod
-    def build(cls, trainer) -> "Evaluation | None":
-        """The trainer's evaluation (None when `eval_strategy` is `"no"`); the reward functions' signatures are
-        checked against the evaluation columns here, before training starts."""
-        if not evaluation_on(trainer.args):
+    def build(cls, args, *, dataset, reward_scoring=None, **parts) -> "Evaluation | None":
+        """The run's evaluation (None when `eval_strategy` is `"no"`); the reward functions' signatures are checked
+        against the evaluation columns here, before training starts. ``parts``: the other arguments of the class."""
+        if not evaluation_on(args):
             return None
-        if trainer.reward_scoring is not None:
+        if reward_scoring is not None:
             from ..rewards.resolve import check_reward_func
 
-            scorer = trainer.reward_scoring.scorer
+            scorer = reward_scoring.scorer
             for index in scorer.func_indices:
                 check_reward_func(scorer.rewards[index], f"reward_funcs: {scorer.names[index]} (eval_dataset)",
-                                  list(trainer.eval_dataset.column_names))
-        return cls(trainer)
+                                  list(dataset.column_names))
+        return cls(args, dataset=dataset, reward_scoring=reward_scoring, **parts)
 
-    def run(self, trainer) -> dict:
-        """One evaluation with the trainer's current policy; returns its metrics (`eval_*`, every process alike)."""
-        accelerator = trainer.accelerator
+    def run(self, state, postprocess) -> dict:
+        """One evaluation with the current policy; returns its metrics (`eval_*`, every process alike). ``state``:
+        the trainer's (the reward functions' ``trainer_state``; its step names the evaluation in ``history``);
+        ``postprocess``: the trainer's ``postprocess_responses`` (responses cut at the stop token)."""
+        accelerator = self.accelerator
         started = time.time()
         with restored_rng_states(accelerator.device), torch.no_grad():
-            parts = [self.score_batch(trainer, self.indices[i : i + self.batch_size])
+            parts = [self.score_batch(self.indices[i : i + self.batch_size], state, postprocess)
                      for i in range(0, len(self.indices), self.batch_size)]
         valid = torch.tensor(self.valid, dtype=torch.bool, device=accelerator.device)
         scores = _joined([p[0] for p in parts], valid)
         lengths, stops = (torch.cat([p[i].to(accelerator.device) for p in parts])[valid] for i in (1, 2))
-        with_workers = trainer.reward_scoring is not None and trainer.reward_scoring.scorer.pool is not None
+        with_workers = self.reward_scoring is not None and self.reward_scoring.scorer.pool is not None
         metrics = reward_metrics(scores, lengths, stops, 1, lambda t: gather_rows(accelerator, t),
                                  with_workers=with_workers)
         metrics = {f"eval_{key}": value for key, value in metrics.items()}
         metrics.update(speed_metrics("eval", started, num_samples=len(self.dataset), num_steps=len(parts)))
-        self.history.append({"step": trainer.state.global_step, **metrics})
+        self.history.append({"step": state.global_step, **metrics})
         return metrics
 
-    def score_batch(self, trainer, indices: list[int]) -> tuple[RewardScores, torch.Tensor, torch.Tensor]:
+    def score_batch(self, indices: list[int], state, postprocess) -> tuple[RewardScores, torch.Tensor, torch.Tensor]:
         """One batch of evaluation prompts: `(rewards, index of each response's last token, has the stop token)`."""
-        batch = trainer.data_collator([self.dataset[i] for i in indices])
-        queries = batch["input_ids"].to(trainer.accelerator.device)
-        pad_token_id = trainer.processing_class.pad_token_id
+        batch = self.data_collator([self.dataset[i] for i in indices])
+        queries = batch["input_ids"].to(self.accelerator.device)
+        pad_token_id = self.pad_token_id
         context_length = queries.shape[1]
-        with unwrap_model_for_generation(trainer.model, trainer.accelerator,
+        with unwrap_model_for_generation(self.model, self.accelerator,
                                          gather_deepspeed3_params=self.gather_deepspeed3_params,
                                          generation_kwargs=self.generation_kwargs) as unwrapped_model:
             inputs = padded_model_inputs(queries, pad_token_id)
             sequences = unwrapped_model.policy.generate(input_ids=inputs["input_ids"],
                                                         attention_mask=inputs["attention_mask"],
                                                         generation_config=self.generation_config)
-        responses = trainer.postprocess_responses(sequences[:, context_length:])
+        responses = postprocess(sequences[:, context_length:])
         query_responses = torch.cat((queries, responses), 1)
         lengths = first_true_indices(responses == pad_token_id) - 1
-        stops = torch.any(responses == trainer.processing_class.eos_token_id, -1)
-        if trainer.reward_scoring is not None:  # reward_funcs: functions and models, weighted
-            trainer.reward_scoring.begin(batch, trainer.state)
-            model_scores = trainer.reward_scoring.model_scores(query_responses, context_length)
-            scorer = trainer.reward_scoring.scorer
+        stops = torch.any(responses == self.eos_token_id, -1)
+        if self.reward_scoring is not None:  # reward_funcs: functions and models, weighted
+            self.reward_scoring.begin(batch, state)
+            model_scores = self.reward_scoring.model_scores(query_responses, context_length)
+            scorer = self.reward_scoring.scorer
             per_model = {index: model_scores[:, j] for j, index in enumerate(scorer.model_indices)}
             return scorer.score(responses, per_model), lengths, stops
-        _, score, _ = scalar_model_outputs(trainer.reward_model, query_responses, pad_token_id, context_length)
+        _, score, _ = scalar_model_outputs(self.reward_model, query_responses, pad_token_id, context_length)
         return RewardScores(names=["reward_model"], per_reward=score.detach().float().cpu().unsqueeze(1), score=score,
                             unscorable=torch.zeros_like(score, dtype=torch.bool), timeouts=[0], errors=[0]), \
             lengths, stops

@@ -1,22 +1,59 @@
 """The PPO epochs of :meth:`trl_ext.PPOTrainer.optimize`: one optimizer step per mini-batch, always, its
-micro-batches' gradients accumulated (:func:`run_ppo_epochs`, :class:`MiniBatchPlan`, :class:`GradientClip`). How it
-works: docs/ppo-internals.md#the-ppo-epochs."""
+micro-batches' gradients accumulated (:func:`run_ppo_epochs`, :class:`MiniBatchPlan`, :class:`GradientClip`), each
+loss term of a micro-batch weighted by its share of the mini-batch under ``train_micro_batch_size``, so that the update
+does not depend on the micro-batch (:func:`micro_batch_weights`). How it works: docs/ppo-internals.md#the-ppo-epochs,
+docs/ppo-internals.md#micro-batches-of-the-ppo-epochs."""
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
 import torch
 
 from ..errors import UserInputError
-from .micro_batches import MicroBatchWeights, micro_batch_weights
-from .objective.objectives import ObjectiveConfig, mini_batch_token_normalizer
+from .objective.objectives import ObjectiveConfig, global_token_normalizer, loss_mask, mini_batch_token_normalizer
 from .rollout import UpdateStats
 
-__all__ = ["GradientClip", "MiniBatchPlan", "UpdateSteps", "run_ppo_epochs"]
+__all__ = ["GradientClip", "MicroBatchWeights", "MiniBatchPlan", "UpdateSteps", "micro_batch_weights",
+           "objective_for_micro_batches", "run_ppo_epochs"]
+
+
+@dataclass
+class MicroBatchWeights:
+    """Per micro-batch of one mini-batch: the weight of the policy terms (policy loss, KL and entropy terms), of the
+    value loss and of the joint ptx loss, and the ``token_normalizer`` under a token-level aggregation."""
+
+    policy: list
+    value: list
+    ptx: float
+    token_normalizer: torch.Tensor | None
+
+
+def micro_batch_weights(rollout, inds, spans, cfg, accelerator=None) -> MicroBatchWeights:
+    """The loss weights of ``train_micro_batch_size`` (docs/ppo-internals.md#micro-batches-of-the-ppo-epochs) for the
+    mini-batch ``inds`` cut into ``spans`` (``(start, end)`` positions in ``inds``); ``cfg``: the objective (its
+    ``loss_aggregation``)."""
+    total = len(inds)
+    value_tokens = (~rollout.padding_mask_p1[inds]).sum(dim=1).float()
+    value_total = value_tokens.sum().clamp(min=1)
+    value = [value_tokens[lo:hi].sum() / value_total for lo, hi in spans]
+    if cfg.loss_aggregation in ("token_mean", "global_token_mean"):
+        mask = loss_mask(rollout.padding_mask[inds], rollout.contain_eos_token[inds], cfg)
+        return MicroBatchWeights([1.0] * len(spans), value, 1 / len(spans),
+                                 global_token_normalizer(mask, 1, accelerator))
+    return MicroBatchWeights([(hi - lo) / total for lo, hi in spans], value, 1 / len(spans), None)
+
+
+def objective_for_micro_batches(objective, args):
+    """The trainer's objective (:class:`~trl_ext.ppo.objective.objectives.ObjectiveConfig`) under ``args``: with
+    ``train_micro_batch_size`` set, ``token_mean`` normalises by the mini-batch's token count (``global_token_mean``, as
+    :func:`micro_batch_weights`); otherwise unchanged."""
+    if args.train_micro_batch_size is not None and objective.loss_aggregation == "token_mean":
+        return replace(objective, loss_aggregation="global_token_mean")
+    return objective
 
 
 @dataclass(frozen=True)
@@ -44,12 +81,30 @@ class MiniBatchPlan:
                    tuple((lo, min(lo + step, size)) for lo in range(0, size, step)), micro is not None,
                    objective, args.vf_coef, args.ptx_coef)
 
+    @classmethod
+    def for_run(cls, args, objective: ObjectiveConfig, accelerator, policy, prompt_length: int, *, shared: bool,
+                value_model: bool, reward_model: bool) -> "MiniBatchPlan":
+        """:meth:`from_args` with ``train_micro_batch_size`` resolved (``auto``: measured from the unwrapped
+        ``policy``, the longest prompt and the models the run holds, :mod:`trl_ext.ppo.memory.micro_batch`)."""
+        micro = None
+        if args.train_micro_batch_size is not None:
+            from .memory.micro_batch import resolve_train_micro_batch
+
+            micro = resolve_train_micro_batch(args, accelerator, policy, prompt_length, shared=shared,
+                                              value_model=value_model, reward_model=reward_model)
+        return cls.from_args(args, objective, micro)
+
+    @property
+    def micro(self) -> int | None:
+        """The resolved ``train_micro_batch_size`` (None: unset, micro-batches of ``per_device_train_batch_size``)."""
+        return self.spans[0][1] - self.spans[0][0] if self.weighted else None
+
     @property
     def mini_batches(self) -> int:
         return self.batch_size // self.size
 
     def weights(self, rollout, inds, accelerator) -> MicroBatchWeights:
-        """The loss weights of mini-batch ``inds`` (:class:`~trl_ext.ppo.micro_batches.MicroBatchWeights`)."""
+        """The loss weights of mini-batch ``inds`` (:class:`MicroBatchWeights`)."""
         if self.weighted:
             return micro_batch_weights(rollout, inds, self.spans, self.objective, accelerator)
         n = len(self.spans)  # unset: each micro-batch's own loss, 1/n of the mini-batch's gradient
@@ -132,12 +187,14 @@ class GradientClip:
     """``max_grad_norm``: before every optimizer step, the gradients of every trained parameter (policy and value
     model together) are scaled so that their global L2 norm is at most ``max_norm`` (``accelerator.clip_grad_norm_``,
     HF Trainer's clip); 0 turns it off (no norm is computed). Under DeepSpeed the engine clips (its
-    ``gradient_clipping``, set from ``max_grad_norm`` by :func:`trl_ext.ppo.config_rules.check_launch`) and its global
-    norm is read back.
+    ``gradient_clipping``, set from ``max_grad_norm`` while the parent prepares it by
+    :func:`trl_ext.runtime.engines.deepspeed_gradient_clipping`; a launch that fixes another value is refused by
+    :func:`trl_ext.ppo.combination_rules.check_launch`) and its global norm is read back.
 
     One norm over policy and value: they are one module with one optimizer (TRL's ``PolicyAndValueWrapper``; on a
     shared base the value model is an adapter of the policy's model), DeepSpeed's engine can only clip that one norm,
-    and it is HF Trainer's meaning of the key. ``metrics()`` is the pre-clip norm averaged over the update's steps.
+    and it is HF Trainer's meaning of the key. ``metrics()`` is the pre-clip norm averaged over the update's steps
+(``begin()`` starts an update).
     """
 
     def __init__(self, max_norm: float, accelerator, model):
@@ -150,6 +207,10 @@ class GradientClip:
             raise UserInputError(f"max_grad_norm: {max_norm} but DeepSpeed's engine clips at {engine_clip()}; set "
                                  "gradient_clipping in the DeepSpeed config to max_grad_norm")
 
+    def begin(self) -> None:
+        """A new update: forget the norms of the last one."""
+        self.norms = []
+
     def __call__(self) -> None:
         """Clip the gradients about to be stepped with, and keep their pre-clip norm (no host synchronisation)."""
         if self.max_norm <= 0:
@@ -160,9 +221,8 @@ class GradientClip:
             self.norms.append(norm.detach().float() if torch.is_tensor(norm) else torch.tensor(float(norm)))
 
     def metrics(self) -> dict:
-        """``policy/grad_norm``: the mean pre-clip norm of this update's optimizer steps (none when off or no step);
-        resets for the next update."""
-        norms, self.norms = self.norms, []
-        if not norms:
+        """``policy/grad_norm``: the mean pre-clip norm of this update's optimizer steps (none when off or no step;
+        :meth:`begin` starts an update)."""
+        if not self.norms:
             return {}
-        return {"policy/grad_norm": torch.stack([n.cpu() for n in norms]).mean().item()}
+        return {"policy/grad_norm": torch.stack([n.cpu() for n in self.norms]).mean().item()}

@@ -1,6 +1,9 @@
 """PPO trainer: TRL 1.12's `experimental.ppo.PPOTrainer` (:mod:`trl_ext.ppo.base`) with extensions, and a training
-loop made of named steps that a subclass overrides one at a time. The steps and the extensions they call:
-docs/ppo.md, "One update, step by step"."""
+loop made of named steps that a subclass overrides one at a time. Each step delegates to a part built once in
+``__init__`` from what it reads (the rollout and scoring: :class:`~.rollout.steps.RolloutSteps`; the metrics:
+:class:`~.update_metrics.UpdateMetrics`; evaluation: :class:`~.evaluation.Evaluation`; checkpoints:
+:class:`~trl_ext.runtime.checkpoints.PPOCheckpoints`; the extensions: :mod:`.features`). The steps: docs/ppo.md,
+"One update, step by step"."""
 
 from __future__ import annotations
 
@@ -9,176 +12,102 @@ import os
 import time
 
 import torch
-from torch import nn
-from transformers import GenerationConfig
 
 from ..errors import UserInputError
-from ..models.dtypes import float32_trainable_parameters
-from ..models.lora import check_lora_targets
-from ..runtime.checkpoints import AtomicCheckpointMixin, latest_checkpoint, resolve_checkpoint
+from ..runtime.checkpoints import (VALUE_MODEL_DIR, AtomicCheckpointMixin, PPOCheckpoints, latest_checkpoint,
+                                   ppo_state_file, resolve_checkpoint)
 from ..runtime.devices import empty_cache, release_memory
-from ..runtime.engines import deepspeed_gradient_clipping
 from ..runtime.interruption import raise_if_interrupted, watch_signals
 from ..runtime.nonfinite import Finding, NonFiniteError, StepGuard, count_nonfinite, guarded_optimizer_step
-from ..trl_internals import selective_log_softmax
-from .base import OnlineTrainerState, ParentPPOTrainer
-from .checkpointing import VALUE_MODEL_DIR, PPOCheckpointMixin, ppo_state_file
-from .completions_log import CompletionsLog
-from .episodes.multi_turn import MultiTurnRollout
-from .episodes.toolbox import Toolbox
-from .episodes.turn_rewards import TurnRewards
-from .evaluation import EvaluateMixin, Evaluation
-from .config import PPOConfig, ppo_config_from
-from .config_rules import check_trainer_inputs
-from .objective.critic import build_critic, check_value_model, group_prompts, repeat_prompts
-from .objective.critic_warmup import CriticWarmup
-from .objective.value_parameters import with_critic_learning_rate
-from .rollout.dynamic_sampling import DynamicSampling
-from .objective.kl_controllers import KLController, build_kl_controller
-from .objective.objectives import ObjectiveConfig, kl_penalty, rollout_objective
-from .rollout.prompt_stream import PromptStream
-from .grpo_compat.grpo_inputs import grpo_inputs
-from .micro_batches import objective_for_micro_batches, resolve_train_micro_batch
+from .base import OnlineTrainerState
+from .base.parent_fixes import PPOParent
+from .config import PPOConfig
+from .evaluation import Evaluation
+from .features import build_features
+from .objective.critic_warmup import with_critic_learning_rate
+from .objective.objectives import kl_penalty, rollout_objective
 from .optimize_loop import GradientClip, MiniBatchPlan, UpdateSteps, run_ppo_epochs
-from .base.parent_fixes import ParentFixesMixin
-from .ptx_data import PretrainingMix, PtxConfig
-from .rollout.reward_funcs import (
-    attach_reward_scorer,
-    prepare_reward_funcs,
-)
 from .rollout import MicroBatchOutput, Rollout, UpdateStats
-from .rollout.chunk import AUTO, resolve_auto_rollout_chunk
-from .rollout.sampling import rollout_generation_kwargs
-from .rollout.steps import RolloutStepsMixin
-from .shared_base_roles import check_shared_base_roles
-from .update_metrics import UpdateMetricsMixin
-from .rollout.decode_graphs import DecodeGraphs
-from .rollout.engine import build_rollout_engine
-from .rollout.sequences import INVALID_LOGPROB, forward
+from .rollout.logprobs import training_forward
+from .rollout.prompt_stream import PromptStream, grouped_prompt_loader, repeat_prompts
+from .rollout.sampling import RolloutSampling
+from .rollout.steps import RolloutSettings, RolloutSteps, ScoringSteps
+from .trainer_inputs import prepare_trainer_inputs
+from .update_metrics import UpdateMetrics
 
 __all__ = ["PPOConfig", "PPOTrainer", "VALUE_MODEL_DIR", "ppo_state_file"]
 
-class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFixesMixin, PPOCheckpointMixin,
-                 AtomicCheckpointMixin, ParentPPOTrainer):
+
+class PPOTrainer(AtomicCheckpointMixin, PPOParent):
     """TRL's PPO trainer (see :mod:`trl_ext.ppo.base`) with trl-ext's extensions. Takes TRL's arguments and
-    GRPOTrainer's (:mod:`trl_ext.ppo.grpo_compat.grpo_inputs`), plus `ptx_dataset`, `kl_controller`, `reward_funcs`,
+    GRPOTrainer's (:mod:`trl_ext.ppo.trainer_inputs`), plus `ptx_dataset`, `kl_controller`, `reward_funcs`,
     `tools` and `environment_factory`: docs/ppo.md, "The trainer's arguments"."""
 
     _tag_names = ["trl", "ppo", "trl-ext"]
 
-    def __init__(
-        self,
-        args: PPOConfig,
-        processing_class=None,
-        model=None,
-        ref_model=None,
-        reward_model=None,
-        train_dataset=None,
-        value_model=None,
-        data_collator=None,
-        eval_dataset=None,
-        optimizers=(None, None),
-        callbacks=None,
-        peft_config=None,
-        ptx_dataset=None,
-        kl_controller: KLController | None = None,
-        reward_funcs=None,
-        tools=None,
-        environment_factory=None,
-    ) -> None:
-        # GRPOTrainer's inputs: a GRPOConfig, model ids, `prompt` datasets (trl_ext/ppo/grpo_compat/grpo_inputs.py)
-        args = ppo_config_from(args)
-        (args, processing_class, model, ref_model, reward_model, value_model, reward_funcs, train_dataset,
-         eval_dataset) = grpo_inputs(args, processing_class, model, ref_model, reward_model, value_model, reward_funcs,
-                                     train_dataset, eval_dataset, multi_turn=bool(tools or environment_factory))
-        if not isinstance(args, PPOConfig):
-            raise UserInputError(f"args: expected a trl_ext.PPOConfig, got {type(args).__name__}")
-        ptx_dataset = check_trainer_inputs(args, ptx_dataset, kl_controller,  # the trainer's own arguments
-                                           eval_dataset, multi_turn=bool(tools or environment_factory))
-        value_model = check_value_model(args, value_model)  # critic-free: a stand-in without parameters
-        if args.critic_learning_rate is not None and optimizers[0] is not None:
-            raise UserInputError("critic_learning_rate: sets the value model's parameter groups of the optimizer the "
-                                 "trainer builds, and an optimizer was passed; set the rates in your optimizer's "
-                                 "groups instead, or pass none")
-        toolbox = None
-        if tools or environment_factory:  # multi-turn episodes (trl_ext/ppo/episodes): TRL's contract
-            toolbox = Toolbox.for_trainer(tools, environment_factory, processing_class, args, train_dataset)
-            train_dataset = toolbox.render_dataset(train_dataset)  # prompt lengths with the tools' schema
-            reward_funcs = toolbox.with_environment_rewards(reward_funcs)
-        reward_model, data_collator, reward_list = prepare_reward_funcs(
-            args, processing_class, reward_model, reward_funcs, data_collator,
-            getattr(train_dataset, "column_names", None),  # each function's signature against the columns
-            extra_keywords=("environments",) if toolbox is not None and toolbox.factories else ())
-        if peft_config is not None and isinstance(model, nn.Module):  # as the loaders and `trl-ext check` do
-            check_lora_targets(model, peft_config)
-        self.shared_base = check_shared_base_roles(model, reward_model, value_model, peft_config, args)
-        if args.fp16:  # the loss scaler needs float32 gradients (trl_ext.models.dtypes)
-            float32_trainable_parameters(model, value_model)
+    def __init__(self, args: PPOConfig, processing_class=None, model=None, ref_model=None, reward_model=None,
+                 train_dataset=None, value_model=None, data_collator=None, eval_dataset=None, optimizers=(None, None),
+                 callbacks=None, peft_config=None, ptx_dataset=None, kl_controller=None, reward_funcs=None, tools=None,
+                 environment_factory=None) -> None:
+        inputs = prepare_trainer_inputs(  # checked and converted before any of it runs (trainer_inputs.py)
+            args, processing_class, model, ref_model, reward_model, train_dataset, value_model, data_collator,
+            eval_dataset, optimizers, callbacks, peft_config, ptx_dataset, kl_controller, reward_funcs, tools,
+            environment_factory)
+        self.shared_base = inputs.shared_base
+        super().__init__(inputs.args, **inputs.parent)  # the parent (PPOParent: its view of the config)
+        self.build_features(inputs.reward_list, inputs.ptx_dataset, kl_controller, inputs.toolbox)
 
-        kl_estimator, args.kl_estimator = args.kl_estimator, "k1"  # TRL 1.12's __init__ takes k1/k3 only
-        with deepspeed_gradient_clipping(args.max_grad_norm):  # DeepSpeed: the engine clips at max_grad_norm
-            super().__init__(args=args, processing_class=processing_class, model=model, ref_model=ref_model,
-                             reward_model=reward_model, train_dataset=train_dataset, value_model=value_model,
-                             data_collator=data_collator, eval_dataset=eval_dataset, optimizers=optimizers,
-                             callbacks=callbacks, peft_config=peft_config)
-        args.kl_estimator = kl_estimator
-        self.build_features(reward_list, ptx_dataset, kl_controller, toolbox)
-
-    def build_features(self, reward_list, ptx_dataset, kl_controller: KLController | None, toolbox=None) -> None:
-        """After the parent's ``__init__``: each extension's one object, built once from the config (None when it is
-        off): the objective's keys, reward-function scoring, the critic (a value model or a critic-free estimator;
-        never None), the rollout chunk and engine, the KL controller, the pretraining mix, the completions log,
-        dynamic sampling, multi-turn episodes with tools (``toolbox``: :class:`~trl_ext.ppo.episodes.toolbox.Toolbox`),
-        the NaN/inf guard."""
-        args, processing_class = self.args, self.processing_class
-        # the loss keys of trl_ext.ppo.objective.objectives (train_micro_batch_size: token_mean over the mini-batch)
-        self.objective = objective_for_micro_batches(ObjectiveConfig.from_args(args), args)
-        # Nothing below may touch the global torch/numpy RNGs: the parent left them exactly where its train() expects.
-        self.reward_scoring = attach_reward_scorer(self, reward_list)  # reward_funcs (None without): the scorer
-        # with or without a value model (the budgets below ask it)
-        self.critic = build_critic(args, self.accelerator, multi_turn=toolbox is not None)
-        # critic_warmup: the first updates train the value model alone (None when 0)
-        self.critic_warmup = CriticWarmup.build(args, self.accelerator.unwrap_model(self.model))
-        group_prompts(self)  # num_samples_per_prompt > 1: local_batch_size / k prompts per update (same RNG after)
+    def build_features(self, reward_list, ptx_dataset, kl_controller, toolbox=None) -> None:
+        """After the parent's ``__init__``: the prompt loader of ``num_samples_per_prompt`` groups, each extension's
+        one object (:func:`~.features.build_features`; kept as attributes of the same names), the NaN/inf guard,
+        the gradient clip, and the parts the steps delegate to, each built from what it reads."""
+        args, accelerator = self.args, self.accelerator
+        grouped = grouped_prompt_loader(args.num_samples_per_prompt, args.local_batch_size, self.train_dataset,
+                                        self.data_collator, accelerator, args.seed, self.local_seed)
+        if grouped is not None:  # local_batch_size / k prompts per update (the torch RNG where the parent left it)
+            self.dataloader = grouped
+            self.local_dataloader_batch_size = args.local_batch_size // args.num_samples_per_prompt
         if len(self.dataloader) == 0:  # it drops its incomplete batch: an epoch without one would never end
             raise UserInputError(
                 f"train_dataset has {len(self.train_dataset)} rows, fewer than one batch of "
                 f"{self.local_dataloader_batch_size} prompts per process (the incomplete batch is dropped): use more "
                 "prompts or a smaller per_device_train_batch_size / gradient_accumulation_steps")
-        if args.local_rollout_forward_batch_size == AUTO:  # the largest chunk that fits args.max_memory_gib
-            self.rollout_chunk_choice = resolve_auto_rollout_chunk(self)
-        self.rollout_engine = build_rollout_engine(self)  # None: generate; else continuous batching (auto: a rule)
-        # rollout_cuda_graphs: generate's decoding steps as CUDA graphs over a static cache (None: off)
-        self.decode_graphs = DecodeGraphs.build(args, self.rollout_engine, self.accelerator)
-        # HF Trainer.__init__ (which TRL's PPO never calls) sets these; its checkpoint save/load code reads them
-        for name in ("is_fsdp_xla_enabled", "is_fsdp_xla_v1_enabled", "is_fsdp_xla_v2_enabled"):
-            if not hasattr(self, name):
-                setattr(self, name, False)
-        self.kl_ctl = (
-            kl_controller
-            if kl_controller is not None
-            else build_kl_controller(args.kl_controller, args.kl_coef, args.kl_target, args.kl_horizon)
-        )
-        self.ptx = (PretrainingMix(ptx_dataset, processing_class, PtxConfig.from_args(args), self.accelerator)
-                    if ptx_dataset is not None else None)
-        self.completions_log = (CompletionsLog.from_args(args, processing_class, self.accelerator)
-                                if args.log_completions else None)
-        self.dynamic_sampling = (DynamicSampling.from_args(args, self.accelerator, processing_class.pad_token_id)
-                                 if args.dynamic_sampling else None)
-        self.multi_turn = MultiTurnRollout(toolbox, args, processing_class) if toolbox is not None else None
-        self.turn_rewards = TurnRewards.build(toolbox, self.accelerator)  # environments' get_turn_reward (or None)
-        self.evaluation = Evaluation.build(self)  # eval_strategy "steps": eval_dataset generated on and scored
-        if self.multi_turn is not None:
-            self.multi_turn.check_launch(self)
-            if self.rollout_engine is not None:
-                self.multi_turn.engine_prompt_length = self.rollout_engine.plan.prompt_length
-        self.prompt_iterator = None
-        self._update_start_state = None
-        self._optimizer_stepped = False
-        self._mini_batch_plan = None
+        self.prompt_length = max(len(ids) for ids in self.train_dataset["input_ids"])
+        f = build_features(args, processing_class=self.processing_class, accelerator=accelerator, model=self.model,
+                           reward_model=self.reward_model, prompt_length=self.prompt_length,
+                           shared_base=self.shared_base, reward_list=reward_list, ptx_dataset=ptx_dataset,
+                           kl_controller=kl_controller, toolbox=toolbox, fsdp=getattr(self, "is_fsdp_enabled", False))
+        self.objective, self.reward_model, self.reward_scoring, self.critic = (f.objective, f.reward_model,
+                                                                               f.reward_scoring, f.critic)
+        self.critic_warmup, self.rollout_chunk_choice, self.decode_graphs = (f.critic_warmup, f.rollout_chunk_choice,
+                                                                             f.decode_graphs)
+        self.rollout_engine, self.rollout_engine_choice, self.kl_ctl = (f.rollout_engine, f.rollout_engine_choice,
+                                                                        f.kl_ctl)
+        self.ptx, self.completions_log, self.dynamic_sampling = f.ptx, f.completions_log, f.dynamic_sampling
+        self.multi_turn, self.turn_rewards = f.multi_turn, f.turn_rewards
         self.step_guard = StepGuard(args.nonfinite_policy, args.max_consecutive_nonfinite_skips,
-                                    (self.accelerator, self.stop_on_nonfinite) if self.is_deepspeed_enabled else None)
-        self.grad_clip = GradientClip(args.max_grad_norm, self.accelerator, self.model)  # max_grad_norm (0: off)
+                                    (accelerator, self.stop_on_nonfinite) if self.is_deepspeed_enabled else None)
+        self.grad_clip = GradientClip(args.max_grad_norm, accelerator, self.model)  # max_grad_norm (0: off)
+        self.rollout_steps = RolloutSteps(  # steps 2 and 3
+            RolloutSettings.from_args(args, self.processing_class, self.stop_token_id), model=self.model,
+            ref_model=self.ref_model, reward_model=self.reward_model, accelerator=accelerator,
+            reference_context=self.null_ref_context, critic=self.critic, reward_scoring=self.reward_scoring,
+            multi_turn=self.multi_turn, rollout_engine=self.rollout_engine, decode_graphs=self.decode_graphs)
+        self.metrics = UpdateMetrics(  # step 7
+            accelerator=accelerator, eos_token_id=self.processing_class.eos_token_id, objective=self.objective,
+            critic=self.critic, grad_clip=self.grad_clip, step_guard=self.step_guard,
+            critic_warmup=self.critic_warmup, reward_scoring=self.reward_scoring, turn_rewards=self.turn_rewards,
+            decode_graphs=self.decode_graphs)
+        self.evaluation = Evaluation.build(  # eval_strategy "steps": eval_dataset generated on and scored
+            args, dataset=self.eval_dataset, reward_scoring=self.reward_scoring, data_collator=self.data_collator,
+            model=self.model, accelerator=accelerator, processing_class=self.processing_class,
+            reward_model=self.reward_model)
+        self.checkpoints = PPOCheckpoints(  # what a checkpoint adds to HF's; the state before an update
+            accelerator=accelerator, model=self.model, value_model=self.critic.has_value_model,
+            should_save=args.should_save, deepspeed=self.is_deepspeed_enabled, kl_controller=self.kl_ctl,
+            ptx_stream=self.ptx_stream)
+        self.prompt_iterator, self.sampling = None, None  # train()'s (init_data_streams)
+        self._update_start_state, self._optimizer_stepped, self._mini_batch_plan = None, False, None
 
     # ------------------------------------------------------------------ the loop
 
@@ -248,13 +177,19 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
             self.model_wrapped = self.model
 
     def init_data_streams(self) -> None:
-        """Create `self.prompt_iterator` (endless and resumable, over `self.dataloader`) and the generation config."""
+        """Create `self.prompt_iterator` (endless and resumable, over `self.dataloader`) and the rollout's generation
+        settings from the config (`self.sampling`)."""
         self.prompt_iterator = PromptStream(self.dataloader)
-        self.generation_kwargs = rollout_generation_kwargs(self.args)  # TRL's, with the sampling keys
-        self.generation_config = GenerationConfig(**self.generation_kwargs)
+        self.sampling = RolloutSampling.from_args(self.args)  # TRL's generation config, with the sampling keys
+
+    @property
+    def generation_config(self):
+        """The rollout's `GenerationConfig` (``self.sampling``'s, built by `init_data_streams`)."""
+        return self.sampling.config
 
     def run_update(self, update: int) -> None:
-        """One PPO update: rollouts, scoring, rewards, advantages, optimisation, logging, callbacks, checkpoint."""
+        """One PPO update: rollouts, scoring, rewards, advantages, optimisation, the step counter and the KL
+        controller (here only), logging, callbacks, checkpoint."""
         args = self.args
         self._update_start_state = self.capture_update_start()
         self._optimizer_stepped = False
@@ -276,14 +211,17 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
             timings = {"time/rollout": t1 - t0, "time/scoring": t2 - t1, "time/optimization": t3 - t2}
             with torch.no_grad():
                 metrics = self.update_metrics(rollout, stats, kl_coef, timings)
-            self.log_update(metrics)
+        else:  # NaN/inf scores under nonfinite_policy "skip": the update is dropped (nor scheduler nor KL step)
+            metrics = {**self.step_guard.metrics(), "episode": self.state.episode}
+        self.state.epoch = self.state.episode / self.train_dataset_len  # the update is done: the one place the
+        self.state.global_step += 1  # step counter advances
+        self.log_update(metrics)
+        if scored:
+            self.kl_ctl.update(metrics["objective/kl"], args.batch_size)  # the KL controller's one step
             if self.completions_log is not None:
                 self.completions_log.log(rollout, self.state.global_step)
-        else:  # NaN/inf scores under nonfinite_policy "skip": the update is dropped (nor scheduler nor KL step)
-            self.state.global_step += 1
-            self.log({**self.step_guard.metrics(), "episode": self.state.episode})
-        if scored and stats.stepped:  # False only when the guard skipped every optimizer step of the update
-            self.lr_scheduler.step()
+            if stats.stepped:  # False only when the guard skipped every optimizer step of the update
+                self.lr_scheduler.step()
         self.control = self.callback_handler.on_step_end(args, self.state, self.control)
         if self.control.should_evaluate and self.evaluation is not None:  # every eval_steps updates (HF's flow)
             self.evaluate()
@@ -362,11 +300,60 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         rollout.scores_clipfrac = (rollout.scores.abs() > clip).float().mean()
         rollout.scores = rollout.scores.clamp(-clip, clip)
 
-    # ------------------------------------------------------------------ data
+    # ------------------------------------------------------------------ steps 1-3: prompts, rollout, scoring
 
     def next_prompt_batch(self) -> dict:
         """The next batch of `args.local_batch_size` tokenized prompts (cycles over the train set forever)."""
         return repeat_prompts(next(self.prompt_iterator), self.args.num_samples_per_prompt)
+
+    def generate_rollouts(self, queries: torch.Tensor) -> Rollout:
+        """Sample one response per query with the policy and keep its log-probs under the temperature-scaled full
+        distribution (the loss's), each turn by `sample_turn`; with ``tools`` a multi-turn episode
+        (:meth:`~.rollout.steps.RolloutSteps.generate`)."""
+        return self.rollout_steps.generate(queries, self.sampling, self.sample_turn, self.submit_rollout_chunk)
+
+    def sample_turn(self, policy, queries: torch.Tensor, max_new_tokens: int, on_chunk=None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """At most ``max_new_tokens`` tokens after each left-padded query: ``(query_responses, logprobs)``
+        (:meth:`~.rollout.steps.RolloutSteps.sample_turn`); ``on_chunk(start, responses)`` as each chunk is done."""
+        return self.rollout_steps.sample_turn(policy, queries, max_new_tokens, self.sampling, on_chunk)
+
+    def score_rollouts(self, rollout: Rollout) -> None:
+        """Reference log-probs, values and scores, per chunk of `local_rollout_forward_batch_size`; then masks
+        (:meth:`~.rollout.steps.RolloutSteps.score`, calling the four steps below)."""
+        self.rollout_steps.score(rollout, ScoringSteps(self.compute_ref_logprobs, self.postprocess_responses,
+                                                       self.compute_values, self.compute_scores))
+
+    def submit_rollout_chunk(self, start: int, responses: torch.Tensor) -> None:
+        """Right after a chunk (or a continuous-batching row) is generated: with reward functions in workers, its
+        truncated responses go to them, scored while the rest generates."""
+        if self.reward_scoring is not None:
+            self.rollout_steps.submit_chunk(start, self.postprocess_responses(responses))
+
+    def compute_ref_logprobs(self, query_response: torch.Tensor, response: torch.Tensor, context_length: int
+                             ) -> torch.Tensor:
+        """Log-probs of `response` under the reference model (the LoRA policy with adapters off if none given)."""
+        return self.rollout_steps.ref_logprobs(query_response, response, context_length)
+
+    def postprocess_responses(self, responses: torch.Tensor) -> torch.Tensor:
+        """Truncate each response after the first stop token (pad the rest), if a stop token is set."""
+        return self.rollout_steps.postprocess(responses)
+
+    def compute_values(self, query_response: torch.Tensor, context_length: int) -> torch.Tensor:
+        """Per-response-token values `(batch, response_length)` from the run's critic (zeros without one)."""
+        return self.rollout_steps.values(query_response, context_length)
+
+    def compute_scores(self, postprocessed_query_response: torch.Tensor, context_length: int) -> torch.Tensor:
+        """Reward-model score `(batch,)` of each (truncated) query+response: the head's output at its last token.
+        With `reward_funcs`: `(batch, models)`, the scores of the reward models among them (functions come later)."""
+        return self.rollout_steps.scores(postprocessed_query_response, context_length)
+
+    @property
+    def reward_scorer(self):
+        """The :class:`~trl_ext.rewards.scoring.RewardScorer` of `reward_funcs` (None without)."""
+        return None if self.reward_scoring is None else self.reward_scoring.scorer
+
+    # ------------------------------------------------------------------ steps 4-5: rewards, advantages
 
     def compute_rewards(self, rollout: Rollout, kl_coef: float) -> None:
         """The per-token KL to the reference (`kl_estimator`; default k1, as TRL) and the environments' per-turn
@@ -383,7 +370,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         if self.reward_scoring is not None:  # reward_funcs: completions no reward scored
             self.reward_scoring.zero_unscorable(rollout)
 
-    # ------------------------------------------------------------------ optimisation
+    # ------------------------------------------------------------------ step 6: optimisation
 
     def create_optimizer(self):
         """HF's optimizer over policy and value model; with `critic_learning_rate`, the value model's parameters in
@@ -400,6 +387,7 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         the value model trains (``self.critic_warmup``)."""
         if self.critic_warmup is not None:
             self.critic_warmup.begin(self.state.global_step)
+        self.grad_clip.begin()  # policy/grad_norm: this update's steps
         ptx_mode = self.ptx.mode if self.ptx is not None and not self.policy_held else None
         steps = UpdateSteps(loss=self.compute_micro_batch_loss, step=self.optimizer_step,
                             zero_grad=self.optimizer.zero_grad, observe=self.step_guard.observe,
@@ -410,10 +398,14 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
 
     def mini_batch_plan(self) -> MiniBatchPlan:
         """How each update's rollout is cut, built at the first update (``train_micro_batch_size: auto`` measures the
-        memory then)."""
+        memory then; the micro-batch is kept in ``self.train_micro_batch``)."""
         if self._mini_batch_plan is None:
-            micro = resolve_train_micro_batch(self) if self.args.train_micro_batch_size is not None else None
-            self._mini_batch_plan = MiniBatchPlan.from_args(self.args, self.objective, micro)
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            self._mini_batch_plan = MiniBatchPlan.for_run(
+                self.args, self.objective, self.accelerator, getattr(unwrapped, "policy", unwrapped),
+                self.prompt_length, shared=bool(self.shared_base), value_model=self.critic.has_value_model,
+                reward_model=self.reward_model is not None)
+            self.train_micro_batch = self._mini_batch_plan.micro
         return self._mini_batch_plan
 
     @property
@@ -429,16 +421,9 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         :func:`trl_ext.ppo.objective.objectives.objective_terms`; + `ptx_coef * lm_loss` in joint ptx mode). `kl_coef`: the
         update's (read once in `run_update`); `token_normalizer`: the mini-batch's (`global_token_mean`)."""
         args = self.args
-        context_length = rollout.context_length
-        padding_mask = rollout.padding_mask[micro_batch_inds]
-        responses = rollout.responses[micro_batch_inds]
-        # the logits of the positions that predict a response token alone (as TRL's GRPOTrainer asks for them)
-        output, vpred_temp = forward(model, rollout.query_responses[micro_batch_inds],
-                                     self.processing_class.pad_token_id, logits_to_keep=responses.shape[1] + 1)
-        logits = output.logits[:, :-1]
-        logits /= args.temperature + 1e-7
-        new_logprobs = selective_log_softmax(logits, responses)
-        new_logprobs = torch.masked_fill(new_logprobs, padding_mask, INVALID_LOGPROB)
+        logits, new_logprobs, vpred_temp = training_forward(  # the logits of the response positions alone
+            model, rollout.query_responses[micro_batch_inds], rollout.responses[micro_batch_inds],
+            rollout.padding_mask[micro_batch_inds], self.processing_class.pad_token_id, args.temperature)
         vf = self.critic.value_loss(vpred_temp, rollout, micro_batch_inds, logits.device)  # zero without a critic
         obj = rollout_objective(self.objective, rollout, micro_batch_inds, new_logprobs, logits, kl_coef,
                                 token_normalizer)
@@ -483,3 +468,55 @@ class PPOTrainer(RolloutStepsMixin, UpdateMetricsMixin, EvaluateMixin, ParentFix
         self.optimizer_step()
         self.optimizer.zero_grad()
         return lm_loss.detach()
+
+    # ------------------------------------------------------------------ step 7: metrics; evaluation
+
+    def update_metrics(self, rollout: Rollout, stats: UpdateStats, kl_coef: float, timings: dict) -> dict:
+        """TRL's metrics of one update (same names and formulas), plus `objective/kl_coef`, `loss/ptx_avg`, `time/*`,
+        and the extensions' (`docs/metrics.md`; :class:`~.update_metrics.UpdateMetrics`). Changes nothing."""
+        return self.metrics.compute(rollout, stats, kl_coef, timings, episode=self.state.episode,
+                                    seconds=time.time() - self.start_time, lr=self.lr_scheduler.get_last_lr()[0])
+
+    def log_update(self, metrics: dict) -> None:
+        """Log the update's `metrics` (``run_update`` has advanced the step counter; it steps the KL controller
+        after)."""
+        self.log(metrics)
+
+    def evaluate(self, *args, **kwargs) -> dict:
+        """Score `eval_dataset` now with the current policy, log the `eval_*` metrics and call the callbacks'
+        `on_evaluate`; returns the metrics. The update loop calls it when `control.should_evaluate` is set (HF's
+        `DefaultFlowCallback`: every `eval_steps` updates). Needs `eval_strategy` "steps" (arguments are ignored)."""
+        if self.evaluation is None:
+            raise UserInputError("evaluate: needs eval_strategy 'steps' and an eval_dataset when the trainer is built")
+        metrics = self.evaluation.run(self.state, self.postprocess_responses)
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
+        return metrics
+
+    # ------------------------------------------------------------------ step 8: checkpoints
+
+    def save_extra_checkpoint_files(self, checkpoint_dir: str) -> None:
+        """Add to a checkpoint what HF's `_save_checkpoint` leaves out for PPO: the value model (main process) and
+        each process's trl-ext state (KL controller, prompt and ptx stream positions)."""
+        self.checkpoints.save(checkpoint_dir, self.prompt_iterator)
+
+    def load_checkpoint(self, checkpoint: str) -> None:
+        """Restore weights, optimizer, LR scheduler, KL controller, data stream positions and RNG states. Called by
+        `train(resume_from_checkpoint=...)` after `init_train_state` (which restored `self.state`) and
+        `init_data_streams`."""
+        extra = self.checkpoints.read(checkpoint)  # refuses a checkpoint this run cannot resume from
+        self.checkpoints.load_weights(checkpoint)
+        self._load_optimizer_and_scheduler(checkpoint)
+        self.checkpoints.load_state(extra, checkpoint, self.prompt_iterator)
+        self._load_rng_state(checkpoint)
+
+    def capture_update_start(self) -> dict:
+        """What an update changes before its first optimizer step: episode count, RNG states, data positions."""
+        return self.checkpoints.capture(self.state.episode, self.prompt_iterator)
+
+    def save_update_start_checkpoint(self) -> str:
+        """Rewind episode, RNGs and data positions to the start of the current update and save `checkpoint-N`
+        (N = completed updates). Only valid before the update's first optimizer step."""
+        self.state.episode = self.checkpoints.rewind(self._update_start_state, self.prompt_iterator)
+        self._save_checkpoint(self.model, trial=None)
+        return self.last_checkpoint

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 from trl import DPOConfig as _TRLDPOConfig
 
-from ..config_rules import check_fields, check_steps, help_from_docstring
+from ..field_rules import check_fields, check_steps, help_from_docstring
 from ..errors import UserInputError
 from ..runtime.engines import EngineOnCPUArgsMixin
 from ..runtime.nonfinite import NonFinitePolicyArgs
@@ -34,10 +34,10 @@ class DPOConfig(EngineOnCPUArgsMixin, NonFinitePolicyArgs, _TRLDPOConfig):
             With `"skip"`: consecutive skipped steps allowed before training stops.
     """
 
-    label_smoothing: float = 0.0  # its range, [0, 0.5): trl_ext.config_rules.RANGES
+    label_smoothing: float = 0.0  # its range, [0, 0.5): trl_ext.field_rules.RANGES
 
     def __post_init__(self):
-        check_fields(self)  # each field's range and choices (trl_ext.config_rules)
+        check_fields(self)  # each field's range and choices (trl_ext.field_rules)
         check_steps(self)
         super().__post_init__()
         eps = self.label_smoothing

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 from trl import RewardConfig as _TRLRewardConfig
 
-from ..config_rules import check_fields, check_steps, help_from_docstring
+from ..field_rules import check_fields, check_steps, help_from_docstring
 from ..runtime.engines import EngineOnCPUArgsMixin
 from ..runtime.nonfinite import NonFinitePolicyArgs
 
@@ -41,10 +41,10 @@ class RewardConfig(EngineOnCPUArgsMixin, NonFinitePolicyArgs, _TRLRewardConfig):
             With `"skip"`: consecutive skipped steps allowed before training stops.
     """
 
-    label_smoothing: float = 0.0  # its range, [0, 0.5): trl_ext.config_rules.RANGES
+    label_smoothing: float = 0.0  # its range, [0, 0.5): trl_ext.field_rules.RANGES
     center_rewards_after_training: bool = False
 
     def __post_init__(self):
-        check_fields(self)  # each field's range and choices (trl_ext.config_rules)
+        check_fields(self)  # each field's range and choices (trl_ext.field_rules)
         check_steps(self)
         super().__post_init__()

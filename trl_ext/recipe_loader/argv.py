@@ -18,7 +18,7 @@ from .arguments import ENTRY_KEYS
 
 __all__ = ["RecipeArgumentParser", "entry_values", "plain", "portable_value", "to_argv"]
 
-# Field metadata that trl_ext.config_rules reads and argparse must not receive (a field's own `range`).
+# Field metadata that trl_ext.field_rules reads and argparse must not receive (a field's own `range`).
 CONFIG_RULES_METADATA = ("range",)
 
 
@@ -42,7 +42,7 @@ class RecipeArgumentParser:
                 HfArgumentParser._parse_dataclass_field(parser, field)
 
         parser = Parser(dataclass_types, allow_abbrev=False)
-        for action in parser._actions:  # choices are checked by trl_ext.config_rules, with the configs' messages
+        for action in parser._actions:  # choices are checked by trl_ext.field_rules, with the configs' messages
             action.choices = None
         return parser
 

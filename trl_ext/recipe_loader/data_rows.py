@@ -213,7 +213,7 @@ def check_eval_data(recipe) -> None:
     if str(getattr(args, "eval_strategy", "no")).split(".")[-1].lower() == "no":
         return
     if recipe.trainer == "ppo":
-        from ..ppo.config_rules import check_eval_inputs
+        from ..ppo.combination_rules import check_eval_inputs
         from .tool_keys import uses_tools
 
         check_eval_inputs(args, True, uses_tools(recipe))

@@ -324,7 +324,7 @@ def _argv_of(ctx: _Resolution, keys) -> list[str]:
 
 def _parse(ctx: _Resolution) -> None:
     """Type checks as TRL's CLI would parse them, with one-line errors; then nullability, choices and ranges
-    (trl_ext.config_rules: by the trainer's config itself, by trl_ext.recipe_loader.validation for the other keys), before the libraries' own checks in the dataclasses' __post_init__ (an error
+    (trl_ext.field_rules: by the trainer's config itself, by trl_ext.recipe_loader.validation for the other keys), before the libraries' own checks in the dataclasses' __post_init__ (an error
     there names the recipe key at fault). `check` on a machine without a GPU validates a GPU precision as fp32."""
     ctx.specs = validation.key_specs(ctx.types)
     ctx.argv = _argv_of(ctx, ctx.merged)
@@ -398,7 +398,7 @@ def _resolve_ppo_models(ctx: _Resolution) -> None:
                 f"recipe: key '{bad}' is for PPO recipes only (this recipe has trainer: {ctx.trainer})"
             )
         return
-    from ..ppo.config_rules import check_turn_credit
+    from ..ppo.combination_rules import check_turn_credit
 
     ctx.tool_keys = resolve_tool_keys(ctx)  # before the rewards: an environment with get_reward is one
     check_turn_credit(training_args, bool(ctx.tool_keys.tools) or ctx.tool_keys.environment_factory is not None)

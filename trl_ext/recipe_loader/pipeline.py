@@ -271,7 +271,7 @@ def train_ppo(recipe: Recipe):
     """
     from trl_ext import PPOTrainer
 
-    from ..ppo.config_rules import check_eval_inputs
+    from ..ppo.combination_rules import check_eval_inputs
     from .reward_keys import check_reward_columns
     from .tool_keys import check_tool_data, check_tool_tokenizer, uses_tools
 

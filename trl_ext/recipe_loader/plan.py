@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import UserInputError
 from ..models.paths import looks_local
-from ..ppo.rollout.memory_budget import (
+from ..ppo.memory.budget import (
     GIB,
     LINEAR_MODULES,
     MemoryBudget,
@@ -21,7 +21,7 @@ from ..ppo.rollout.memory_budget import (
     role_loads,
     trainable_parameters,
 )
-from ..ppo.rollout.chunk import AUTO, largest_fitting_chunk
+from ..ppo.memory.chunk import AUTO, largest_fitting_chunk
 
 DEFAULT_PROMPT_LENGTH = 512
 PLAN_OPTIONS = {"--gpu-memory": ("gpu_memory", float), "--prompt-length": ("prompt_length", int)}
@@ -477,9 +477,9 @@ def chunk_reason(plan: Plan) -> str:
 
 def cuda_lines(plan: Plan) -> list[str]:
     """On CUDA: the caching allocator's margin over the predicted (allocated) peak, the reserved peak it plans, and the
-    micro-batch ``train_micro_batch_size: auto`` would take (``trl_ext.ppo.rollout.allocator_margin``, ``micro_batches``)."""
-    from ..ppo.rollout.allocator_margin import allocator_margin, planned_reserved_bytes
-    from ..ppo.micro_batches import largest_fitting_micro_batch
+    micro-batch ``train_micro_batch_size: auto`` would take (``trl_ext.ppo.memory.budget``, ``micro_batches``)."""
+    from ..ppo.memory.budget import allocator_margin, planned_reserved_bytes
+    from ..ppo.memory.micro_batch import largest_fitting_micro_batch
 
     run, gib = plan.run, plan.target_bytes / GIB
     chunk = min(run.rollout_chunk, run.batch)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Optional
 
-from ..config_rules import INT64_MAX, MODEL_PREFIXES, RANGES, Bound, KeySpec, key_specs, value_problem
+from ..field_rules import INT64_MAX, MODEL_PREFIXES, RANGES, Bound, KeySpec, key_specs, value_problem
 from ..errors import UserInputError
 
 __all__ = ["INT64_MAX", "MODEL_PREFIXES", "RANGES", "Bound", "KeySpec", "key_specs", "check_null", "check_value",

@@ -73,7 +73,7 @@ class RewardFunctionArgs:
             ):
                 raise UserInputError(f"reward_weights: expected a list of finite numbers, got {weights!r}")
             self.reward_weights = [float(w) for w in weights]
-        # ranges of reward_num_workers, reward_timeout_s, num_completions_to_print: trl_ext.config_rules
+        # ranges of reward_num_workers, reward_timeout_s, num_completions_to_print: trl_ext.field_rules
         if self.reward_timeout_s is not None and self.reward_num_workers == 0:
             raise UserInputError(
                 "reward_timeout_s: needs reward_num_workers > 0 (a call in the training process cannot be "

@@ -1,4 +1,5 @@
-"""Atomic checkpoints and checkpoint discovery for trl-ext's trainers.
+"""Checkpoints, their one home: atomic saves and checkpoint discovery for every trl-ext trainer, and what a PPO
+checkpoint adds to HF's (:class:`PPOCheckpoints`).
 
 Transformers 5.23's ``Trainer._save_checkpoint`` writes straight into ``output_dir/checkpoint-N``: a run killed
 mid-save leaves a half-written ``checkpoint-N`` that ``resume_from_checkpoint=True`` (``get_last_checkpoint``)
@@ -7,17 +8,29 @@ would take for a whole one. :class:`AtomicCheckpointMixin` lets the parent write
 matches), adds the subclass's extra files (:meth:`~AtomicCheckpointMixin.save_extra_checkpoint_files`), waits for
 every process, and only then renames the folder to ``output_dir/checkpoint-N`` (one ``os.replace``, atomic on
 POSIX file systems). Rotation (``save_total_limit``) runs after the rename.
+
+A complete PPO checkpoint holds, besides HF's files (policy or its adapter, optimizer, scheduler, RNG states,
+``trainer_state.json``): the value model in ``value_model/`` and, per process, ``trl_ext_ppo_state_{rank}.pt`` (KL
+controller, prompt and ptx stream positions).
 """
 
 from __future__ import annotations
 
+import glob
 import os
+import random
 import re
 import shutil
+import warnings
 
+import numpy as np
+import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from ..errors import UserInputError
+
+__all__ = ["AtomicCheckpointMixin", "PPOCheckpoints", "VALUE_MODEL_DIR", "latest_checkpoint", "load_weights_in_place",
+           "ppo_state_file", "resolve_checkpoint"]
 
 STAGING_PREFIX = "tmp-"
 """Prefix of the folder a checkpoint is written into before it is renamed (``tmp-checkpoint-N``)."""
@@ -193,3 +206,140 @@ def _tied_keys(model) -> set[str]:
     for name, tensor in model.state_dict(keep_vars=True).items():
         by_storage.setdefault(tensor.data_ptr(), []).append(name)
     return {name for names in by_storage.values() if len(names) > 1 for name in names}
+
+
+VALUE_MODEL_DIR = "value_model"
+"""Sub-folder of a PPO checkpoint that holds the value model (`save_pretrained`: full weights or its adapter)."""
+
+
+def ppo_state_file(checkpoint_dir: str, process_index: int) -> str:
+    """Path of one process's trl-ext PPO state in a checkpoint (KL controller, prompt and ptx stream positions)."""
+    return os.path.join(checkpoint_dir, f"trl_ext_ppo_state_{process_index}.pt")
+
+
+class PPOCheckpoints:
+    """What a PPO checkpoint adds to HF's (module docstring), and the state before an update (for the NaN/inf policy,
+    which saves it when an update turns out bad): the part behind :class:`trl_ext.PPOTrainer`'s checkpoint and resume
+    steps, built once.
+
+    Args:
+        accelerator: the run's accelerator (rank, process count, unwrapping).
+        model: the trainer's policy-and-value model as prepared (``.policy``, ``.value_model`` once unwrapped).
+        value_model: whether the run has a value model (a critic-free run's stand-in has no weights).
+        should_save: whether this process writes the shared files (``args.should_save``).
+        deepspeed: the model is DeepSpeed's engine (its own checkpoint holds the weights and the optimizer).
+        kl_controller: the KL controller (its ``state_dict``, if it has one, is saved).
+        ptx_stream: the ptx batch stream (None without PPO-ptx).
+    """
+
+    def __init__(self, *, accelerator, model, value_model: bool, should_save: bool, deepspeed: bool, kl_controller,
+                 ptx_stream=None):
+        self.accelerator, self.model = accelerator, model
+        self.value_model, self.should_save, self.deepspeed = value_model, should_save, deepspeed
+        self.kl_controller, self.ptx_stream = kl_controller, ptx_stream
+
+    def save(self, checkpoint_dir: str, prompt_stream) -> None:
+        """Write into ``checkpoint_dir`` the value model (main process) and this process's trl-ext state (KL
+        controller, prompt and ptx stream positions). Runs on every process."""
+        from .engines import gathered_parameters
+
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        if self.value_model:
+            with gathered_parameters(unwrapped.value_model, self.accelerator):  # ZeRO-3: whole weights, all processes
+                if self.should_save:  # full weights, or its adapter and score head
+                    unwrapped.value_model.save_pretrained(os.path.join(checkpoint_dir, VALUE_MODEL_DIR))
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        state = {
+            "world_size": self.accelerator.num_processes,
+            "kl_controller": (self.kl_controller.state_dict() if hasattr(self.kl_controller, "state_dict")
+                              else None),
+            "prompt_stream": prompt_stream.state_dict() if prompt_stream is not None else None,
+            "ptx_stream": self.ptx_stream.state_dict() if self.ptx_stream is not None else None,
+        }
+        torch.save(state, ppo_state_file(checkpoint_dir, self.accelerator.process_index))
+
+    def read(self, checkpoint: str) -> dict:
+        """This process's trl-ext state of ``checkpoint``, after checking that this run can resume from it (same
+        number of processes, an optimizer state, DeepSpeed's own checkpoint under DeepSpeed)."""
+        state_path = ppo_state_file(checkpoint, self.accelerator.process_index)
+        if not os.path.isfile(state_path):
+            raise UserInputError(
+                f"resume_from_checkpoint: {checkpoint} has no {os.path.basename(state_path)}; it was not written by "
+                "trl_ext.PPOTrainer or by a run with as many processes as this one"
+            )
+        extra = torch.load(state_path, weights_only=True)
+        if extra["world_size"] != self.accelerator.num_processes:
+            raise UserInputError(
+                f"resume_from_checkpoint: {checkpoint} was written by {extra['world_size']} processes, this run has "
+                f"{self.accelerator.num_processes}; resume with the same number of processes"
+            )
+        if not self.deepspeed and not os.path.isfile(os.path.join(checkpoint, "optimizer.pt")):
+            raise UserInputError(
+                f"resume_from_checkpoint: {checkpoint} has no optimizer.pt (saved with save_only_model=True?); "
+                "resume from a full checkpoint"
+            )
+        if self.deepspeed and not glob.glob(os.path.join(checkpoint, "global_step*")):
+            raise UserInputError(
+                f"resume_from_checkpoint: {checkpoint} has no DeepSpeed checkpoint (global_step*/); it was not "
+                "written by a DeepSpeed run; resume with the engine that wrote it"
+            )
+        return extra
+
+    def load_weights(self, checkpoint: str) -> None:
+        """Policy and value model from ``checkpoint``, in place (the optimizer stays valid). Under DeepSpeed, its own
+        checkpoint (``global_step*/``, written by HF's ``_save_checkpoint``) holds the weights of both and the
+        (sharded) optimizer state; the LR scheduler is TRL's (``scheduler.pt``)."""
+        if self.deepspeed:
+            from transformers.integrations.deepspeed import deepspeed_load_checkpoint
+
+            deepspeed_load_checkpoint(self.model, checkpoint, load_module_strict=True)
+            return
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        load_weights_in_place(unwrapped.policy, checkpoint)
+        if self.value_model:
+            load_weights_in_place(unwrapped.value_model, os.path.join(checkpoint, VALUE_MODEL_DIR))
+
+    def load_state(self, extra: dict, checkpoint: str, prompt_stream) -> None:
+        """The KL controller and the stream positions from ``extra`` (:meth:`read`)."""
+        if extra["kl_controller"] is not None and hasattr(self.kl_controller, "load_state_dict"):
+            self.kl_controller.load_state_dict(extra["kl_controller"])
+        elif not (hasattr(self.kl_controller, "state_dict") and hasattr(self.kl_controller, "load_state_dict")):
+            warnings.warn("kl_controller has no state_dict/load_state_dict: its state was not restored", stacklevel=3)
+        if (extra["ptx_stream"] is None) != (self.ptx_stream is None):
+            raise UserInputError(
+                f"resume_from_checkpoint: {checkpoint} was saved with ptx "
+                f"{'off' if extra['ptx_stream'] is None else 'on'}; resume with the same ptx_coef/ptx_dataset"
+            )
+        if self.ptx_stream is not None:
+            self.ptx_stream.load_state_dict(extra["ptx_stream"])
+        if extra["prompt_stream"] is not None:
+            prompt_stream.load_state_dict(extra["prompt_stream"])
+
+    def capture(self, episode: int, prompt_stream) -> dict:
+        """What an update changes before its first optimizer step: episode count, RNG states, data positions.
+
+        Together with the (not yet changed) weights, optimizer, scheduler and KL controller this is the state
+        before the update; :meth:`rewind` puts it back when the update turns out to be bad.
+        """
+        return {
+            "episode": episode,
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "prompt_stream": prompt_stream.state_dict(),
+            "ptx_stream": self.ptx_stream.state_dict() if self.ptx_stream is not None else None,
+        }
+
+    def rewind(self, start: dict, prompt_stream) -> int:
+        """RNGs and data positions back to ``start`` (:meth:`capture`); returns its episode count. Only valid before
+        the update's first optimizer step."""
+        random.setstate(start["python"])
+        np.random.set_state(start["numpy"])
+        torch.set_rng_state(start["torch"])
+        if start["cuda"] is not None:
+            torch.cuda.set_rng_state_all(start["cuda"])
+        prompt_stream.load_state_dict(start["prompt_stream"])
+        if start["ptx_stream"] is not None:
+            self.ptx_stream.load_state_dict(start["ptx_stream"])
+        return start["episode"]

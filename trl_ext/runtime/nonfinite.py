@@ -124,7 +124,7 @@ class NonFinitePolicyArgs:
     )
 
     def __post_init__(self):
-        # each field's choices and range: trl_ext.config_rules.check_fields, first thing in every trl-ext config
+        # each field's choices and range: trl_ext.field_rules.check_fields, first thing in every trl-ext config
         from .engines import DEEPSPEED, launched_engine
 
         if self.nonfinite_policy == "skip" and launched_engine() == DEEPSPEED:

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 from trl import SFTConfig as _TRLSFTConfig
 
-from ..config_rules import check_fields, check_steps
+from ..field_rules import check_fields, check_steps
 from ..runtime.nonfinite import NonFinitePolicyArgs
 
 __all__ = ["SFTConfig"]
@@ -22,6 +22,6 @@ class SFTConfig(NonFinitePolicyArgs, _TRLSFTConfig):
     """
 
     def __post_init__(self):
-        check_fields(self)  # each field's range and choices (trl_ext.config_rules)
+        check_fields(self)  # each field's range and choices (trl_ext.field_rules)
         check_steps(self)
         super().__post_init__()

@@ -1,19 +1,49 @@
 """What :class:`trl_ext.PPOTrainer` changes in its parent (TRL's PPO trainer or trl-ext's copy, :mod:`trl_ext.ppo.base`)
 so that it runs where the parent crashed or did not fit: DDP and DeepSpeed wrappers, a shared base, a critic-free
-run. No step of the update is here (see :mod:`trl_ext.ppo.trainer`)."""
+run (:class:`PPOParent`, the parent with these fixes, which ``PPOTrainer`` extends), and the config as the parent's
+``__init__`` reads it (:class:`ParentInitArgs`). No step of the update is here (see :mod:`trl_ext.ppo.trainer`)."""
 
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
 
 from ...models.shared_base import adapter_switch, saving_policy_adapters_only, scalar_adapter_names
-from ...runtime.engines import gathered_parameters
+from ...runtime.engines import deepspeed_gradient_clipping, gathered_parameters
+from . import ParentPPOTrainer
 
-__all__ = ["ParentFixesMixin"]
+__all__ = ["PPOParent", "ParentInitArgs"]
 
 
-class ParentFixesMixin:
-    """Mixed into :class:`trl_ext.PPOTrainer` before the parent trainer: its fixes of the parent's methods."""
+class ParentInitArgs:
+    """The config as the parent's ``__init__`` reads it (:class:`trl_ext.PPOTrainer` passes this view and keeps the
+    config itself): every attribute is the config's, read and written through, but ``kl_estimator``, which the
+    parent's ``__init__`` checks against the two estimators it knows (TRL 1.12: ``k1``, ``k3``) and none of its later
+    steps reads (trl-ext's update takes the estimator from its objective): ``"k1"`` there."""
+
+    def __init__(self, args):
+        object.__setattr__(self, "_args", args)
+
+    def __getattr__(self, name):
+        return "k1" if name == "kl_estimator" else getattr(self._args, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._args, name, value)
+
+
+class PPOParent(ParentPPOTrainer):
+    """The parent trainer (:mod:`trl_ext.ppo.base` chooses it) with its methods fixed: what
+    :class:`trl_ext.PPOTrainer` extends."""
+
+    # HF Trainer.__init__ (which TRL's PPO never calls) sets these; its checkpoint save/load code reads them
+    is_fsdp_xla_enabled = is_fsdp_xla_v1_enabled = is_fsdp_xla_v2_enabled = False
+
+    def __init__(self, args, **kwargs):
+        """The parent's ``__init__`` on its view of ``args`` (:class:`ParentInitArgs`), a DeepSpeed engine it
+        prepares clipping at ``args.max_grad_norm`` (:func:`~trl_ext.runtime.engines.deepspeed_gradient_clipping`);
+        ``self.args`` is ``args`` after it."""
+        with deepspeed_gradient_clipping(args.max_grad_norm):
+            super().__init__(args=ParentInitArgs(args), **kwargs)
+        self.args = args
 
     @contextmanager
     def null_ref_context(self):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...config_rules import help_from_docstring
+from ...field_rules import help_from_docstring
 
 __all__ = ["ToolArgs"]
 
@@ -30,7 +30,7 @@ class ToolArgs:
             its worker); environment methods always run in the training process (their state lives there).
     """
 
-    # ranges: trl_ext.config_rules.RANGES
+    # ranges: trl_ext.field_rules.RANGES
     max_tool_calling_iterations: int | None = None
     tool_timeout_s: float | None = 30.0
     tool_num_workers: int = 0

@@ -117,7 +117,7 @@ def left_pad(rows: list[list[int]], pad_token_id: int, like: torch.Tensor) -> to
 class MultiTurnRollout:
     """The feature object of ``tools`` / ``environment_factory`` (module docstring), built once by the trainer."""
 
-    def __init__(self, toolbox: Toolbox, args, processing_class):
+    def __init__(self, toolbox: Toolbox, args, processing_class, engine_prompt_length: int | None = None):
         self.toolbox = toolbox
         self.response_length = args.response_length
         self.max_iterations = args.max_tool_calling_iterations
@@ -125,22 +125,22 @@ class MultiTurnRollout:
         self.eos_token_id = processing_class.eos_token_id
         self.executor = ToolExecutor(toolbox.standalone_tools, args.tool_timeout_s, args.tool_num_workers)
         self.prompt_ids: list[list[int]] = []
-        self.engine_prompt_length: int | None = None
-        """With the continuous-batching engine: the prompt length its cache was sized for (set by the trainer)."""
+        self.engine_prompt_length = engine_prompt_length
+        """With the continuous-batching engine: the prompt length its cache was sized for (None without)."""
 
     def close(self) -> None:
         self.executor.close()
 
     @staticmethod
-    def check_launch(trainer) -> None:
+    def check_launch(accelerator, fsdp: bool, gather_deepspeed3_params: bool) -> None:
         """Each process runs its own turns, so the number of ``generate`` calls differs between processes: refused
         where a forward pass is collective (FSDP; ZeRO-3 without ``ds3_gather_for_generation``)."""
         from ...runtime.engines import zero3_enabled
 
-        if getattr(trainer, "is_fsdp_enabled", False):
+        if fsdp:
             raise UserInputError("tools: not supported under FSDP (each process runs its own number of turns, and "
                                  "FSDP's forward passes need every process); use DDP or DeepSpeed")
-        if zero3_enabled(trainer.accelerator) and not trainer.args.ds3_gather_for_generation:
+        if zero3_enabled(accelerator) and not gather_deepspeed3_params:
             raise UserInputError("ds3_gather_for_generation: false with tools under ZeRO-3 (each process runs its "
                                  "own number of turns, and sharded generation needs every process); set it to true")
 

@@ -8,7 +8,7 @@ import math
 import warnings
 
 from ...errors import UserInputError
-from ..objective.estimators import ESTIMATORS
+from ..objective.estimators import default_kl_in
 from ..rollout.sampling import NAMED_KEYS
 
 __all__ = ["MAPPED", "NOT_HONOURED", "REFUSED", "RENAMED", "ppo_kwargs_from_grpo", "renamed_kwargs"]
@@ -312,8 +312,7 @@ def ppo_kwargs_from_grpo(grpo, overrides: dict | None = None) -> dict:
     if "advantage_estimator" in overrides and "kl_in" not in overrides:
         kwargs["kl_in"] = None  # the estimator's own default (its registration: trl_ext.ppo.objective.estimators)
     kwargs.update(overrides)
-    estimator = ESTIMATORS.get(kwargs["advantage_estimator"])  # an unknown one: PPOConfig names it
-    kl_in = kwargs["kl_in"] or (estimator.kl_in if estimator is not None else None)
+    kl_in = default_kl_in(kwargs["kl_in"], kwargs["advantage_estimator"])  # as the config will resolve it
     if kl_in != "loss" and "use_bias_correction_kl" not in overrides:
         kwargs["use_bias_correction_kl"] = False  # it corrects a KL term of the loss, which the run then lacks
     return kwargs

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ...config_rules import MappingArgs, mapping_field
+from ...field_rules import MappingArgs, mapping_field
 from ...errors import UserInputError
 
 __all__ = ["ModelInitArgs", "LoadedModels", "load_model_ids"]

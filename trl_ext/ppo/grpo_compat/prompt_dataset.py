@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...config_rules import MappingArgs, mapping_field
+from ...field_rules import MappingArgs, mapping_field
 from ...errors import UserInputError
 
 __all__ = ["PromptArgs", "prepare_prompt_datasets", "tokenize_prompts"]

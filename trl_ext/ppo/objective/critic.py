@@ -2,7 +2,7 @@
 :class:`CriticFree` (RLOO, GRPO, REINFORCE++), both a :class:`Critic`. Each builds the update's per-token reward from
 explicit inputs (scores, KL, per-turn rewards, the update's ``kl_coef``) and its advantages from that reward with the
 run's estimator (:mod:`.estimators`, the registry); the trainer's ``compute_rewards`` and ``compute_advantages``
-delegate here. Also: the value model's stand-in when there is none, and the prompt grouping of ``k`` samples.
+delegate here. Also: the value model's stand-in when there is none.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
 from ...errors import UserInputError
 from ...models.scalar_heads import scalar_model_outputs
@@ -25,7 +24,7 @@ from .masked_stats import masked_mean, masked_whiten
 from .turn_credit import centred_turn_rewards, turn_index
 
 __all__ = ["Critic", "CriticFree", "NoValueModel", "ValueCritic", "build_critic", "check_value_model",
-           "critic_free_metrics", "group_prompts", "repeat_prompts"]
+           "critic_free_metrics"]
 
 
 class _NoBackbone(nn.Module):
@@ -67,43 +66,6 @@ def check_value_model(args, value_model):
     return NoValueModel()
 
 
-def group_prompts(trainer) -> None:
-    """With `k = num_samples_per_prompt > 1`, rebuild the prompt DataLoader to give `local_batch_size / k` prompts.
-
-    Seeded as the parent seeds its own (`args.seed` right before `accelerator.prepare`, then the process's
-    `local_seed`), so the shuffle is the same on every process and the torch RNG ends where the parent left it.
-    """
-    args = trainer.args
-    k = args.num_samples_per_prompt
-    if k == 1:
-        return
-    trainer.local_dataloader_batch_size = args.local_batch_size // k
-    dataloader = DataLoader(trainer.train_dataset, batch_size=trainer.local_dataloader_batch_size, shuffle=True,
-                            collate_fn=trainer.data_collator, drop_last=True)
-    torch.manual_seed(args.seed)
-    trainer.dataloader = trainer.accelerator.prepare(dataloader)
-    torch.manual_seed(trainer.local_seed)
-
-
-def repeat_prompts(batch: dict, k: int) -> dict:
-    """Each prompt of a collated batch `k` times in a row (`[p0, p0, p1, p1, ...]` for `k = 2`), its tensors and its
-    list columns (the dataset columns reward functions get) alike."""
-    if k == 1:
-        return batch
-
-    def repeat(value):
-        if torch.is_tensor(value):
-            return value.repeat_interleave(k, dim=0)
-        if isinstance(value, list):
-            return [item for item in value for _ in range(k)]
-        return value
-
-    return {key: repeat(value) for key, value in batch.items()}
-
-
-MAX_HEALTH_TURNS = 16
-
-
 def _sum_over_processes(accelerator):
     if accelerator is None or accelerator.num_processes == 1:
         return None
@@ -130,8 +92,11 @@ class Critic(Protocol):
     def value_loss(self, vpred_temp: torch.Tensor, rollout, micro_batch_inds, device) -> ValueLoss:
         """One micro-batch's value-loss terms (zeros without a value model)."""
 
-    def metrics(self, metrics: dict, rollout, stats) -> None:
-        """Add the critic's metrics to (or replace TRL's value-model metrics in) ``metrics``."""
+    def metrics(self, metrics: dict, rollout, stats) -> dict:
+        """``metrics`` with the critic's added (or TRL's value-model metrics replaced): a new dict."""
+
+
+MAX_HEALTH_TURNS = 16
 
 
 def build_critic(args, accelerator, multi_turn: bool = False) -> Critic:
@@ -196,12 +161,11 @@ class ValueCritic:
         return value_loss(vpred, rollout.values[micro_batch_inds], rollout.returns[micro_batch_inds],
                           ~padding_mask_p1, self.cliprange_value, self.value_clip)
 
-    def metrics(self, metrics: dict, rollout, stats) -> None:
+    def metrics(self, metrics: dict, rollout, stats) -> dict:
         """TRL's value-model metrics, plus the critic's health (:func:`~.critic_health.critic_health`) and what the
         value model adds to per-turn credit (:func:`~.critic_health.credit_gain`)."""
-        metrics.update(critic_health(rollout, self.reduce_sum, self.turns))
-        metrics.update(credit_gain(rollout, self.settings.gamma, self.settings.group_size, self.reduce_sum,
-                                   self.turns))
+        return {**metrics, **critic_health(rollout, self.reduce_sum, self.turns),
+                **credit_gain(rollout, self.settings.gamma, self.settings.group_size, self.reduce_sum, self.turns)}
 
 
 class CriticFree:
@@ -267,13 +231,13 @@ class CriticFree:
         zero = torch.zeros((), device=device)
         return ValueLoss(zero, zero)
 
-    def metrics(self, metrics: dict, rollout, stats) -> None:
-        """Replace the value-model metrics in `metrics` with the critic-free ones (:func:`critic_free_metrics`)."""
-        critic_free_metrics(metrics, rollout, stats, self.group_size, self.accelerator.gather_for_metrics)
+    def metrics(self, metrics: dict, rollout, stats) -> dict:
+        """`metrics` with the value-model metrics replaced by the critic-free ones (:func:`critic_free_metrics`)."""
+        return critic_free_metrics(metrics, rollout, stats, self.group_size, self.accelerator.gather_for_metrics)
 
 
-def critic_free_metrics(metrics: dict, rollout, stats, k: int, gather) -> None:
-    """Replace the value-model metrics in `metrics` with the critic-free ones (means over processes):
+def critic_free_metrics(metrics: dict, rollout, stats, k: int, gather) -> dict:
+    """A copy of `metrics` with the value-model metrics replaced by the critic-free ones (means over processes):
 
     * `objective/group_scores_std`: mean over groups of the std of the scores within a group (k > 1), a score
       being the final one plus the episode's per-turn rewards (:func:`~trl_ext.rewards.metrics.episode_scores`);
@@ -285,6 +249,7 @@ def critic_free_metrics(metrics: dict, rollout, stats, k: int, gather) -> None:
     * `policy/ratio_avg`, `policy/ratio_var`, `objective/num_eos_tokens`: TRL's `val/ratio`, `val/ratio_var`,
       `val/num_eos_tokens` renamed, so that a critic-free run logs no `val/*` key.
     """
+    metrics = dict(metrics)
     for key in ("loss/value_avg", "val/clipfrac_avg"):
         metrics.pop(key, None)
     metrics["policy/ratio_avg"] = metrics.pop("val/ratio")
@@ -303,3 +268,4 @@ def critic_free_metrics(metrics: dict, rollout, stats, k: int, gather) -> None:
     metrics["objective/advantages_abs"] = gather(abs_advantages).mean().item()
     if stats.kl_losses:
         metrics["loss/kl_avg"] = gather(torch.stack(stats.kl_losses).mean()).mean().item()
+    return metrics

@@ -22,7 +22,7 @@ from .turn_credit import (group_turn_advantages, loo_turn_advantages, on_tokens,
                           turn_discounted_returns, turn_returns, turn_sums)
 
 __all__ = ["ESTIMATORS", "Estimate", "Estimator", "EstimatorBatch", "EstimatorSettings", "TurnCredit",
-           "get_estimator", "group_estimators", "register_estimator"]
+           "default_kl_in", "get_estimator", "group_estimators", "register_estimator"]
 
 TurnCredit = Literal["episode", "turn"]
 
@@ -118,6 +118,15 @@ def get_estimator(name: str) -> Estimator:
     if name not in ESTIMATORS:
         raise ValueError(f"advantage_estimator: unknown {name!r}; registered: {', '.join(ESTIMATORS)}")
     return ESTIMATORS[name]
+
+
+def default_kl_in(kl_in: str | None, advantage_estimator: str) -> str | None:
+    """``kl_in`` as set, else the estimator's own (its :attr:`Estimator.kl_in`; None for a name not registered, which
+    the config's choices then refuse): the one statement of that default, for :class:`trl_ext.PPOConfig` and
+    GRPOConfig's mapping."""
+    if kl_in is not None or advantage_estimator not in ESTIMATORS:
+        return kl_in
+    return ESTIMATORS[advantage_estimator].kl_in
 
 
 def group_estimators() -> tuple[str, ...]:

@@ -57,7 +57,7 @@ to the chunk). Each sequence wastes less than one page."""
 
 @dataclass(frozen=True)
 class EngineChoice:
-    """The engine a run uses and why (``trainer.rollout_engine_choice``)."""
+    """The engine a run uses and why (the trainer's ``rollout_engine_choice``)."""
 
     requested: str
     engine: str
@@ -111,34 +111,33 @@ def has_continuous_batching() -> bool:
     return hasattr(ContinuousMixin, "init_continuous_batching")
 
 
-def build_rollout_engine(trainer) -> ContinuousBatchingRollout | None:
+def build_rollout_engine(args, accelerator, prompt_length: int
+                         ) -> tuple[ContinuousBatchingRollout | None, EngineChoice]:
     """Called once by :class:`trl_ext.PPOTrainer` when it is built (after ``local_rollout_forward_batch_size:
-    auto`` is resolved): resolves ``auto``, prints the choice once, keeps it in ``trainer.rollout_engine_choice`` and
-    returns the engine (None for ``generate``: the trainer's own path, unchanged)."""
+    auto`` is resolved; ``prompt_length``: the longest train prompt): resolves ``auto`` and prints the choice once.
+    Returns the engine (None for ``generate``: the trainer's own path, unchanged) and the choice."""
     from ...runtime.engines import zero3_enabled
 
-    args = trainer.args
     stop_token_set = bool(args.stop_token) or args.stop_token_id is not None
     choice = choose_rollout_engine(args.rollout_engine, args.response_length, stop_token_set,
-                                   trainer.accelerator.device.type)
+                                   accelerator.device.type)
     if choice.engine == CONTINUOUS_BATCHING and choice.requested == AUTO and not has_continuous_batching():
         choice = EngineChoice(AUTO, GENERATE, "this transformers has no continuous batching")
     if choice.engine == CONTINUOUS_BATCHING and choice.requested == AUTO and args.repetition_penalty != 1.0:
         choice = EngineChoice(AUTO, GENERATE, "repetition_penalty: the engine has no repetition penalty")
-    if choice.engine == CONTINUOUS_BATCHING and zero3_enabled(trainer.accelerator):
+    if choice.engine == CONTINUOUS_BATCHING and zero3_enabled(accelerator):
         if choice.requested == AUTO:
             choice = EngineChoice(AUTO, GENERATE, "DeepSpeed ZeRO-3")
         else:
             raise UserInputError("rollout_engine: 'continuous_batching' is not supported under DeepSpeed ZeRO-3; "
                                  "use 'generate' or ZeRO-2")
-    trainer.rollout_engine_choice = choice
     if args.rollout_engine != GENERATE:
-        trainer.accelerator.print(choice.describe())
+        accelerator.print(choice.describe())
     if choice.engine == GENERATE:
-        return None
-    prompt_length = max(len(ids) for ids in trainer.train_dataset["input_ids"])
+        return None, choice
     chunk = min(int(args.local_rollout_forward_batch_size), args.local_batch_size)  # generate's largest chunk too
-    return ContinuousBatchingRollout(engine_cache_plan(chunk, prompt_length, args.response_length), args.temperature)
+    plan = engine_cache_plan(chunk, prompt_length, args.response_length)
+    return ContinuousBatchingRollout(plan, args.temperature), choice
 
 
 @dataclass(frozen=True)
@@ -364,16 +363,15 @@ class ContinuousBatchingRollout:
                 logprobs[i, :n] = torch.tensor(output.logprobs, dtype=torch.float32)
         return torch.cat((queries, responses), 1), logprobs, list(manager.logit_processor.logits_processor)
 
-    def generate(self, trainer, policy, queries: torch.Tensor, max_new_tokens: int | None = None,
-                 on_finished=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def generate(self, policy, queries: torch.Tensor, pad_token_id: int, generation_config,
+                 max_new_tokens: int | None = None, on_finished=None) -> tuple[torch.Tensor, torch.Tensor]:
         """One turn of :meth:`trl_ext.PPOTrainer.sample_turn`: ``(query_responses, logprobs)``. ``max_new_tokens``:
-        the trainer's config's unless given (a later turn of a multi-turn episode: the tokens left; the manager and
+        ``generation_config``'s unless given (a later turn of a multi-turn episode: the tokens left; the manager and
         its cache are kept); ``on_finished(row, response)``: called as each row is done."""
-        pad_token_id = trainer.processing_class.pad_token_id
         query_responses, logprobs, processors = self.sample(
-            _generating_model(policy), queries, pad_token_id, trainer.generation_config, on_finished=on_finished,
+            _generating_model(policy), queries, pad_token_id, generation_config, on_finished=on_finished,
             max_new_tokens=max_new_tokens)
-        self.logprobs_from_engine = engine_logprobs_usable(processors, trainer.generation_config, self.temperature)
+        self.logprobs_from_engine = engine_logprobs_usable(processors, generation_config, self.temperature)
         if not self.logprobs_from_engine:
             logprobs = teacher_forced_logprobs(policy, query_responses, queries.shape[1], pad_token_id,
                                                self.temperature, self.plan.chunk)

@@ -21,11 +21,11 @@ from transformers.generation.logits_process import (
 
 from ...runtime.devices import empty_cache
 from ...trl_internals import selective_log_softmax
-from .memory_budget import logprob_slice_rows
-from .sequences import batch_generation
+from ..memory.budget import logprob_slice_rows
+from .sequences import INVALID_LOGPROB, batch_generation, forward
 
 __all__ = ["SampledTokenLogprobs", "SamplingPlan", "sampling_plan", "generate_with_logprobs", "sequence_logits",
-           "response_logprobs", "generate_with_full_scores"]
+           "response_logprobs", "training_forward", "generate_with_full_scores"]
 
 
 def token_logprobs(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -286,6 +286,20 @@ def response_logprobs(model, query_responses: torch.Tensor, context_length: int,
         out.append(selective_log_softmax(part, responses[i : i + rows]))
         del part
     return torch.cat(out, 0)
+
+
+def training_forward(model, query_responses: torch.Tensor, responses: torch.Tensor, padding_mask: torch.Tensor,
+                     pad_token_id: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One micro-batch's forward of the PPO epochs through the policy-and-value ``model``: ``(logits, logprobs,
+    values)``, the logits of the positions that predict a response token alone (as TRL's GRPOTrainer asks for
+    them), divided by ``temperature + 1e-7`` in place; the response tokens' log-probs (``INVALID_LOGPROB`` after
+    each response's end, ``padding_mask``); the value head's output over the whole sequence."""
+    output, values = forward(model, query_responses, pad_token_id, logits_to_keep=responses.shape[1] + 1)
+    logits = output.logits[:, :-1]
+    logits /= temperature + 1e-7
+    logprobs = selective_log_softmax(logits, responses)
+    logprobs = torch.masked_fill(logprobs, padding_mask, INVALID_LOGPROB)
+    return logits, logprobs, values
 
 
 def generate_with_full_scores(model, queries: torch.Tensor, chunk: int, pad_token_id: int,

@@ -1,4 +1,6 @@
-"""The PPO prompt stream: an endless, resumable iterator over the (accelerate-prepared) prompt DataLoader."""
+"""The PPO prompts: an endless, resumable stream over the (accelerate-prepared) prompt DataLoader, and the grouping
+of ``num_samples_per_prompt`` samples of each prompt (a DataLoader of ``local_batch_size / k`` prompts, each prompt
+repeated ``k`` times)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ from typing import Any
 import torch
 
 from ...runtime.epoch_stream import EpochStream
+
+__all__ = ["PromptStream", "grouped_prompt_loader", "repeat_prompts"]
 
 
 class PromptStream(EpochStream):
@@ -77,3 +81,39 @@ class PromptStream(EpochStream):
         self.epoch_rng_state = state["epoch_rng_state"]
         self._iterator = None
         self._pending_fast_forward = True
+
+
+def grouped_prompt_loader(k: int, local_batch_size: int, train_dataset, data_collator, accelerator, seed: int,
+                          local_seed: int):
+    """With ``k = num_samples_per_prompt > 1``: the prompt DataLoader of ``local_batch_size / k`` prompts (prepared)
+    that replaces the parent's (None when ``k`` is 1: the parent's stays).
+
+    Seeded as the parent seeds its own (``seed`` right before ``accelerator.prepare``, then the process's
+    ``local_seed``), so the shuffle is the same on every process and the torch RNG ends where the parent left it.
+    """
+    from torch.utils.data import DataLoader
+
+    if k == 1:
+        return None
+    dataloader = DataLoader(train_dataset, batch_size=local_batch_size // k, shuffle=True, collate_fn=data_collator,
+                            drop_last=True)
+    torch.manual_seed(seed)
+    prepared = accelerator.prepare(dataloader)
+    torch.manual_seed(local_seed)
+    return prepared
+
+
+def repeat_prompts(batch: dict, k: int) -> dict:
+    """Each prompt of a collated batch `k` times in a row (`[p0, p0, p1, p1, ...]` for `k = 2`), its tensors and its
+    list columns (the dataset columns reward functions get) alike."""
+    if k == 1:
+        return batch
+
+    def repeat(value):
+        if torch.is_tensor(value):
+            return value.repeat_interleave(k, dim=0)
+        if isinstance(value, list):
+            return [item for item in value for _ in range(k)]
+        return value
+
+    return {key: repeat(value) for key, value in batch.items()}

@@ -4,7 +4,7 @@ mixed in): one object the trainer's steps call; the contract, the scorer and the
 
 * :func:`prepare_reward_funcs` (before the parent's ``__init__``): the run's rewards and weights, a collator that
   keeps the dataset's columns, and a stand-in reward model for the parent when there is none;
-* :func:`attach_reward_scorer` (after it): models in ``reward_funcs`` to the device, frozen, and the feature's one
+* :func:`build_reward_scoring` (after it): models in ``reward_funcs`` to the device, frozen, and the feature's one
   object, :class:`RewardFunctionScoring` (the :class:`~trl_ext.rewards.scoring.RewardScorer` and its worker pool),
   which the trainer's named steps call (see the class).
 
@@ -25,7 +25,7 @@ from ...rewards.columns import ColumnsCollator, batch_columns
 from ...rewards.metrics import reward_metrics
 from ...rewards.scoring import RewardScorer, build_reward_list
 
-__all__ = ["NoRewardModel", "RewardFunctionScoring", "attach_reward_scorer", "prepare_reward_funcs"]
+__all__ = ["NoRewardModel", "RewardFunctionScoring", "build_reward_scoring", "prepare_reward_funcs"]
 
 
 class NoRewardModel(nn.Module):
@@ -76,38 +76,39 @@ def prepare_reward_funcs(args, processing_class, reward_model, reward_funcs, dat
     return (reward_model if reward_model is not None else NoRewardModel()), data_collator, rewards
 
 
-def attach_reward_scorer(trainer, reward_list) -> "RewardFunctionScoring | None":
-    """After the parent's ``__init__``: the trainer's :class:`RewardFunctionScoring` (None without
-    ``reward_funcs``); puts ``trainer.reward_model`` back to None when the run has reward functions only."""
-    if isinstance(getattr(trainer.reward_model, "module", trainer.reward_model), NoRewardModel):  # also DeepSpeed's
-        trainer.reward_model = None
+def build_reward_scoring(reward_list, reward_model, processing_class, args, accelerator
+                         ) -> tuple["RewardFunctionScoring | None", object]:
+    """After the parent's ``__init__``: the run's :class:`RewardFunctionScoring` (None without ``reward_funcs``) and
+    its reward model as the parent prepared it (``reward_model``), None when the run has reward functions only."""
+    if isinstance(getattr(reward_model, "module", reward_model), NoRewardModel):  # also DeepSpeed's
+        reward_model = None
     if reward_list is None:
-        return None
+        return None, reward_model
     rewards, weights, names = reward_list
-    if trainer.reward_model is not None:
-        rewards = [trainer.reward_model, *rewards[1:]]  # the parent moved it to the device (or DeepSpeed)
+    if reward_model is not None:
+        rewards = [reward_model, *rewards[1:]]  # the parent moved it to the device (or DeepSpeed)
     for i, reward in enumerate(rewards):
-        if isinstance(reward, nn.Module) and reward is not trainer.reward_model:
+        if isinstance(reward, nn.Module) and reward is not reward_model:
             reward.eval()
             reward.requires_grad_(False)
             if not hasattr(reward, "adapter_name"):  # a SharedBaseScalarModel lives on the policy already
-                rewards[i] = reward.to(trainer.accelerator.device)
-    args = trainer.args
-    scorer = RewardScorer(rewards, weights, names, trainer.processing_class, trainer.processing_class.pad_token_id,
+                rewards[i] = reward.to(accelerator.device)
+    scorer = RewardScorer(rewards, weights, names, processing_class, processing_class.pad_token_id,
                           num_workers=args.reward_num_workers, timeout_s=args.reward_timeout_s)
-    if trainer.reward_model is None and args.num_sample_generations > 0:
+    if reward_model is None and args.num_sample_generations > 0:
         warnings.warn(
             "num_sample_generations: TRL's sample generations are scored by a reward model and this run has none; "
             "they are skipped (set log_completions: true for a table of completions and their rewards)",
             stacklevel=3,
         )
-    return RewardFunctionScoring(scorer, trainer.processing_class.pad_token_id, args.num_samples_per_prompt,
-                                 trainer.accelerator.gather_for_metrics)
+    scoring = RewardFunctionScoring(scorer, processing_class.pad_token_id, args.num_samples_per_prompt,
+                                    accelerator.gather_for_metrics)
+    return scoring, reward_model
 
 
 class RewardFunctionScoring:
     """``reward_funcs`` in one trainer: the :class:`~trl_ext.rewards.scoring.RewardScorer` (and its worker pool),
-    built once by :func:`attach_reward_scorer`, called at the trainer's named steps:
+    built once by :func:`build_reward_scoring`, called at the trainer's named steps:
 
     * :meth:`begin` (``sample_and_score``, before generation): the prompt batch's ids and dataset columns;
     * :meth:`submit` (each generated chunk, or each finished row of continuous batching): truncated responses to

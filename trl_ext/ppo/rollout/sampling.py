@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ...config_rules import MappingArgs, help_from_docstring, mapping_field
+from ...field_rules import MappingArgs, help_from_docstring, mapping_field
 
-__all__ = ["SamplingArgs", "NAMED_KEYS", "OWNED_KEYS", "rollout_generation_kwargs", "sample_generation_kwargs",
-           "reshapes_sampling", "generation_kwargs_problem"]
+__all__ = ["SamplingArgs", "NAMED_KEYS", "OWNED_KEYS", "RolloutSampling", "rollout_generation_kwargs",
+           "sample_generation_kwargs", "reshapes_sampling", "generation_kwargs_problem"]
 
 NAMED_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 """Sampling keys that are `PPOConfig` fields: `generation_kwargs` may not set them (one value per knob)."""
@@ -62,7 +62,7 @@ class SamplingArgs(MappingArgs):
             recomputed by one forward of the policy (`log_softmax(logits / temperature)`).
     """
 
-    # ranges: trl_ext.config_rules.RANGES
+    # ranges: trl_ext.field_rules.RANGES
     top_p: float = 1.0
     top_k: int = 0
     min_p: Optional[float] = None
@@ -100,6 +100,24 @@ def reshapes_sampling(args) -> bool:
     return (getattr(args, "top_k", 0) not in (0, None) or getattr(args, "top_p", 1.0) < 1.0
             or getattr(args, "min_p", None) is not None or getattr(args, "repetition_penalty", 1.0) != 1.0
             or bool(getattr(args, "generation_kwargs", None)))
+
+
+@dataclass(frozen=True)
+class RolloutSampling:
+    """The rollout's generation settings, read from the config when ``train()`` starts (the trainer's
+    ``init_data_streams``): ``generate``'s keyword arguments and config, and whether a sampling key reshapes the
+    distribution (:func:`reshapes_sampling`)."""
+
+    kwargs: dict
+    config: Any
+    reshapes: bool
+
+    @classmethod
+    def from_args(cls, args) -> "RolloutSampling":
+        from transformers import GenerationConfig
+
+        kwargs = rollout_generation_kwargs(args)  # TRL's, with the sampling keys
+        return cls(kwargs, GenerationConfig(**kwargs), reshapes_sampling(args))
 
 
 def generation_kwargs_problem(generation_kwargs: dict | None) -> str | None:

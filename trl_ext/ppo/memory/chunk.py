@@ -10,8 +10,8 @@ from functools import partial
 import torch
 
 from ...errors import UserInputError
-from .allocator_margin import allocator_margin, expandable_segments_on, planned_reserved_bytes
-from .memory_budget import GIB, LINEAR_MODULES, MemoryBudget, ModelShape, PPOShape, ppo_memory_budget
+from .budget import (GIB, LINEAR_MODULES, MemoryBudget, ModelShape, PPOShape, allocator_margin, expandable_segments_on,
+                     planned_reserved_bytes, ppo_memory_budget)
 
 __all__ = [
     "AUTO",
@@ -76,7 +76,7 @@ def largest_fitting_chunk(shape: ModelShape, run: PPOShape, target_bytes: int, *
                           at_most: int | None = None, margin=None) -> ChunkChoice:
     """The largest ``rollout_chunk`` in ``1..run.batch`` whose :func:`ppo_memory_budget` peak is ``<= target_bytes``
     (or ``at_most`` if that is smaller). ``margin``: None, or ``chunk -> float``, the caching allocator's margin
-    (:mod:`trl_ext.ppo.rollout.allocator_margin`): the peak planned is then the reserved one.
+    (:mod:`trl_ext.ppo.memory.budget`): the peak planned is then the reserved one.
 
     Raises:
         UserInputError: if even a chunk of 1 does not fit (the message names ``target_name``).
@@ -144,7 +144,7 @@ def run_shape_from_models(policy, args, prompt_length: int) -> tuple[ModelShape,
     peft_config = getattr(policy, "peft_config", None)
     if not peft_config:
         raise UserInputError(
-            "local_rollout_forward_batch_size: 'auto' needs a LoRA policy (trl_ext.ppo.rollout.memory_budget models LoRA "
+            "local_rollout_forward_batch_size: 'auto' needs a LoRA policy (trl_ext.ppo.memory.budget models LoRA "
             "runs); give an integer for a policy trained in full"
         )
     lora = peft_config[getattr(policy, "active_adapter", None) or next(iter(peft_config))]
@@ -178,22 +178,21 @@ def run_shape_from_models(policy, args, prompt_length: int) -> tuple[ModelShape,
     return shape, run
 
 
-def resolve_auto_rollout_chunk(trainer) -> ChunkChoice:
-    """Choose ``trainer.args.local_rollout_forward_batch_size`` for ``"auto"`` and write it into ``trainer.args``.
+def resolve_auto_rollout_chunk(args, accelerator, policy, prompt_length: int, *, shared: bool, value_model: bool,
+                               reward_model: bool) -> ChunkChoice:
+    """Choose ``args.local_rollout_forward_batch_size`` for ``"auto"`` and write it into ``args`` (once, before
+    anything reads it).
 
-    Called once by :class:`trl_ext.PPOTrainer` after its models are prepared. Under several processes every process
-    takes the smallest of their choices (the scoring passes must run as many forward calls on each rank).
+    Called once by :class:`trl_ext.PPOTrainer` after its models are prepared: ``policy`` (unwrapped), the longest
+    train prompt, whether policy, reward and value model share a base, whether the run has a value model and a reward
+    model. Under several processes every process takes the smallest of their choices (the scoring passes must run as
+    many forward calls on each rank).
     """
-    args = trainer.args
-    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
-    policy = getattr(unwrapped, "policy", unwrapped)
-    lengths = [len(ids) for ids in trainer.train_dataset["input_ids"]]
-    shape, run = run_shape_from_models(policy, args, max(lengths))
-    accelerator = trainer.accelerator
+    shape, run = run_shape_from_models(policy, args, prompt_length)
     kwargs = dict(
-        shared=bool(getattr(trainer, "shared_base", False)),
-        value_model=trainer.critic.has_value_model,  # critic-free runs hold a parameterless stand-in, no value model
-        reward_model=trainer.reward_model is not None,  # reward functions only: none (models among them: not counted)
+        shared=shared,
+        value_model=value_model,  # critic-free runs hold a parameterless stand-in, no value model
+        reward_model=reward_model,  # reward functions only: none (models among them: not counted)
         target_name="max_memory_gib" if args.max_memory_gib is not None else "the device's free memory",
     )
     target = memory_target_bytes(args.max_memory_gib, accelerator.device)

@@ -1,5 +1,5 @@
 """The rules every trl-ext config checks about each of its own fields, when it is constructed. How it works:
-docs/internals.md#config-rules."""
+docs/internals.md#field-rules."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ RANGES: dict[str, str] = {
     "min_p": "[0, 1]",
     "repetition_penalty": "(0, inf)",
     # local_rollout_forward_batch_size (an int or "auto") is checked by its own argparse type,
-    # trl_ext.ppo.rollout.chunk.rollout_chunk_value
+    # trl_ext.ppo.memory.chunk.rollout_chunk_value
 }
 
 MODEL_PREFIXES = ("reward_", "value_")

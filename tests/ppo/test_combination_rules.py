@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO = yaml.safe_load((ROOT / "recipes" / "demo" / "ppo.yaml").read_text())
 
 # (settings added to the demo recipe, the key the refusal names). Every PPOConfig key with a rule of its own is here
-# (ranges and choices: trl_ext.config_rules; combinations: trl_ext.ppo.config_rules), with the issue's examples.
+# (ranges and choices: trl_ext.field_rules; combinations: trl_ext.ppo.combination_rules), with the issue's examples.
 CASES = [
     # the issue's examples
     (dict(num_mini_batches=3), "num_mini_batches"),
@@ -131,12 +131,12 @@ def python_refusal(tmp_path, settings) -> str:
 def test_the_table_holds_every_rule_and_the_issues_examples():
     assert len(CASES) >= 40
     named = {key for _, key in CASES}
-    # every key checked by a rule of trl_ext.ppo.config_rules, and every trl-ext field with a range or choices
+    # every key checked by a rule of trl_ext.ppo.combination_rules, and every trl-ext field with a range or choices
     assert {"num_mini_batches", "whiten_rewards", "stop_token", "num_train_epochs", "local_rollout_forward_batch_size",
             "num_samples_per_prompt", "kl_in", "dual_clip", "delta", "use_bias_correction_kl",
             "mask_truncated_completions", "dynamic_sampling", "reward_timeout_s", "rollout_cuda_graphs",
             "generation_kwargs", "repetition_penalty", "critic_warmup"} <= named
-    from trl_ext.config_rules import key_specs
+    from trl_ext.field_rules import key_specs
     from trl_ext.ppo.base import ParentPPOConfig
 
     import trl_ext

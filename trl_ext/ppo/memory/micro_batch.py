@@ -1,21 +1,19 @@
-"""``train_micro_batch_size``: how many sequences each forward/backward of the PPO epochs takes. How it works:
-docs/ppo-internals.md#micro-batches-of-the-ppo-epochs."""
+"""``train_micro_batch_size``: how many sequences each forward/backward of the PPO epochs takes: its value, and
+``auto``, the largest micro-batch whose training phase fits the memory target (how the update stays the same at any
+micro-batch: :func:`trl_ext.ppo.optimize_loop.micro_batch_weights`). How it works: docs/ppo-internals.md#micro-batches-of-the-ppo-epochs."""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
-from ..errors import UserInputError
-from .rollout.allocator_margin import allocator_margin, expandable_segments_on
-from .rollout.memory_budget import DEVICE_OVERHEAD_BYTES, GIB, ppo_memory_budget
-from .objective.objectives import global_token_normalizer, loss_mask
-from .rollout.chunk import AUTO, positive_int_or_auto
+from ...errors import UserInputError
+from .budget import DEVICE_OVERHEAD_BYTES, GIB, allocator_margin, expandable_segments_on, ppo_memory_budget
+from .chunk import AUTO, memory_target_bytes, positive_int_or_auto, run_shape_from_models
 
-__all__ = ["AUTO", "MicroBatchWeights", "balanced_micro_batch", "largest_fitting_micro_batch", "micro_batch_value",
-           "micro_batch_weights", "objective_for_micro_batches", "resolve_train_micro_batch"]
+__all__ = ["balanced_micro_batch", "largest_fitting_micro_batch", "micro_batch_value", "resolve_train_micro_batch"]
 
 KEY = "train_micro_batch_size"
 
@@ -35,7 +33,7 @@ def largest_fitting_micro_batch(shape, run, target_bytes: int, *, shared: bool, 
                                 margin: float = 1.0) -> int:
     """The largest micro-batch in ``1..run.batch`` (one mini-batch) whose budget of the training phase plus the
     persistent memory and the device overhead (:func:`ppo_memory_budget` with ``micro_batch`` = it; the allocator's
-    part times ``margin``, :mod:`trl_ext.ppo.rollout.allocator_margin`) is ``<= target_bytes``. Raises UserInputError
+    part times ``margin``, :mod:`trl_ext.ppo.memory.budget`) is ``<= target_bytes``. Raises UserInputError
     (naming ``target_name``) when even 1 does not fit."""
 
     def need(micro: int) -> int:
@@ -62,29 +60,23 @@ def balanced_micro_batch(largest: int, mini_batch: int) -> int:
     return -(-mini_batch // passes)
 
 
-def resolve_train_micro_batch(trainer) -> int:
-    """The micro-batch of ``trainer``'s PPO epochs (``train_micro_batch_size``; ``"auto"`` chosen once, printed,
-    kept in ``trainer.train_micro_batch``). Under several processes each takes the smallest of their choices."""
-    if getattr(trainer, "train_micro_batch", None):
-        return trainer.train_micro_batch
-    from .rollout.chunk import memory_target_bytes, run_shape_from_models
-
-    args, accelerator = trainer.args, trainer.accelerator
+def resolve_train_micro_batch(args, accelerator, policy, prompt_length: int, *, shared: bool, value_model: bool,
+                              reward_model: bool) -> int:
+    """The micro-batch of the PPO epochs (``train_micro_batch_size``; ``"auto"`` chosen and printed: from the
+    unwrapped ``policy``, the longest train prompt and which models the run holds, as the rollout chunk's
+    :func:`~trl_ext.ppo.memory.chunk.resolve_auto_rollout_chunk`). Under several processes each takes the smallest
+    of their choices."""
     if accelerator.distributed_type.value == "DEEPSPEED":
         raise UserInputError(f"{KEY}: not supported under DeepSpeed (its engine counts the accumulation steps); "
                              "use per_device_train_batch_size and gradient_accumulation_steps")
     micro = args.train_micro_batch_size
     if micro == AUTO:
-        unwrapped = accelerator.unwrap_model(trainer.model)
-        policy = getattr(unwrapped, "policy", unwrapped)
-        prompt = max(len(ids) for ids in trainer.train_dataset["input_ids"])
-        shape, run = run_shape_from_models(policy, args, prompt)
+        shape, run = run_shape_from_models(policy, args, prompt_length)
         run = replace(run, batch=args.local_mini_batch_size,
                       rollout_chunk=int(args.local_rollout_forward_batch_size))
         micro = largest_fitting_micro_batch(
             shape, run, memory_target_bytes(args.max_memory_gib, accelerator.device),
-            shared=bool(getattr(trainer, "shared_base", False)), value_model=trainer.critic.has_value_model,
-            reward_model=trainer.reward_model is not None,
+            shared=shared, value_model=value_model, reward_model=reward_model,
             target_name="max_memory_gib" if args.max_memory_gib is not None else "the device's free memory",
             margin=allocator_margin(run.rollout_chunk, device_type=accelerator.device.type,
                                     expandable_segments=expandable_segments_on()))
@@ -93,39 +85,4 @@ def resolve_train_micro_batch(trainer) -> int:
         micro = balanced_micro_batch(micro, args.local_mini_batch_size)
         accelerator.print(f"{KEY}: auto -> {micro} (the fewest passes whose training phase fits beside the "
                           "persistent memory, as even as they go)")
-    trainer.train_micro_batch = min(int(micro), args.local_mini_batch_size)
-    return trainer.train_micro_batch
-
-
-@dataclass
-class MicroBatchWeights:
-    """Per micro-batch of one mini-batch: the weight of the policy terms (policy loss, KL and entropy terms), of the
-    value loss and of the joint ptx loss, and the ``token_normalizer`` under a token-level aggregation."""
-
-    policy: list
-    value: list
-    ptx: float
-    token_normalizer: torch.Tensor | None
-
-
-def micro_batch_weights(rollout, inds, spans, cfg, accelerator=None) -> MicroBatchWeights:
-    """The weights of the module docstring for the mini-batch ``inds`` cut into ``spans`` (``(start, end)``
-    positions in ``inds``); ``cfg``: the objective (its ``loss_aggregation``)."""
-    total = len(inds)
-    value_tokens = (~rollout.padding_mask_p1[inds]).sum(dim=1).float()
-    value_total = value_tokens.sum().clamp(min=1)
-    value = [value_tokens[lo:hi].sum() / value_total for lo, hi in spans]
-    if cfg.loss_aggregation in ("token_mean", "global_token_mean"):
-        mask = loss_mask(rollout.padding_mask[inds], rollout.contain_eos_token[inds], cfg)
-        return MicroBatchWeights([1.0] * len(spans), value, 1 / len(spans),
-                                 global_token_normalizer(mask, 1, accelerator))
-    return MicroBatchWeights([(hi - lo) / total for lo, hi in spans], value, 1 / len(spans), None)
-
-
-def objective_for_micro_batches(objective, args):
-    """The trainer's objective (:class:`~trl_ext.ppo.objective.objectives.ObjectiveConfig`) under ``args``: with
-    ``train_micro_batch_size`` set, ``token_mean`` normalises by the mini-batch's token count (``global_token_mean``,
-    module docstring); otherwise unchanged."""
-    if args.train_micro_batch_size is not None and objective.loss_aggregation == "token_mean":
-        return replace(objective, loss_aggregation="global_token_mean")
-    return objective
+    return min(int(micro), args.local_mini_batch_size)

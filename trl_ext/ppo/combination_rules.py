@@ -9,7 +9,7 @@ from ..errors import UserInputError
 from ..runtime.engines import DEEPSPEED, FSDP, launched_engine, launched_gradient_clipping, launched_zero3
 from .evaluation import evaluation_on
 from .objective.estimators import ESTIMATORS, get_estimator, group_estimators
-from .rollout.chunk import AUTO
+from .memory.chunk import AUTO
 from .rollout.sampling import generation_kwargs_problem
 
 __all__ = ["check_eval_inputs", "check_evaluation", "check_launch", "check_combinations", "check_trainer_inputs",
@@ -114,8 +114,8 @@ def check_sampling(args) -> None:
 
 def check_advantage_estimator(args) -> None:
     """The estimator's keys and the critic's (``critic_warmup``): combinations that make sense (before any model is
-    loaded), each from what the estimator's registration says (:mod:`.objective.estimators`); sets the default
-    kl_in."""
+    loaded), each from what the estimator's registration says (:mod:`.objective.estimators`); ``kl_in`` as the
+    config resolved it (:func:`~.objective.estimators.default_kl_in`)."""
     name, k = args.advantage_estimator, args.num_samples_per_prompt
     estimator = get_estimator(name)
     local_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps
@@ -129,8 +129,6 @@ def check_advantage_estimator(args) -> None:
             f"num_samples_per_prompt: advantage_estimator {name!r} compares the samples of a prompt and needs "
             f"at least 2, got {k}"
         )
-    if args.kl_in is None:
-        args.kl_in = estimator.kl_in
     if estimator.value_model and args.kl_in != "reward":
         raise UserInputError(f"kl_in: 'loss' needs a critic-free advantage_estimator; {name} takes 'reward'")
     if args.turn_credit == "turn" and not estimator.turn_credit:

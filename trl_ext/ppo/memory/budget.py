@@ -1,13 +1,21 @@
 """Memory budget of a PPO run on one device: the bytes each part holds (what stays all run, and the rollout, scoring
-and training phases), from the model's shape and the run's settings. What it counts and assumes: docs/ppo-memory.md,
-"What the budget counts"; checked by ``benchmarks/ppo_memory.py`` and ``tests/ppo/test_memory_budget.py``."""
+and training phases), from the model's shape and the run's settings, and the caching allocator's margin (what a CUDA
+run reserves beyond the peak the budget predicts it allocates, a line through two measurements; off CUDA 1.0). What
+it counts and assumes: docs/ppo-memory.md, "What the budget counts"; checked by ``benchmarks/ppo_memory.py``,
+``tests/ppo/test_memory_budget.py`` and ``tests/ppo/test_allocator_margin.py``."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
+
+from ...runtime.cuda_memory import ALLOC_CONF_ENV, EXPANDABLE_SEGMENTS
 
 __all__ = [
     "DEVICE_OVERHEAD_BYTES",
+    "allocator_margin",
+    "expandable_segments_on",
+    "planned_reserved_bytes",
     "LINEAR_MODULES",
     "LLAMA_3_8B",
     "LOGIT_COPIES",
@@ -455,3 +463,31 @@ def budget_table(budgets: list[MemoryBudget], limit_gib: float = 24.0) -> str:
     lines.append(f"| fits {limit_gib:g} GiB? | "
                  + " | ".join("yes" if b.fits(limit_gib * GIB) else "no" for b in budgets) + " |")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- the caching allocator's margin
+
+MARGIN_INTERCEPT = 1.077
+MARGIN_PER_CHUNK = 0.0079
+ENGINE_EXTRA = 0.34
+EXPANDABLE_MARGIN = 1.05
+
+
+def expandable_segments_on(environ=os.environ) -> bool:
+    """``PYTORCH_CUDA_ALLOC_CONF`` turns expandable segments on."""
+    return EXPANDABLE_SEGMENTS.lower() in environ.get(ALLOC_CONF_ENV, "").replace(" ", "").lower()
+
+
+def allocator_margin(chunk: int, *, device_type: str, expandable_segments: bool,
+                     continuous_batching: bool = False) -> float:
+    """Reserved / allocated peak planned for a run on ``device_type`` at rollout ``chunk`` (module docstring)."""
+    if device_type != "cuda":
+        return 1.0
+    if expandable_segments:
+        return EXPANDABLE_MARGIN
+    return MARGIN_INTERCEPT + MARGIN_PER_CHUNK * chunk + (ENGINE_EXTRA if continuous_batching else 0.0)
+
+
+def planned_reserved_bytes(budget: MemoryBudget, margin: float) -> int:
+    """The whole-process peak planned: the allocator's part of ``budget.peak`` times ``margin``, plus the overhead."""
+    return int(DEVICE_OVERHEAD_BYTES + (budget.peak - DEVICE_OVERHEAD_BYTES) * margin)
