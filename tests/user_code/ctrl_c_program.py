@@ -82,6 +82,9 @@ workers._prepare_worker_process = prepare_worker_process
 os.register_at_fork(after_in_child=just_forked)
 
 if __name__ == "__main__":
+    # A program run from a terminal: Python raises KeyboardInterrupt on SIGINT, which it would not do where the test
+    # runs as a background job (started by a shell with `&`, which then ignores SIGINT, as does this program).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if POINT == "during_a_call_taken_by_another_thread":
         threading.Thread(target=ctrl_c_taken_by_another_thread, daemon=True).start()
     pool = workers.FunctionPool([call_that_hangs], num_workers=2, start_method=sys.argv[1])
