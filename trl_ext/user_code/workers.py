@@ -87,12 +87,17 @@ def _wait(event: threading.Event) -> None:
         event.wait()
 
 
-def _block_sigint() -> None:
-    """Block SIGINT in the calling thread (the pool's dispatcher, which forks every worker): Ctrl-C goes to another
-    thread, and a worker starts with SIGINT blocked, so that a Ctrl-C during its start stays pending until
+def _block_sigint(start_method: str) -> None:
+    """Block SIGINT in the calling thread (the pool's dispatcher, before it starts a worker): Ctrl-C goes to another
+    thread, and the worker starts with SIGINT blocked, so that a Ctrl-C during its start stays pending until
     _prepare_worker_process has made the worker ignore it (which discards it)."""
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    if not hasattr(signal, "pthread_sigmask"):
+        return
+    if start_method != "fork":  # the first spawn launches multiprocessing's resource tracker, which then unblocks
+        from multiprocessing import resource_tracker  # SIGINT in the launching thread (CPython 3.11): launch it first
+
+        resource_tracker.ensure_running()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -243,7 +248,8 @@ class _PoolCore:
         # collection may close the pool in the dispatcher thread itself.
         self.start_lock = threading.RLock()
         self.queue: collections.deque = collections.deque()
-        self.closed = False
+        self.closed = False  # no more calls, no more workers
+        self.stopped = False  # closed, and the workers killed
         self.broken: str | None = None
         self.wake_pending = False
         self.start_failures = 0
@@ -280,6 +286,7 @@ class _PoolCore:
         process = self.ctx.Process(
             target=_worker_main, args=(child_conn, funcs, os.getpid(), inherited), name="function-worker", daemon=False
         )
+        _block_sigint(self.ctx.get_start_method())
         process.start()
         child_conn.close()
         return _Worker(process, parent_conn)
@@ -347,7 +354,6 @@ class _PoolCore:
     # -- the dispatcher thread
     def dispatch_forever(self) -> None:
         try:
-            _block_sigint()
             for _ in range(self.num_workers):
                 if not self.add_worker():
                     break
@@ -444,27 +450,29 @@ class _PoolCore:
         if os.getpid() != self.owner_pid:  # a forked copy of the parent exiting: the workers are not its own
             return
         with self.start_lock, self.lock:
-            if self.closed:
+            if self.stopped:
                 return
-            self.closed = True
-            queued = [call for call, _ in self.queue]
-            self.queue.clear()
-        self.exit_hook.cancel()
+            self.closed = True  # a close cut short by a Ctrl-C is redone by the next (the exit hook's at the latest)
         for worker in list(self.workers):
             _kill(worker.process)
         self.wake()
         if threading.current_thread() is not self.thread and self.thread.ident is not None:  # started
             self.thread.join(timeout=10)
-        for worker in self.workers:
+        for worker in list(self.workers):
             _kill(worker.process)
             worker.process.join(timeout=5)
             worker.conn.close()
             if worker.call is not None:
                 worker.call._resolve(CallResult("error", None, "the worker pool was closed during the call"))
+        with self.lock:
+            queued = [call for call, _ in self.queue]
+            self.queue.clear()
         for call in queued:
             call._resolve(CallResult("error", None, "the worker pool was closed before the call started"))
         self.wake_r.close()
         self.wake_w.close()
+        self.stopped = True
+        self.exit_hook.cancel()
 
 
 class FunctionPool:
