@@ -37,7 +37,7 @@ MODULES = {  # module under trl_ext/ -> the test files that own its behaviour (f
     "ppo/objective/critic.py": ["tests/ppo/test_critic_free.py"],
     "ppo/objective/kl_controllers.py": ["tests/ppo/test_ppo_math.py", "tests/ppo/test_critic_free.py"],
     "rewards/scoring.py": ["tests/rewards/test_reward_contract.py"],
-    "user_code/workers.py": ["tests/user_code/test_workers.py"],
+    "user_code/workers.py": ["tests/user_code/test_workers.py", "tests/user_code/test_worker_interrupts.py"],
     "runtime/nonfinite.py": ["tests/runtime/test_nonfinite_policy.py"],
     "ppo/objective/action_gae.py": ["tests/ppo/test_action_gae.py"],
     "ppo/episodes/tool_calls.py": ["tests/ppo/test_tool_calls.py"],

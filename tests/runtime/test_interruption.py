@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 
 import pytest
 from datasets import Dataset
@@ -140,16 +143,35 @@ def test_nan_loss_stops_the_reward_trainer_with_the_state_before_the_step(tiny_m
 
 
 def test_a_second_ctrl_c_interrupts_at_once():
+    """The signals are raised with signal.raise_signal, whose handler has run when it returns (os.kill's may run
+    later, on a loaded machine after the pytest.raises block has closed, or in another thread)."""
+    # Python's own handler, as in a program run from a terminal (pytest run as a background job ignores SIGINT)
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
     watcher = SignalWatcher()
-    previous = signal.getsignal(signal.SIGINT)
-    watcher.install()
     try:
-        os.kill(os.getpid(), signal.SIGINT)  # recorded, nothing raised
+        watcher.install()
+        signal.raise_signal(signal.SIGINT)  # recorded, nothing raised
         assert watcher.signum == signal.SIGINT
         with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)
-            for _ in range(1000):  # the handler runs between bytecodes
-                pass
+            signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back by the second signal
     finally:
         watcher.uninstall()
-    assert signal.getsignal(signal.SIGINT) is previous
+        signal.signal(signal.SIGINT, outer)
+
+
+def test_a_second_sigterm_with_no_handler_before_ends_the_process_at_once():
+    """Where SIGTERM had its default action, the second one restores it and raises it: the process ends there."""
+    program = textwrap.dedent("""
+        import signal
+        from trl_ext.runtime.interruption import SignalWatcher
+
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # whatever the test's runner left
+        SignalWatcher().install()
+        signal.raise_signal(signal.SIGTERM)
+        print("recorded", flush=True)
+        signal.raise_signal(signal.SIGTERM)
+        print("still running", flush=True)
+    """)
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False)
+    assert (proc.returncode, proc.stdout) == (-signal.SIGTERM, "recorded\n"), proc.stderr

@@ -1,4 +1,5 @@
-"""FunctionPool: results, async functions, timeouts, errors, crashes, recorders, concurrency, close, Ctrl-C.
+"""FunctionPool: results, async functions, timeouts, errors, crashes, recorders, concurrency, close (Ctrl-C:
+test_worker_interrupts.py).
 
 Every test is bounded: a call that would hang has a timeout, and the tests never assert on timing.
 """
@@ -8,15 +9,12 @@ import multiprocessing
 import os
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
 from trl_ext.user_code.workers import CallResult, FunctionPool
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 # Reward functions (module level, so that the spawn test can pickle them by reference)
@@ -290,30 +288,6 @@ def test_a_dispatcher_failure_resolves_the_running_call_with_its_reason(monkeypa
     with FunctionPool([sleep_then_answer], num_workers=1, timeout_s=30) as pool:
         result = pool.submit(0, {"completions": ["0.1"]}).result()
     assert (result.status, result.message) == ("error", "the worker pool's dispatcher failed: RuntimeError: boom")
-
-
-def test_ctrl_c_in_the_parent_leaves_no_worker_behind(tmp_path):
-    """Ctrl-C goes to the foreground process group, which the workers are not in (each leads its own, and ignores
-    SIGINT): the parent's KeyboardInterrupt ends the program and the pool's exit hook kills the workers (the one
-    stuck in a call too)."""
-    script = tmp_path / "interrupted.py"
-    script.write_text(textwrap.dedent("""
-        import os, signal, sys, threading, time
-        from trl_ext.user_code.workers import FunctionPool
-
-        pool = FunctionPool([lambda **kw: time.sleep(60)], num_workers=2)
-        print(*[w.process.pid for w in pool._core.workers], flush=True)
-        call = pool.submit(0, {})
-        threading.Timer(0.3, lambda: os.killpg(0, signal.SIGINT)).start()
-        call.result()
-    """))
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=30,
-                          check=False, start_new_session=True)  # its own process group: the SIGINT stays there
-    assert proc.returncode != 0 and "KeyboardInterrupt" in proc.stderr, proc.stderr
-    workers = [int(pid) for pid in proc.stdout.split()]
-    assert len(workers) == 2 and all(_wait_gone(pid) for pid in workers)
-    assert proc.stderr.count("KeyboardInterrupt") == 1  # the workers printed nothing
 
 
 def test_bad_arguments():

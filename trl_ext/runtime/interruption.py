@@ -3,7 +3,6 @@ works: docs/internals.md#interruption."""
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import warnings
@@ -76,7 +75,7 @@ class SignalWatcher:
         if callable(previous):
             previous(signum, frame)
         elif previous != signal.SIG_IGN:
-            os.kill(os.getpid(), signum)
+            signal.raise_signal(signum)  # its default action, now: ends the process before this returns
 
 
 class InterruptionCallback(TrainerCallback):

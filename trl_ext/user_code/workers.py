@@ -9,6 +9,7 @@ import asyncio
 import collections
 import inspect
 import multiprocessing
+import multiprocessing.util
 import os
 import pickle
 import signal
@@ -27,6 +28,9 @@ RECORDER_KEYS = ("log_extra", "log_metric")
 # A worker that dies before it has run a single call this many times in a row means workers cannot start (e.g. a
 # function that cannot be unpickled under spawn): the pool stops replacing them and fails its calls instead.
 MAX_START_FAILURES = 3
+# The main thread waits for a call (or the pool's start) in slices this long, so that a Ctrl-C the kernel handed to
+# another thread raises its KeyboardInterrupt within one slice (see _wait).
+INTERRUPT_CHECK_S = 0.1
 
 
 @dataclass
@@ -63,13 +67,37 @@ class PendingCall:
         return self._event.is_set()
 
     def result(self) -> CallResult:
-        self._event.wait()
+        _wait(self._event)
         return self._result
 
     def _resolve(self, result: CallResult) -> None:
         if not self._event.is_set():
             self._result = result
             self._event.set()
+
+
+def _wait(event: threading.Event) -> None:
+    """``event.wait()`` that Ctrl-C interrupts. Python runs signal handlers in the main thread, but the kernel may
+    hand SIGINT to any thread that does not block it; a main thread blocked on a lock then waits on, its
+    KeyboardInterrupt pending, until the lock is released. Waking every INTERRUPT_CHECK_S lets the handler run."""
+    if threading.current_thread() is threading.main_thread():
+        while not event.wait(INTERRUPT_CHECK_S):
+            pass
+    else:
+        event.wait()
+
+
+def _block_sigint(start_method: str) -> None:
+    """Block SIGINT in the calling thread (the pool's dispatcher, before it starts a worker): Ctrl-C goes to another
+    thread, and the worker starts with SIGINT blocked, so that a Ctrl-C during its start stays pending until
+    _prepare_worker_process has made the worker ignore it (which discards it)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return
+    if start_method != "fork":  # the first spawn launches multiprocessing's resource tracker, which then unblocks
+        from multiprocessing import resource_tracker  # SIGINT in the launching thread (CPython 3.11): launch it first
+
+        resource_tracker.ensure_running()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -89,11 +117,15 @@ def _set_parent_death_signal() -> None:
 
 
 def _prepare_worker_process(parent_pid: int, inherited: list) -> None:
+    # SIGINT is blocked from the fork (or exec) until here, so no Ctrl-C has reached Python code yet: ignore it
+    # (which also drops one pending), leave the terminal's process group, and only then unblock it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         os.setpgid(0, 0)  # own process group: a kill on timeout also reaches the verifier's subprocesses
     except OSError:
         pass
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # the verifier's subprocesses get the usual mask
     for conn in inherited:  # the parent's ends of the other workers' pipes, inherited through fork
         try:
             conn.close()
@@ -211,8 +243,13 @@ class _PoolCore:
         self.funcs_payload = funcs_payload  # spawn: pickled by reference
         self.timeout_s = timeout_s
         self.lock = threading.Lock()
+        # Held while a worker is forked and entered in self.workers, and while close() marks the pool closed: no
+        # worker starts after close() has marked it, so close() kills every worker there is. Reentrant: garbage
+        # collection may close the pool in the dispatcher thread itself.
+        self.start_lock = threading.RLock()
         self.queue: collections.deque = collections.deque()
-        self.closed = False
+        self.closed = False  # no more calls, no more workers
+        self.stopped = False  # closed, and the workers killed
         self.broken: str | None = None
         self.wake_pending = False
         self.start_failures = 0
@@ -225,8 +262,15 @@ class _PoolCore:
         self.start_error: BaseException | None = None
         self.num_workers = num_workers
         self.thread = threading.Thread(target=self.dispatch_forever, name="FunctionPool", daemon=True)
-        self.thread.start()
-        self.started.wait()
+        # Closed at interpreter exit before multiprocessing joins its children (it would wait forever on workers),
+        # also when a Ctrl-C lands before the FunctionPool owning this core exists.
+        self.exit_hook = multiprocessing.util.Finalize(None, self.close, exitpriority=100)
+        try:
+            self.thread.start()
+            _wait(self.started)
+        except BaseException:  # Ctrl-C while the workers start: none may outlive it
+            self.close()
+            raise
         if self.start_error is not None:
             self.close()
             raise self.start_error
@@ -242,9 +286,23 @@ class _PoolCore:
         process = self.ctx.Process(
             target=_worker_main, args=(child_conn, funcs, os.getpid(), inherited), name="function-worker", daemon=False
         )
+        _block_sigint(self.ctx.get_start_method())
         process.start()
         child_conn.close()
         return _Worker(process, parent_conn)
+
+    def add_worker(self, index: int | None = None) -> bool:
+        """Start a worker in self.workers[index] (in place of a retired one) or at the end; False if the pool is
+        closed (then nothing starts)."""
+        with self.start_lock:
+            if self.closed:
+                return False
+            worker = self.start_worker()
+            if index is None:
+                self.workers.append(worker)
+            else:
+                self.workers[index] = worker
+            return True
 
     def retire(self, worker: _Worker) -> None:
         """Kill a worker (if still alive), reap it, and put a fresh one in its place unless the pool is closing."""
@@ -262,7 +320,8 @@ class _PoolCore:
                 self.fail_everything(f"worker processes keep dying before their first call "
                                      f"({MAX_START_FAILURES} in a row; the last: {_how_it_died(worker.process)})")
             return
-        self.workers[index] = self.start_worker()
+        if not self.add_worker(index):
+            self.workers.pop(index)
 
     def fail_everything(self, reason: str) -> None:
         with self.lock:
@@ -296,7 +355,8 @@ class _PoolCore:
     def dispatch_forever(self) -> None:
         try:
             for _ in range(self.num_workers):
-                self.workers.append(self.start_worker())
+                if not self.add_worker():
+                    break
         except BaseException as exc:  # noqa: BLE001 - handed to the constructor
             self.start_error = exc
             return
@@ -389,27 +449,30 @@ class _PoolCore:
     def close(self) -> None:
         if os.getpid() != self.owner_pid:  # a forked copy of the parent exiting: the workers are not its own
             return
-        with self.lock:
-            if self.closed:
+        with self.start_lock, self.lock:
+            if self.stopped:
                 return
-            self.closed = True
-            queued = [call for call, _ in self.queue]
-            self.queue.clear()
+            self.closed = True  # a close cut short by a Ctrl-C is redone by the next (the exit hook's at the latest)
         for worker in list(self.workers):
             _kill(worker.process)
         self.wake()
-        if threading.current_thread() is not self.thread:
+        if threading.current_thread() is not self.thread and self.thread.ident is not None:  # started
             self.thread.join(timeout=10)
-        for worker in self.workers:
+        for worker in list(self.workers):
             _kill(worker.process)
             worker.process.join(timeout=5)
             worker.conn.close()
             if worker.call is not None:
                 worker.call._resolve(CallResult("error", None, "the worker pool was closed during the call"))
+        with self.lock:
+            queued = [call for call, _ in self.queue]
+            self.queue.clear()
         for call in queued:
             call._resolve(CallResult("error", None, "the worker pool was closed before the call started"))
         self.wake_r.close()
         self.wake_w.close()
+        self.stopped = True
+        self.exit_hook.cancel()
 
 
 class FunctionPool:
