@@ -456,6 +456,20 @@ def child_result(result: dict) -> None:
 # ---------------------------------------------------------------- output
 
 
+#: Two-sided 95 % quantiles of Student's t for 1-30 degrees of freedom (beyond: the normal's 1.96).
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+def paired_interval(differences: list[float]) -> dict:
+    """Mean of paired differences with its 95 % t interval (none for one pair) and how many are below zero."""
+    n, mean = len(differences), statistics.fmean(differences)
+    t = T975[n - 2] if 2 <= n <= len(T975) + 1 else 1.96
+    half = t * statistics.stdev(differences) / n ** 0.5 if n > 1 else float("nan")
+    return {"n": n, "mean": mean, "low": mean - half, "high": mean + half,
+            "below_zero": sum(d < 0 for d in differences)}
+
+
 def seed_spread(values) -> str:
     """A study table's cell for one variant's per-seed results: ``"mean ± sd (a / b / c)"``, three decimals (sd 0
     for a single seed)."""

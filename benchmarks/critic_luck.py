@@ -35,9 +35,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import (key_values, load_average, logged, print_table, pyplot_into, quiet_timed,  # noqa: E402
-                     rl_trainer_from_sft, save_figure, seed_spread, setup_env, study_parser, study_work,
-                     train_recipe, write_result)
+from _common import (key_values, load_average, logged, paired_interval, print_table, pyplot_into,  # noqa: E402
+                     quiet_timed, rl_trainer_from_sft, save_figure, seed_spread, setup_env, study_parser,
+                     study_work, train_recipe, write_result)
 from tool_use import K, RL_SETTINGS  # noqa: E402
 from turn_credit import CRITIC, QUIZ_RL, rounds_right_callback  # noqa: E402
 
@@ -78,7 +78,7 @@ def sft(work: Path, *, max_steps: int | None = None, seed: int = 0, train: int =
 
 
 def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rounds: int, updates: int, seed: int,
-             overrides: dict, pretrain_updates: int = PRETRAIN_UPDATES) -> dict:
+             overrides: dict, pretrain_updates: int = PRETRAIN_UPDATES, shown: bool = True) -> dict:
     """One RL run from ``<work>/sft_dice``: its settings, seconds, per-update curves, held-out scores after, and
     the critic's health."""
     from dice_quiz_env import RESPONSE_LENGTH, DiceQuizEnv
@@ -88,21 +88,25 @@ def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rou
     pretraining = pretrain_updates if variant.pop("value_pretraining", 0) else 0
     settings = {**RL_SETTINGS, **QUIZ_RL, "response_length": RESPONSE_LENGTH[rounds],
                 "max_tool_calling_iterations": rounds, **variant, **overrides}
-    value_dir = pretrained_value(work, settings, luck, rounds, pretraining) if pretraining else None
+    value_dir = pretrained_value(work, settings, luck, rounds, pretraining, shown) if pretraining else None
     pre = "-pre" if pretraining else ""  # the digest keeps rows run at once apart
-    out = work / f"rl-{settings['advantage_estimator']}{pre}-{digest(settings)[:6]}-luck{luck}-r{rounds}-seed{seed}"
-    trainer = dice_trainer(work, out, settings, luck, rounds, updates, seed, value_dir)
+    hidden = "" if shown else "-hidden"
+    out = work / (f"rl-{settings['advantage_estimator']}{pre}-{digest(settings)[:6]}-luck{luck}{hidden}-r{rounds}"
+                  f"-seed{seed}")
+    trainer = dice_trainer(work, out, settings, luck, rounds, updates, seed, value_dir, shown)
     rounds_right = rounds_right_callback(trainer)
     trainer.add_callback(rounds_right)
+    cpu = time.process_time()
     _, seconds = quiet_timed(trainer.train, f"{out}.log")
+    cpu = time.process_time() - cpu
     end = quiz_scores(trainer.model.policy, trainer.processing_class, heldout, environment=DiceQuizEnv)
     health = {}
     for k in range(1, rounds + 2):
         series = logged(trainer, f"critic/vf_explained_var/turn_{k}")
         if series:
             health[str(k)] = statistics.fmean(series[-5:])
-    result = {"seed": seed, "luck": luck, "rounds": rounds, "settings": settings, "value_pretraining": pretraining,
-              "seconds": seconds, "end": end,
+    result = {"seed": seed, "luck": luck, "luck_shown": shown, "rounds": rounds, "settings": settings,
+              "value_pretraining": pretraining, "seconds": seconds, "cpu_seconds": cpu, "end": end,
               "rounds_right": rounds_right.curve, "health": health,
               "explained_var": logged(trainer, "critic/vf_explained_var"),
               "credit_gain": logged(trainer, "critic/credit_gain"), "kl": logged(trainer, "objective/kl")}
@@ -112,7 +116,7 @@ def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rou
 
 
 def dice_trainer(work: Path, out: Path, settings: dict, luck: float, rounds: int, updates: int, seed: int,
-                 value_dir=None):
+                 value_dir=None, shown: bool = True):
     from datasets import Dataset
     from dice_quiz_env import with_luck
     from evaluate import read_jsonl
@@ -121,10 +125,10 @@ def dice_trainer(work: Path, out: Path, settings: dict, luck: float, rounds: int
     return rl_trainer_from_sft(work / "sft_dice", out, updates=updates, seed=seed, settings=settings,
                                dataset=lambda tokenizer: Dataset.from_list(rows),
                                value_model=settings["advantage_estimator"] == "gae", value_dir=value_dir,
-                               reward_funcs=None, environment_factory=with_luck(luck))
+                               reward_funcs=None, environment_factory=with_luck(luck, shown))
 
 
-def pretrained_value(work: Path, settings: dict, luck: float, rounds: int, updates: int) -> Path:
+def pretrained_value(work: Path, settings: dict, luck: float, rounds: int, updates: int, shown: bool = True) -> Path:
     """The value model after ``updates`` updates of value pretraining (:data:`PRETRAIN_UPDATES`): ``critic_warmup``
     for the whole run, the policy held at the SFT start, with the GAE row's settings; trained once per luck,
     horizon and length into ``<work>/value-...`` (its explained variance per update beside it, ``health.json``)."""
@@ -132,16 +136,18 @@ def pretrained_value(work: Path, settings: dict, luck: float, rounds: int, updat
 
     kept = {k: v for k, v in settings.items()  # what the policy alone uses leaves the value model's training alone
             if k not in ("lam", "length_adaptive_lam_alpha", "learning_rate")}
-    folder = work / f"value-luck{luck}-r{rounds}-{updates}-{digest(kept)[:8]}"  # other settings: another
+    hidden = "" if shown else "-hidden"
+    folder = work / f"value-luck{luck}{hidden}-r{rounds}-{updates}-{digest(kept)[:8]}"  # other settings: another
     with FileLock(f"{folder}.lock"):  # cells run in parallel: one of them pretrains, the others wait and reuse
         if not (folder / "config.json").is_file():
-            _pretrain(work, folder, settings, luck, rounds, updates)
+            _pretrain(work, folder, settings, luck, rounds, updates, shown)
     return folder
 
 
-def _pretrain(work: Path, folder: Path, settings: dict, luck: float, rounds: int, updates: int) -> None:
+def _pretrain(work: Path, folder: Path, settings: dict, luck: float, rounds: int, updates: int, shown: bool) -> None:
     out = work / f"{folder.name}-run"
-    trainer = dice_trainer(work, out, {**settings, "critic_warmup": updates}, luck, rounds, updates, PRETRAIN_SEED)
+    trainer = dice_trainer(work, out, {**settings, "critic_warmup": updates}, luck, rounds, updates, PRETRAIN_SEED,
+                           shown=shown)
     _, seconds = quiet_timed(trainer.train, f"{out}.log")
     trainer.model.value_model.save_pretrained(folder)
     turns = {k: logged(trainer, f"critic/vf_explained_var/turn_{k}") for k in range(1, rounds + 2)}
@@ -163,6 +169,8 @@ def parse_args(argv):
     p = study_parser(__doc__, "critic_luck", updates=UPDATES, seeds=SEEDS)
     p.add_argument("--luck", type=float, nargs="*", default=list(LUCK), help="luck sizes (default: 0 0.5 1)")
     p.add_argument("--rounds", type=int, default=4, choices=(4, 8), help="rounds per quiz (default 4)")
+    p.add_argument("--luck-not-shown", action="store_true",
+                   help="the control: the luck paid by a die the screen never shows (dice_quiz_env.with_luck)")
     p.add_argument("--heldout", type=int, default=None, help="the first N held-out quizzes (default: all 200)")
     p.add_argument("--pretrain-updates", type=int, default=PRETRAIN_UPDATES,
                    help=f"updates of value pretraining (default {PRETRAIN_UPDATES})")
@@ -176,8 +184,8 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def cell_key(name: str, luck: float, rounds: int) -> str:
-    return f"{name} | luck {luck:g} | {rounds} rounds"
+def cell_key(name: str, luck: float, rounds: int, shown: bool = True) -> str:
+    return f"{name} | luck {luck:g}{'' if shown else ' not shown'} | {rounds} rounds"
 
 
 def main(argv=None) -> int:
@@ -211,9 +219,11 @@ def main(argv=None) -> int:
                 if a.only is not None and name not in a.only:
                     continue
                 cell = run_cell(work, heldout, variant=variant, luck=luck, rounds=a.rounds, updates=updates,
-                                seed=seed, overrides=overrides, pretrain_updates=a.pretrain_updates)
-                runs.setdefault(cell_key(name, luck, a.rounds), {"seeds": []})["seeds"].append(cell)
-                print(f"{cell_key(name, luck, a.rounds)} seed {seed}: {cell['seconds']:.0f} s, held-out "
+                                seed=seed, overrides=overrides, pretrain_updates=a.pretrain_updates,
+                                shown=not a.luck_not_shown)
+                key = cell_key(name, luck, a.rounds, shown=not a.luck_not_shown)
+                runs.setdefault(key, {"seeds": []})["seeds"].append(cell)
+                print(f"{key} seed {seed}: {cell['seconds']:.0f} s, held-out "
                       f"{start['reward']:.3f} -> {cell['end']['reward']:.3f}, 0.9 after "
                       f"{first_reached(cell['rounds_right'], cell['settings']['per_device_train_batch_size'])} "
                       f"episodes; critic {cell['health']}", flush=True)
@@ -223,6 +233,7 @@ def main(argv=None) -> int:
     if a.figures:
         draw_figure(Path(a.figures), runs)
     settings = {"quick": a.quick, "updates": updates, "seeds": seeds, "luck": a.luck, "rounds": a.rounds,
+                "luck_shown": not a.luck_not_shown,
                 "heldout": len(heldout), "k": K, "rl": {**RL_SETTINGS, **QUIZ_RL}, "overrides": overrides,
                 "seconds": {"total": time.perf_counter() - started, "sft": sft_seconds}}
     write_result("critic_luck", settings, {"sft": start, "runs": runs}, out=a.out)
@@ -271,6 +282,38 @@ def report(start, runs) -> None:
                       " / ".join("-" if e is None else str(e) for e in reached), health,
                       f"{_mean(gains):.2f}" if gains else "-", _mean(r["seconds"] for r in seeds)])
     print_table(headers, table)
+    compare(runs)
+
+
+def episodes_generated(run: dict) -> int:
+    """Every episode a run generated: its RL updates' and its value pretraining's (the same batch each update)."""
+    batch = run["settings"]["per_device_train_batch_size"]
+    return (len(run["rounds_right"]) + run["value_pretraining"]) * batch
+
+
+def compare(runs, baseline: str = f"GRPO k={K} (KL in loss)") -> None:
+    """Each arm against ``baseline`` at the same luck and horizon, seed by seed (the same SFT start, data order and
+    dice): held-out difference with its 95 % t interval, and what each arm spent."""
+    headers = ["arm", "episodes generated", "CPU s per run", "sampled share right, mean over updates",
+               f"held-out - {baseline}, paired (95 % t interval)", "seeds below"]
+    table = []
+    for key, run in runs.items():
+        name, luck, rounds = key.split(" | ")
+        base = runs.get(" | ".join((baseline, luck, rounds)))
+        seeds = run["seeds"]
+        cpu = [r["cpu_seconds"] for r in seeds if "cpu_seconds" in r]
+        row = [key, " / ".join(sorted({str(episodes_generated(r)) for r in seeds})),
+               f"{_mean(cpu):.0f} ({len(cpu)} runs)" if cpu else "-",
+               f"{_mean(statistics.fmean(r['rounds_right']) for r in seeds):.3f}", "-", "-"]
+        if base is not None and name != baseline:
+            theirs = {r["seed"]: r["end"]["reward"] for r in base["seeds"]}
+            diffs = [r["end"]["reward"] - theirs[r["seed"]] for r in seeds if r["seed"] in theirs]
+            if len(diffs) > 1:
+                d = paired_interval(diffs)
+                row[4] = f"{d['mean']:+.3f} ({d['low']:+.3f} to {d['high']:+.3f}), {d['n']} seeds"
+                row[5] = str(d["below_zero"])
+        table.append(row)
+    print_table(headers, table)
 
 
 def draw_figure(folder: Path, runs) -> None:
@@ -281,7 +324,7 @@ def draw_figure(folder: Path, runs) -> None:
         return
     by_rounds: dict[int, dict[str, dict[float, list[float]]]] = {}
     for key, run in runs.items():
-        name = key.split(" | ")[0]
+        name = key.split(" | ")[0] + ("" if run["seeds"][0].get("luck_shown", True) else ", luck not shown")
         for r in run["seeds"]:
             by_rounds.setdefault(r["rounds"], {}).setdefault(name, {}).setdefault(r["luck"], []).append(
                 r["end"]["reward"])

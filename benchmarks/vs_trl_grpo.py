@@ -63,13 +63,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import RESULTS, alternate, fresh_workdir, load_average, print_table, quiet_timed, setup_env, write_result
+from _common import (RESULTS, alternate, fresh_workdir, load_average, paired_interval, print_table, quiet_timed,
+                     setup_env, write_result)
 from verifiable import RL_SETTINGS, sft_or_reuse
 
 K = 4
-#: Two-sided 95 % quantiles of Student's t for 1-30 degrees of freedom (beyond: the normal's 1.96).
-T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
 OURS_ONLY = {"local_rollout_forward_batch_size": RL_SETTINGS["local_rollout_forward_batch_size"]}
 """Our keys GRPOConfig has no word for, given to from_grpo_config beside the GRPOConfig."""
 
@@ -118,14 +116,6 @@ class UpdateClock:
     def seconds_per_update(self) -> float:
         gaps = [b - a for a, b in zip(self.stamps, self.stamps[1:])]  # from the end of update 1 on
         return statistics.median(gaps)
-
-
-def paired_interval(differences: list[float]) -> dict:
-    """Mean of paired differences with its 95 % t interval (none for one pair) and how many are below zero."""
-    n, mean = len(differences), statistics.fmean(differences)
-    half = T975[min(n - 1, len(T975)) - 1] * statistics.stdev(differences) / n ** 0.5 if n > 1 else float("nan")
-    return {"n": n, "mean": mean, "low": mean - half, "high": mean + half,
-            "below_zero": sum(d < 0 for d in differences)}
 
 
 def trl_prompt_order(n: int, seed: int, needed: int) -> list[int]:

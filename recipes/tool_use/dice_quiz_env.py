@@ -4,7 +4,9 @@ Each round shows a number to answer, as in quiz_env.py (right: the number after 
 :data:`FACES` - 1, drawn for each episode when its round is shown. When the round is answered the environment pays
 ``1 / rounds`` for a right answer plus ``luck * (die - 2) / 2``: luck that the state shows before the action and that
 no action changes. A value model that reads the die takes it out of the round's advantage; the k samples of one quiz
-(RLOO, GRPO) roll other dice, so their group mean cannot. ``luck`` 0 is the quiz without a prize.
+(RLOO, GRPO) roll other dice, so their group mean cannot. ``luck`` 0 is the quiz without a prize. The control
+``shown=False`` pays the luck of a second die that the screen never shows (the shown one is drawn as before and pays
+nothing): the same text, the same luck, nothing for a value model to read.
 
 :func:`with_luck` makes the environment class of one luck size (TRL's ``environment_factory``: a class, one instance
 per episode). Rounds come from the row (``numbers``: 4 or 8 of them), so one SFT model plays both horizons.
@@ -39,9 +41,11 @@ class DiceQuizEnv:
     """The quiz of the module docstring at luck :attr:`luck` (:func:`with_luck` for another)."""
 
     luck = LUCK
+    luck_shown = True
 
     def __init__(self):
         self.numbers, self.dice, self.right, self.scored, self.fixed = [], [], [], 0, None
+        self.hidden_dice: list[int] = []  # with luck_shown False: the dice that pay, one per round, never shown
 
     def reset(self, numbers=(0,) * 4, dice=None, **kwargs) -> str:
         """Start a quiz on the row's ``numbers`` and roll round 1's die (Python's ``random``, which ``trl-ext train``
@@ -49,7 +53,7 @@ class DiceQuizEnv:
         message."""
         self.numbers, self.right, self.scored = [int(n) for n in numbers], [], 0
         self.fixed = None if dice is None else [int(d) for d in dice]
-        self.dice = [self._roll(0)]
+        self.dice, self.hidden_dice = [self._roll(0)], []
         return " " + round_text(1, self.numbers[0], self.dice[0])
 
     def _roll(self, k: int) -> int:
@@ -68,6 +72,8 @@ class DiceQuizEnv:
         if k >= len(self.numbers):
             return OVER
         self.right.append(number == self.numbers[k] + 1)
+        if not self.luck_shown:
+            self.hidden_dice.append(random.randrange(FACES))
         if k + 1 == len(self.numbers):
             return OVER
         self.dice.append(self._roll(k + 1))
@@ -78,16 +84,18 @@ class DiceQuizEnv:
         if self.scored == len(self.right):
             return None
         k, self.scored = self.scored, len(self.right)
-        return (1.0 if self.right[k] else 0.0) / len(self.numbers) + self.luck * (self.dice[k] - 2) / 2
+        die = self.dice[k] if self.luck_shown else self.hidden_dice[k]
+        return (1.0 if self.right[k] else 0.0) / len(self.numbers) + self.luck * (die - 2) / 2
 
     def get_reward(self) -> float:
         """Nothing at the end: every round was paid when it was answered."""
         return 0.0
 
 
-def with_luck(luck: float) -> type:
-    """The environment class of luck ``luck`` (named ``DiceQuizEnv`` as the others, so its metrics keep one name)."""
-    return type("DiceQuizEnv", (DiceQuizEnv,), {"luck": float(luck), "__module__": __name__})
+def with_luck(luck: float, shown: bool = True) -> type:
+    """The environment class of luck ``luck``, paid by the die on screen or (``shown=False``) by one never shown;
+    named ``DiceQuizEnv`` as the others, so its metrics keep one name."""
+    return type("DiceQuizEnv", (DiceQuizEnv,), {"luck": float(luck), "luck_shown": shown, "__module__": __name__})
 
 
 def share_right(env: DiceQuizEnv) -> float:

@@ -70,6 +70,41 @@ def test_eight_rounds_and_the_merge(bench, sft_work, every_variant, tmp_path):
     assert bench.first_reached([0.5, 0.95, 1.0], 32) == 64 and bench.first_reached([0.5], 32) is None
 
 
+def test_the_control_runs_with_luck_not_shown(bench, sft_work, tmp_path):
+    """--luck-not-shown: its own cell, the run told so, its dice never on screen (dice_quiz_env's control)."""
+    name = "GRPO k=4 (KL in loss)"
+    result = run(bench, sft_work, tmp_path / "hidden.json", "--only", name, "--seed-list", "0", "--luck", "1",
+                 "--luck-not-shown")
+    (cell,) = result["results"]["runs"][bench.cell_key(name, 1, 4, shown=False)]["seeds"]
+    assert bench.cell_key(name, 1, 4, shown=False) == f"{name} | luck 1 not shown | 4 rounds"
+    assert cell["luck_shown"] is False and result["meta"]["settings"]["luck_shown"] is False
+    assert cell["cpu_seconds"] > 0 and len(cell["rounds_right"]) == 1
+
+
+def test_compare_pairs_seeds_against_grpo_and_charges_pretraining(bench, capsys):
+    """Each arm against episode-level GRPO of the same luck, horizon and screen, seed by seed (a seed the baseline
+    lacks is left out); the episodes generated count value pretraining's updates."""
+    def cell(seed, end, pretraining=0):
+        return {"seed": seed, "end": {"reward": end}, "rounds_right": [0.5, 0.7], "value_pretraining": pretraining,
+                "settings": {"per_device_train_batch_size": 32}, "cpu_seconds": 10.0}
+
+    grpo, gae = "GRPO k=4 (KL in loss)", "GAE, pretrained value model"
+    runs = {bench.cell_key(grpo, 1, 4): {"seeds": [cell(0, 0.7), cell(1, 0.8), cell(2, 0.6)]},
+            bench.cell_key(gae, 1, 4): {"seeds": [cell(0, 0.8, 10), cell(1, 0.8, 10), cell(2, 0.9, 10),
+                                                  cell(3, 0.1, 10)]},
+            bench.cell_key(gae, 1, 4, shown=False): {"seeds": [cell(0, 0.9, 10), cell(1, 0.9, 10)]}}
+    assert bench.episodes_generated(runs[bench.cell_key(gae, 1, 4)]["seeds"][0]) == (2 + 10) * 32
+    bench.compare(runs)
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in capsys.readouterr().out.splitlines()
+             if "luck" in line]  # the key's three parts, then the columns
+    rows = {tuple(c[:2]): c[3:] for c in cells}
+    # differences 0.1, 0.0, 0.3: mean 0.133, sd 0.153, t(2) 4.303: half-width 0.380
+    assert rows[gae, "luck 1"] == ["384", "10 (4 runs)", "0.600", "+0.133 (-0.246 to +0.513), 3 seeds", "0"]
+    assert rows[grpo, "luck 1"][3:] == ["-", "-"]
+    assert rows[gae, "luck 1 not shown"][3:] == ["-", "-"]  # no baseline with its dice off the screen
+    assert len(cells) == 3
+
+
 def test_shipped_recipes_are_the_benchmarks_pretrained_gae_row(bench, sft_work, tmp_path):
     """value_dice.yaml is the benchmark's value pretraining (the GAE row's settings, critic_warmup for every update)
     and leaves its value model in value_model/; gae_dice.yaml is the row itself, starting from that value model

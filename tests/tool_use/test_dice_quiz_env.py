@@ -39,6 +39,28 @@ def test_rules_and_rewards():
     assert tool.__name__ == "answer" and isinstance(tool.__self__, dice_quiz_env.DiceQuizEnv)
 
 
+def test_the_control_pays_a_die_never_shown():
+    """``shown=False``: the same screens, and each answered round paid the luck of a die drawn at the answer (Python's
+    random), whatever die the screen showed."""
+    def play(shown_dice):
+        random.seed(3)
+        env = dice_quiz_env.with_luck(1.0, shown=False)()
+        screens = [env.reset(numbers=[3, 7, 9, 0], dice=shown_dice)]
+        rewards = []
+        for answer in (4, 7, 10, 1):
+            screens.append(env.answer(answer))
+            rewards.append(env.get_turn_reward())
+        return screens, rewards, env.hidden_dice
+
+    screens, rewards, hidden = play([4, 0, 2, 1])
+    assert screens[:2] == [" Round 1: 3, die 4", "Round 2: 7, die 0"]
+    rng = random.Random(3)
+    assert hidden == [rng.randrange(dice_quiz_env.FACES) for _ in range(4)]
+    assert rewards == [right + (die - 2) / 2 for right, die in zip((0.25, 0.0, 0.25, 0.25), hidden)]
+    assert play([0, 4, 4, 0])[1] == rewards  # other dice on screen: the same pay
+    assert dice_quiz_env.with_luck(1.0)().luck_shown and hidden != [4, 0, 2, 1]
+
+
 def test_without_luck_the_rewards_are_the_rounds_right():
     env = dice_quiz_env.with_luck(0.0)()
     random.seed(0)
