@@ -58,6 +58,7 @@ VARIANTS = {
     "GAE, critic settings": GAE,
     "GAE, critic warm-up 10": {**GAE, "critic_warmup": 10},  # the pretraining inside the run's 30 updates
     "GAE, TRL's settings": {"advantage_estimator": "gae"},
+    "GAE, TRL's settings, lam 0.8": {"advantage_estimator": "gae", "lam": 0.8},
     f"RLOO k={K}": {"advantage_estimator": "rloo", "num_samples_per_prompt": K},
     f"GRPO k={K} (KL in loss)": {"advantage_estimator": "grpo", "num_samples_per_prompt": K, "kl_in": "loss"},
     f"RLOO k={K}, per turn": {"advantage_estimator": "rloo", "num_samples_per_prompt": K, "turn_credit": "turn"},
