@@ -84,24 +84,26 @@ def test_the_control_runs_with_luck_not_shown(bench, sft_work, tmp_path):
 def test_compare_pairs_seeds_against_grpo_and_charges_pretraining(bench, capsys):
     """Each arm against episode-level GRPO of the same luck, horizon and screen, seed by seed (a seed the baseline
     lacks is left out); the episodes generated count value pretraining's updates."""
-    def cell(seed, end, pretraining=0):
-        return {"seed": seed, "end": {"reward": end}, "rounds_right": [0.5, 0.7], "value_pretraining": pretraining,
+    def cell(seed, end, pretraining=0, curve=(0.5, 0.7)):
+        return {"seed": seed, "end": {"reward": end}, "rounds_right": list(curve), "value_pretraining": pretraining,
                 "settings": {"per_device_train_batch_size": 32}, "cpu_seconds": 10.0}
 
     grpo, gae = "GRPO k=4 (KL in loss)", "GAE, pretrained value model"
     runs = {bench.cell_key(grpo, 1, 4): {"seeds": [cell(0, 0.7), cell(1, 0.8), cell(2, 0.6)]},
-            bench.cell_key(gae, 1, 4): {"seeds": [cell(0, 0.8, 10), cell(1, 0.8, 10), cell(2, 0.9, 10),
-                                                  cell(3, 0.1, 10)]},
+            bench.cell_key(gae, 1, 4): {"seeds": [cell(0, 0.8, 10, (0.6, 0.8)), cell(1, 0.8, 10),
+                                                  cell(2, 0.9, 10, (0.7, 0.9)), cell(3, 0.1, 10)]},
             bench.cell_key(gae, 1, 4, shown=False): {"seeds": [cell(0, 0.9, 10), cell(1, 0.9, 10)]}}
     assert bench.episodes_generated(runs[bench.cell_key(gae, 1, 4)]["seeds"][0]) == (2 + 10) * 32
     bench.compare(runs)
     cells = [[c.strip() for c in line.split("|")[1:-1]] for line in capsys.readouterr().out.splitlines()
              if "luck" in line]  # the key's three parts, then the columns
     rows = {tuple(c[:2]): c[3:] for c in cells}
-    # differences 0.1, 0.0, 0.3: mean 0.133, sd 0.153, t(2) 4.303: half-width 0.380
-    assert rows[gae, "luck 1"] == ["384", "10 (4 runs)", "0.600", "+0.133 (-0.246 to +0.513), 3 seeds", "0"]
-    assert rows[grpo, "luck 1"][3:] == ["-", "-"]
-    assert rows[gae, "luck 1 not shown"][3:] == ["-", "-"]  # no baseline with its dice off the screen
+    # held-out differences 0.1, 0.0, 0.3: mean 0.133, sd 0.153, t(2) 4.303: half-width 0.380; the curves' means
+    # 0.7 / 0.6 / 0.8 / 0.6 (mean 0.675; seed 3 unpaired) against 0.6: differences 0.1, 0.0, 0.2, half-width 0.248
+    assert rows[gae, "luck 1"] == ["384", "10 (4 runs)", "0.675", "+0.133 (-0.246 to +0.513), 3 seeds", "0",
+                                   "+0.100 (-0.148 to +0.348)"]
+    assert rows[grpo, "luck 1"][3:] == ["-", "-", "-"]
+    assert rows[gae, "luck 1 not shown"][3:] == ["-", "-", "-"]  # no baseline with its dice off the screen
     assert len(cells) == 3
 
 
