@@ -31,8 +31,8 @@ def every_variant(bench, sft_work, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["GAE, pretrained value model", "GAE, critic settings", "GAE, critic warm-up 10",
-                                  "GAE, TRL's settings", "GAE, TRL's settings, lam 0.8", "RLOO k=4", "GRPO k=4 (KL in loss)", "RLOO k=4, per turn",
-                                  "GRPO k=4 (KL in loss), per turn"])
+                                  "GAE, TRL's settings", "GAE, TRL's settings, lam 0.8", "RLOO k=4",
+                                  "GRPO k=4 (KL in loss)", "RLOO k=4, per turn", "GRPO k=4 (KL in loss), per turn"])
 def test_variant_runs_one_update(bench, every_variant, name):
     variant = dict(bench.VARIANTS[name])
     pretraining = 1 if variant.pop("value_pretraining", 0) else 0  # --pretrain-updates 1
