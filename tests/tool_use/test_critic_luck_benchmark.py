@@ -32,7 +32,8 @@ def every_variant(bench, sft_work, tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["GAE, pretrained value model", "GAE, critic settings", "GAE, critic warm-up 10",
                                   "GAE, TRL's settings", "GAE, TRL's settings, lam 0.8", "RLOO k=4",
-                                  "GRPO k=4 (KL in loss)", "RLOO k=4, per turn", "GRPO k=4 (KL in loss), per turn"])
+                                  "GRPO k=4 (KL in loss)", "RLOO k=4, per turn", "GRPO k=4 (KL in loss), per turn",
+                                  "GRPO k=4 (KL in loss), per turn, gamma 0.5"])
 def test_variant_runs_one_update(bench, every_variant, name):
     variant = dict(bench.VARIANTS[name])
     pretraining = 1 if variant.pop("value_pretraining", 0) else 0  # --pretrain-updates 1
@@ -49,7 +50,7 @@ def test_variant_runs_one_update(bench, every_variant, name):
         assert len(cell["credit_gain"]) <= 1  # its gain over per-turn RLOO's: none while the tiny SFT earns nothing
     elif variant["advantage_estimator"] != "gae":
         assert not cell["explained_var"] and not cell["health"] and not cell["credit_gain"]
-    assert settings.get("turn_credit", "episode") == ("turn" if name.endswith("per turn") else "episode")
+    assert settings.get("turn_credit", "episode") == ("turn" if "per turn" in name else "episode")
 
 
 def test_eight_rounds_and_the_merge(bench, sft_work, every_variant, tmp_path):
