@@ -108,6 +108,24 @@ def test_compare_pairs_seeds_against_grpo_and_charges_pretraining(bench, capsys)
     assert len(cells) == 3
 
 
+def test_shipped_recipe_is_the_benchmarks_equal_cost_gae_row(bench, sft_work, tmp_path):
+    """gae_dice_no_pretraining.yaml is the row "GAE, TRL's settings, lam 0.8": its settings, the benchmark's 960
+    episodes, and its value model the SFT model with a fresh head (nothing pretrained before the budget)."""
+    from trl_ext.recipe_loader import resolve_recipe
+    from trl_ext.recipe_loader.loader import default_value_model_path
+
+    recipe = resolve_recipe(bench.TASK / "gae_dice_no_pretraining.yaml", [
+        "--model_name_or_path", str(sft_work / "sft_dice"), "--output_dir", str(tmp_path / "gae"),
+        "--dataset_name", str(sft_work / "data" / "dice_train4.jsonl")])
+    keys = {**bench.RL_SETTINGS, **bench.QUIZ_RL, **bench.VARIANTS["GAE, TRL's settings, lam 0.8"],
+            "total_episodes": bench.UPDATES[0] * bench.RL_SETTINGS["per_device_train_batch_size"]}
+    assert {key: getattr(recipe.training_args, key) for key in keys} == keys
+    assert (recipe.training_args.critic_learning_rate, recipe.training_args.critic_lam) == (None, None)
+    assert recipe.environment_factory.luck == 1.0 and recipe.pipeline.value_model_path is None
+    assert default_value_model_path(recipe.pipeline, recipe.training_args, recipe.model_args) == str(
+        sft_work / "sft_dice")
+
+
 def test_shipped_recipes_are_the_benchmarks_pretrained_gae_row(bench, sft_work, tmp_path):
     """value_dice.yaml is the benchmark's value pretraining (the GAE row's settings, critic_warmup for every update)
     and leaves its value model in value_model/; gae_dice.yaml is the row itself, starting from that value model
