@@ -64,7 +64,7 @@ VARIANTS = {
     f"RLOO k={K}, per turn": {"advantage_estimator": "rloo", "num_samples_per_prompt": K, "turn_credit": "turn"},
     f"GRPO k={K} (KL in loss), per turn": {"advantage_estimator": "grpo", "num_samples_per_prompt": K, "kl_in": "loss",
                                            "turn_credit": "turn"},
-    # each later round's reward at half weight: about what GAE's lam 0.95 leaves of the next round, 20 tokens on
+    # each later round's reward at half weight: about what GAE's lam 0.97 leaves of the next round, ~20 tokens on
     f"GRPO k={K} (KL in loss), per turn, gamma 0.5": {"advantage_estimator": "grpo", "num_samples_per_prompt": K,
                                                       "kl_in": "loss", "turn_credit": "turn", "gamma": 0.5},
 }
