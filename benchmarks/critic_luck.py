@@ -20,6 +20,9 @@ gain over per-turn RLOO's baseline (``critic/credit_gain``, the mean of the last
     python benchmarks/critic_luck.py --sft-dir outputs/tool_use --luck 0 0.5 1     # after make_data.py, sft_dice.yaml
     python benchmarks/critic_luck.py --quick                                        # data, SFT, 3 updates, 1 seed
 
+``--environment jackpot`` plays recipes/tool_use/jackpot_quiz_env.py instead (numbers drawn per episode, a die that
+pays a jackpot: a luck environment the study never tuned on), held-out scores on the same quizzes.
+
 Writes benchmarks/results/critic_luck.json (or --out); ``--merge`` joins result files of cells run in parallel.
 """
 
@@ -69,6 +72,8 @@ VARIANTS = {
                                                       "kl_in": "loss", "turn_credit": "turn", "gamma": 0.5},
 }
 REACHED = 0.9
+#: The environments' modules (recipes/tool_use): the study's, and one it never tuned on (the guide's settings tried).
+ENVIRONMENTS = {"dice": "dice_quiz_env", "jackpot": "jackpot_quiz_env"}
 
 
 def sft(work: Path, *, max_steps: int | None = None, seed: int = 0, train: int = 1000) -> float:
@@ -82,9 +87,11 @@ def sft(work: Path, *, max_steps: int | None = None, seed: int = 0, train: int =
 
 
 def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rounds: int, updates: int, seed: int,
-             overrides: dict, pretrain_updates: int = PRETRAIN_UPDATES, shown: bool = True) -> dict:
-    """One RL run from ``<work>/sft_dice``: its settings, seconds, per-update curves, held-out scores after, and
-    the critic's health."""
+             overrides: dict, pretrain_updates: int = PRETRAIN_UPDATES, shown: bool = True,
+             environment: str = "dice") -> dict:
+    """One RL run from ``<work>/sft_dice`` on ``environment`` (:data:`ENVIRONMENTS`): its settings, seconds,
+    per-update curves, held-out scores after (the dice quiz's held-out quizzes, luck left out), and the critic's
+    health."""
     from dice_quiz_env import RESPONSE_LENGTH, DiceQuizEnv
     from evaluate import quiz_scores
 
@@ -92,12 +99,14 @@ def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rou
     pretraining = pretrain_updates if variant.pop("value_pretraining", 0) else 0
     settings = {**RL_SETTINGS, **QUIZ_RL, "response_length": RESPONSE_LENGTH[rounds],
                 "max_tool_calling_iterations": rounds, **variant, **overrides}
-    value_dir = pretrained_value(work, settings, luck, rounds, pretraining, shown) if pretraining else None
+    value_dir = (pretrained_value(work, settings, luck, rounds, pretraining, shown, environment) if pretraining
+                 else None)
     pre = "-pre" if pretraining else ""  # the digest keeps rows run at once apart
-    hidden = "" if shown else "-hidden"
+    hidden = (("" if shown else "-hidden") + ("" if environment == "dice" else f"-{environment}")
+              + ("" if updates == UPDATES[0] else f"-u{updates}"))  # cells run at once keep apart
     out = work / (f"rl-{settings['advantage_estimator']}{pre}-{digest(settings)[:6]}-luck{luck}{hidden}-r{rounds}"
                   f"-seed{seed}")
-    trainer = dice_trainer(work, out, settings, luck, rounds, updates, seed, value_dir, shown)
+    trainer = dice_trainer(work, out, settings, luck, rounds, updates, seed, value_dir, shown, environment)
     rounds_right = rounds_right_callback(trainer)
     trainer.add_callback(rounds_right)
     cpu = time.process_time()
@@ -109,7 +118,7 @@ def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rou
         series = logged(trainer, f"critic/vf_explained_var/turn_{k}")
         if series:
             health[str(k)] = statistics.fmean(series[-5:])
-    result = {"seed": seed, "luck": luck, "luck_shown": shown, "rounds": rounds, "settings": settings,
+    result = {"seed": seed, "luck": luck, "luck_shown": shown, "environment": environment, "rounds": rounds, "settings": settings,
               "value_pretraining": pretraining, "seconds": seconds, "cpu_seconds": cpu, "end": end,
               "rounds_right": rounds_right.curve, "health": health,
               "explained_var": logged(trainer, "critic/vf_explained_var"),
@@ -120,10 +129,13 @@ def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rou
 
 
 def dice_trainer(work: Path, out: Path, settings: dict, luck: float, rounds: int, updates: int, seed: int,
-                 value_dir=None, shown: bool = True):
+                 value_dir=None, shown: bool = True, environment: str = "dice"):
+    import importlib
+
     from datasets import Dataset
-    from dice_quiz_env import with_luck
     from evaluate import read_jsonl
+
+    with_luck = importlib.import_module(ENVIRONMENTS[environment]).with_luck
 
     rows = read_jsonl(work / "data" / f"dice_train{rounds}.jsonl")
     return rl_trainer_from_sft(work / "sft_dice", out, updates=updates, seed=seed, settings=settings,
@@ -132,7 +144,8 @@ def dice_trainer(work: Path, out: Path, settings: dict, luck: float, rounds: int
                                reward_funcs=None, environment_factory=with_luck(luck, shown))
 
 
-def pretrained_value(work: Path, settings: dict, luck: float, rounds: int, updates: int, shown: bool = True) -> Path:
+def pretrained_value(work: Path, settings: dict, luck: float, rounds: int, updates: int, shown: bool = True,
+                     environment: str = "dice") -> Path:
     """The value model after ``updates`` updates of value pretraining (:data:`PRETRAIN_UPDATES`): ``critic_warmup``
     for the whole run, the policy held at the SFT start, with the GAE row's settings; trained once per luck,
     horizon and length into ``<work>/value-...`` (its explained variance per update beside it, ``health.json``)."""
@@ -140,18 +153,19 @@ def pretrained_value(work: Path, settings: dict, luck: float, rounds: int, updat
 
     kept = {k: v for k, v in settings.items()  # what the policy alone uses leaves the value model's training alone
             if k not in ("lam", "length_adaptive_lam_alpha", "learning_rate")}
-    hidden = "" if shown else "-hidden"
+    hidden = ("" if shown else "-hidden") + ("" if environment == "dice" else f"-{environment}")
     folder = work / f"value-luck{luck}{hidden}-r{rounds}-{updates}-{digest(kept)[:8]}"  # other settings: another
     with FileLock(f"{folder}.lock"):  # cells run in parallel: one of them pretrains, the others wait and reuse
         if not (folder / "config.json").is_file():
-            _pretrain(work, folder, settings, luck, rounds, updates, shown)
+            _pretrain(work, folder, settings, luck, rounds, updates, shown, environment)
     return folder
 
 
-def _pretrain(work: Path, folder: Path, settings: dict, luck: float, rounds: int, updates: int, shown: bool) -> None:
+def _pretrain(work: Path, folder: Path, settings: dict, luck: float, rounds: int, updates: int, shown: bool,
+              environment: str) -> None:
     out = work / f"{folder.name}-run"
     trainer = dice_trainer(work, out, {**settings, "critic_warmup": updates}, luck, rounds, updates, PRETRAIN_SEED,
-                           shown=shown)
+                           shown=shown, environment=environment)
     _, seconds = quiet_timed(trainer.train, f"{out}.log")
     trainer.model.value_model.save_pretrained(folder)
     turns = {k: logged(trainer, f"critic/vf_explained_var/turn_{k}") for k in range(1, rounds + 2)}
@@ -175,6 +189,9 @@ def parse_args(argv):
     p.add_argument("--rounds", type=int, default=4, choices=(4, 8), help="rounds per quiz (default 4)")
     p.add_argument("--luck-not-shown", action="store_true",
                    help="the control: the luck paid by a die the screen never shows (dice_quiz_env.with_luck)")
+    p.add_argument("--environment", default="dice", choices=sorted(ENVIRONMENTS),
+                   help="dice (the study's quiz) or jackpot (jackpot_quiz_env.py: numbers drawn per episode, a die "
+                        "that pays a jackpot; the guide's settings on a quiz never tuned on)")
     p.add_argument("--heldout", type=int, default=None, help="the first N held-out quizzes (default: all 200)")
     p.add_argument("--pretrain-updates", type=int, default=PRETRAIN_UPDATES,
                    help=f"updates of value pretraining (default {PRETRAIN_UPDATES})")
@@ -188,8 +205,9 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def cell_key(name: str, luck: float, rounds: int, shown: bool = True) -> str:
-    return f"{name} | luck {luck:g}{'' if shown else ' not shown'} | {rounds} rounds"
+def cell_key(name: str, luck: float, rounds: int, shown: bool = True, environment: str = "dice") -> str:
+    quiz = "" if environment == "dice" else f", {environment} quiz"
+    return f"{name} | luck {luck:g}{'' if shown else ' not shown'}{quiz} | {rounds} rounds"
 
 
 def main(argv=None) -> int:
@@ -224,8 +242,8 @@ def main(argv=None) -> int:
                     continue
                 cell = run_cell(work, heldout, variant=variant, luck=luck, rounds=a.rounds, updates=updates,
                                 seed=seed, overrides=overrides, pretrain_updates=a.pretrain_updates,
-                                shown=not a.luck_not_shown)
-                key = cell_key(name, luck, a.rounds, shown=not a.luck_not_shown)
+                                shown=not a.luck_not_shown, environment=a.environment)
+                key = cell_key(name, luck, a.rounds, shown=not a.luck_not_shown, environment=a.environment)
                 runs.setdefault(key, {"seeds": []})["seeds"].append(cell)
                 print(f"{key} seed {seed}: {cell['seconds']:.0f} s, held-out "
                       f"{start['reward']:.3f} -> {cell['end']['reward']:.3f}, 0.9 after "
@@ -237,7 +255,7 @@ def main(argv=None) -> int:
     if a.figures:
         draw_figure(Path(a.figures), runs)
     settings = {"quick": a.quick, "updates": updates, "seeds": seeds, "luck": a.luck, "rounds": a.rounds,
-                "luck_shown": not a.luck_not_shown,
+                "luck_shown": not a.luck_not_shown, "environment": a.environment,
                 "heldout": len(heldout), "k": K, "rl": {**RL_SETTINGS, **QUIZ_RL}, "overrides": overrides,
                 "seconds": {"total": time.perf_counter() - started, "sft": sft_seconds}}
     write_result("critic_luck", settings, {"sft": start, "runs": runs}, out=a.out)
@@ -332,7 +350,9 @@ def draw_figure(folder: Path, runs) -> None:
         return
     by_rounds: dict[int, dict[str, dict[float, list[float]]]] = {}
     for key, run in runs.items():
-        name = key.split(" | ")[0] + ("" if run["seeds"][0].get("luck_shown", True) else ", luck not shown")
+        first = run["seeds"][0]
+        name = (key.split(" | ")[0] + ("" if first.get("luck_shown", True) else ", luck not shown")
+                + ("" if first.get("environment", "dice") == "dice" else f", {first['environment']} quiz"))
         for r in run["seeds"]:
             by_rounds.setdefault(r["rounds"], {}).setdefault(name, {}).setdefault(r["luck"], []).append(
                 r["end"]["reward"])

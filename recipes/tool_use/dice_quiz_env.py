@@ -85,7 +85,11 @@ class DiceQuizEnv:
             return None
         k, self.scored = self.scored, len(self.right)
         die = self.dice[k] if self.luck_shown else self.hidden_dice[k]
-        return (1.0 if self.right[k] else 0.0) / len(self.numbers) + self.luck * (die - 2) / 2
+        return (1.0 if self.right[k] else 0.0) / len(self.numbers) + self._luck_paid(die)
+
+    def _luck_paid(self, die: int) -> float:
+        """The luck a round pays whatever its answer: ``luck * (die - 2) / 2`` (mean 0 over the faces)."""
+        return self.luck * (die - 2) / 2
 
     def get_reward(self) -> float:
         """Nothing at the end: every round was paid when it was answered."""

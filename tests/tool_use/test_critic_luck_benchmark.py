@@ -82,6 +82,20 @@ def test_the_control_runs_with_luck_not_shown(bench, sft_work, tmp_path):
     assert cell["cpu_seconds"] > 0 and len(cell["rounds_right"]) == 1
 
 
+def test_the_jackpot_quiz_runs_as_its_own_cell(bench, sft_work, tmp_path):
+    """--environment jackpot (jackpot_quiz_env.py): its own cells, told so, paired with the GRPO of the same quiz."""
+    names = ["GRPO k=4 (KL in loss)", "RLOO k=4, per turn"]
+    result = run(bench, sft_work, tmp_path / "jackpot.json", "--only", *names, "--seed-list", "0", "--luck", "1",
+                 "--environment", "jackpot")
+    assert bench.cell_key(names[0], 1, 4, environment="jackpot") == f"{names[0]} | luck 1, jackpot quiz | 4 rounds"
+    runs = result["results"]["runs"]
+    assert sorted(runs) == sorted(bench.cell_key(n, 1, 4, environment="jackpot") for n in names)
+    for name in names:
+        (cell,) = runs[bench.cell_key(name, 1, 4, environment="jackpot")]["seeds"]
+        assert cell["environment"] == "jackpot" and cell["luck_shown"] and len(cell["rounds_right"]) == 1
+    assert result["meta"]["settings"]["environment"] == "jackpot"
+
+
 def test_compare_pairs_seeds_against_grpo_and_charges_pretraining(bench, capsys):
     """Each arm against episode-level GRPO of the same luck, horizon and screen, seed by seed (a seed the baseline
     lacks is left out); the episodes generated count value pretraining's updates."""
