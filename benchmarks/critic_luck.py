@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import resource
 import shutil
 import statistics
 import sys
@@ -112,14 +113,16 @@ def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rou
     cpu = time.process_time()
     _, seconds = quiet_timed(trainer.train, f"{out}.log")
     cpu = time.process_time() - cpu
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux; the process's peak so far
     end = quiz_scores(trainer.model.policy, trainer.processing_class, heldout, environment=DiceQuizEnv)
     health = {}
     for k in range(1, rounds + 2):
         series = logged(trainer, f"critic/vf_explained_var/turn_{k}")
         if series:
             health[str(k)] = statistics.fmean(series[-5:])
-    result = {"seed": seed, "luck": luck, "luck_shown": shown, "environment": environment, "rounds": rounds, "settings": settings,
-              "value_pretraining": pretraining, "seconds": seconds, "cpu_seconds": cpu, "end": end,
+    result = {"seed": seed, "luck": luck, "luck_shown": shown, "environment": environment, "rounds": rounds,
+              "settings": settings, "value_pretraining": pretraining, "seconds": seconds, "cpu_seconds": cpu,
+              "peak_rss_mib": peak, "end": end,
               "rounds_right": rounds_right.curve, "health": health,
               "explained_var": logged(trainer, "critic/vf_explained_var"),
               "credit_gain": logged(trainer, "critic/credit_gain"), "kl": logged(trainer, "objective/kl")}
@@ -315,10 +318,12 @@ def episodes_generated(run: dict) -> int:
 
 def compare(runs, baseline: str = f"GRPO k={K} (KL in loss)") -> None:
     """Each arm against ``baseline`` at the same luck, horizon and screen, seed by seed (the same SFT start, data order
-    and dice): what each arm spent, and two paired differences with their 95 % t intervals: the held-out score at the
+    and dice): what each arm spent (episodes, CPU seconds, the largest peak RSS of the processes that ran its
+    seeds, one arm per process), and two paired differences with their 95 % t intervals: the held-out score at the
     end (near the ceiling of 0.881 on most runs) and the learning curve's area (the sampled share right of every
     update, averaged: how soon the arm learned; no ceiling)."""
-    headers = ["arm", "episodes generated", "CPU s per run", "sampled share right, mean over updates",
+    headers = ["arm", "episodes generated", "CPU s per run", "peak RSS, MiB (the arm's process)",
+               "sampled share right, mean over updates",
                f"held-out - {baseline}'s, paired (95 % t interval)", "seeds below",
                "curve's mean - its, paired (95 % t interval)"]
     table = []
@@ -329,6 +334,8 @@ def compare(runs, baseline: str = f"GRPO k={K} (KL in loss)") -> None:
         cpu = [r["cpu_seconds"] for r in seeds if "cpu_seconds" in r]
         row = [key, " / ".join(sorted({str(episodes_generated(r)) for r in seeds})),
                f"{_mean(cpu):.0f} ({len(cpu)} runs)" if cpu else "-",
+               f"{max(r['peak_rss_mib'] for r in seeds if 'peak_rss_mib' in r):.0f}" if any(
+                   "peak_rss_mib" in r for r in seeds) else "-",
                f"{_mean(statistics.fmean(r['rounds_right']) for r in seeds):.3f}", "-", "-", "-"]
         theirs = {r["seed"]: r for r in base["seeds"]} if base is not None and name != baseline else {}
         paired = [(r, theirs[r["seed"]]) for r in seeds if r["seed"] in theirs]
@@ -336,7 +343,7 @@ def compare(runs, baseline: str = f"GRPO k={K} (KL in loss)") -> None:
             end = paired_interval([r["end"]["reward"] - t["end"]["reward"] for r, t in paired])
             curve = paired_interval([statistics.fmean(r["rounds_right"]) - statistics.fmean(t["rounds_right"])
                                      for r, t in paired])
-            row[4:] = [f"{end['mean']:+.3f} ({end['low']:+.3f} to {end['high']:+.3f}), {end['n']} seeds",
+            row[5:] = [f"{end['mean']:+.3f} ({end['low']:+.3f} to {end['high']:+.3f}), {end['n']} seeds",
                        str(end["below_zero"]), f"{curve['mean']:+.3f} ({curve['low']:+.3f} to {curve['high']:+.3f})"]
         table.append(row)
     print_table(headers, table)

@@ -79,7 +79,7 @@ def test_the_control_runs_with_luck_not_shown(bench, sft_work, tmp_path):
     (cell,) = result["results"]["runs"][bench.cell_key(name, 1, 4, shown=False)]["seeds"]
     assert bench.cell_key(name, 1, 4, shown=False) == f"{name} | luck 1 not shown | 4 rounds"
     assert cell["luck_shown"] is False and result["meta"]["settings"]["luck_shown"] is False
-    assert cell["cpu_seconds"] > 0 and len(cell["rounds_right"]) == 1
+    assert cell["cpu_seconds"] > 0 and cell["peak_rss_mib"] > 100 and len(cell["rounds_right"]) == 1
 
 
 def test_the_jackpot_quiz_runs_as_its_own_cell(bench, sft_work, tmp_path):
@@ -99,13 +99,14 @@ def test_the_jackpot_quiz_runs_as_its_own_cell(bench, sft_work, tmp_path):
 def test_compare_pairs_seeds_against_grpo_and_charges_pretraining(bench, capsys):
     """Each arm against episode-level GRPO of the same luck, horizon and screen, seed by seed (a seed the baseline
     lacks is left out); the episodes generated count value pretraining's updates."""
-    def cell(seed, end, pretraining=0, curve=(0.5, 0.7)):
+    def cell(seed, end, pretraining=0, curve=(0.5, 0.7), peak=None):
         return {"seed": seed, "end": {"reward": end}, "rounds_right": list(curve), "value_pretraining": pretraining,
-                "settings": {"per_device_train_batch_size": 32}, "cpu_seconds": 10.0}
+                "settings": {"per_device_train_batch_size": 32}, "cpu_seconds": 10.0,
+                **({} if peak is None else {"peak_rss_mib": peak})}
 
     grpo, gae = "GRPO k=4 (KL in loss)", "GAE, pretrained value model"
     runs = {bench.cell_key(grpo, 1, 4): {"seeds": [cell(0, 0.7), cell(1, 0.8), cell(2, 0.6)]},
-            bench.cell_key(gae, 1, 4): {"seeds": [cell(0, 0.8, 10, (0.6, 0.8)), cell(1, 0.8, 10),
+            bench.cell_key(gae, 1, 4): {"seeds": [cell(0, 0.8, 10, (0.6, 0.8), 900.4), cell(1, 0.8, 10, peak=950.6),
                                                   cell(2, 0.9, 10, (0.7, 0.9)), cell(3, 0.1, 10)]},
             bench.cell_key(gae, 1, 4, shown=False): {"seeds": [cell(0, 0.9, 10), cell(1, 0.9, 10)]}}
     assert bench.episodes_generated(runs[bench.cell_key(gae, 1, 4)]["seeds"][0]) == (2 + 10) * 32
@@ -115,10 +116,10 @@ def test_compare_pairs_seeds_against_grpo_and_charges_pretraining(bench, capsys)
     rows = {tuple(c[:2]): c[3:] for c in cells}
     # held-out differences 0.1, 0.0, 0.3: mean 0.133, sd 0.153, t(2) 4.303: half-width 0.380; the curves' means
     # 0.7 / 0.6 / 0.8 / 0.6 (mean 0.675; seed 3 unpaired) against 0.6: differences 0.1, 0.0, 0.2, half-width 0.248
-    assert rows[gae, "luck 1"] == ["384", "10 (4 runs)", "0.675", "+0.133 (-0.246 to +0.513), 3 seeds", "0",
+    assert rows[gae, "luck 1"] == ["384", "10 (4 runs)", "951", "0.675", "+0.133 (-0.246 to +0.513), 3 seeds", "0",
                                    "+0.100 (-0.148 to +0.348)"]
-    assert rows[grpo, "luck 1"][3:] == ["-", "-", "-"]
-    assert rows[gae, "luck 1 not shown"][3:] == ["-", "-", "-"]  # no baseline with its dice off the screen
+    assert rows[grpo, "luck 1"][2] == "-" and rows[grpo, "luck 1"][4:] == ["-", "-", "-"]  # no peak recorded
+    assert rows[gae, "luck 1 not shown"][4:] == ["-", "-", "-"]  # no baseline with its dice off the screen
     assert len(cells) == 3
 
 
