@@ -8,7 +8,8 @@ and their group mean cannot. The SFT start (recipes/tool_use/sft_dice.yaml) is t
 on 0-4, mostly repeating the number on 5-8), on 4- and 8-round quizzes. Every run: 30 updates of 32 episodes (GAE 32
 quizzes x 1, RLOO and GRPO 8 x 4), the quiz's RL settings (benchmarks/turn_credit.py ``QUIZ_RL``, lr 1e-4), seeds
 0..4. The GAE rows: the value model's settings (``CRITIC``, policy lambda 0.8) and, first, value pretraining: 128
-updates that train the value model alone on the SFT policy's episodes, once per luck and horizon. The "per turn" rows:
+updates that train the value model alone on the SFT policy's episodes, once per luck and horizon ("own ..., charged":
+once per seed, its episodes and CPU seconds the run's). The "per turn" rows:
 RLOO and GRPO with ``turn_credit: turn`` (each round's answer credited with its own return-to-go against the same
 round of the quiz's other samples: per-turn credit without a value model).
 
@@ -59,6 +60,8 @@ PRETRAIN_UPDATES, PRETRAIN_SEED = 128, 1000
 GAE = {"advantage_estimator": "gae", **CRITIC, "lam": 0.8}
 VARIANTS = {
     "GAE, pretrained value model": {**GAE, "value_pretraining": True},  # PRETRAIN_UPDATES of it first
+    # each seed pretrains its own value model (seed + PRETRAIN_SEED), its episodes and CPU seconds charged to the run
+    "GAE, own value pretraining, charged": {**GAE, "value_pretraining": "own"},
     "GAE, critic settings": GAE,
     "GAE, critic warm-up 10": {**GAE, "critic_warmup": 10},  # the pretraining inside the run's 30 updates
     "GAE, TRL's settings": {"advantage_estimator": "gae"},
@@ -97,12 +100,15 @@ def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rou
     from evaluate import quiz_scores
 
     variant = dict(variant)
-    pretraining = pretrain_updates if variant.pop("value_pretraining", 0) else 0
+    how = variant.pop("value_pretraining", None)  # None, True (one per luck and horizon) or "own" (per seed)
+    pretraining = pretrain_updates if how else 0
     settings = {**RL_SETTINGS, **QUIZ_RL, "response_length": RESPONSE_LENGTH[rounds],
                 "max_tool_calling_iterations": rounds, **variant, **overrides}
-    value_dir = (pretrained_value(work, settings, luck, rounds, pretraining, shown, environment) if pretraining
+    own = seed + PRETRAIN_SEED if how == "own" else None
+    value_dir = (pretrained_value(work, settings, luck, rounds, pretraining, shown, environment, own) if pretraining
                  else None)
-    pre = "-pre" if pretraining else ""  # the digest keeps rows run at once apart
+    pretraining_cpu = json.loads((value_dir / "health.json").read_text())["cpu_seconds"] if own is not None else 0.0
+    pre = ("-pre" if pretraining else "") + ("-own" if own is not None else "")  # the digest keeps rows apart
     hidden = (("" if shown else "-hidden") + ("" if environment == "dice" else f"-{environment}")
               + ("" if updates == UPDATES[0] else f"-u{updates}"))  # cells run at once keep apart
     out = work / (f"rl-{settings['advantage_estimator']}{pre}-{digest(settings)[:6]}-luck{luck}{hidden}-r{rounds}"
@@ -121,7 +127,8 @@ def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rou
         if series:
             health[str(k)] = statistics.fmean(series[-5:])
     result = {"seed": seed, "luck": luck, "luck_shown": shown, "environment": environment, "rounds": rounds,
-              "settings": settings, "value_pretraining": pretraining, "seconds": seconds, "cpu_seconds": cpu,
+              "settings": settings, "value_pretraining": pretraining, "seconds": seconds,
+              "cpu_seconds": cpu + pretraining_cpu, "pretraining_cpu_seconds": pretraining_cpu,
               "peak_rss_mib": peak, "end": end,
               "rounds_right": rounds_right.curve, "health": health,
               "explained_var": logged(trainer, "critic/vf_explained_var"),
@@ -148,31 +155,36 @@ def dice_trainer(work: Path, out: Path, settings: dict, luck: float, rounds: int
 
 
 def pretrained_value(work: Path, settings: dict, luck: float, rounds: int, updates: int, shown: bool = True,
-                     environment: str = "dice") -> Path:
+                     environment: str = "dice", seed: int | None = None) -> Path:
     """The value model after ``updates`` updates of value pretraining (:data:`PRETRAIN_UPDATES`): ``critic_warmup``
     for the whole run, the policy held at the SFT start, with the GAE row's settings; trained once per luck,
-    horizon and length into ``<work>/value-...`` (its explained variance per update beside it, ``health.json``)."""
+    horizon and length (with ``seed``: once per seed, from that seed) into ``<work>/value-...`` (its explained
+    variance per update, seconds and CPU seconds beside it, ``health.json``)."""
     from filelock import FileLock
 
     kept = {k: v for k, v in settings.items()  # what the policy alone uses leaves the value model's training alone
             if k not in ("lam", "length_adaptive_lam_alpha", "learning_rate")}
-    hidden = ("" if shown else "-hidden") + ("" if environment == "dice" else f"-{environment}")
+    hidden = (("" if shown else "-hidden") + ("" if environment == "dice" else f"-{environment}")
+              + ("" if seed is None else f"-seed{seed}"))
     folder = work / f"value-luck{luck}{hidden}-r{rounds}-{updates}-{digest(kept)[:8]}"  # other settings: another
     with FileLock(f"{folder}.lock"):  # cells run in parallel: one of them pretrains, the others wait and reuse
         if not (folder / "config.json").is_file():
-            _pretrain(work, folder, settings, luck, rounds, updates, shown, environment)
+            _pretrain(work, folder, settings, luck, rounds, updates, shown, environment,
+                      PRETRAIN_SEED if seed is None else seed)
     return folder
 
 
 def _pretrain(work: Path, folder: Path, settings: dict, luck: float, rounds: int, updates: int, shown: bool,
-              environment: str) -> None:
+              environment: str, seed: int) -> None:
     out = work / f"{folder.name}-run"
-    trainer = dice_trainer(work, out, {**settings, "critic_warmup": updates}, luck, rounds, updates, PRETRAIN_SEED,
+    trainer = dice_trainer(work, out, {**settings, "critic_warmup": updates}, luck, rounds, updates, seed,
                            shown=shown, environment=environment)
+    cpu = time.process_time()  # the training alone, as run_cell's
     _, seconds = quiet_timed(trainer.train, f"{out}.log")
+    cpu = time.process_time() - cpu
     trainer.model.value_model.save_pretrained(folder)
     turns = {k: logged(trainer, f"critic/vf_explained_var/turn_{k}") for k in range(1, rounds + 2)}
-    (folder / "health.json").write_text(json.dumps({"seconds": seconds, "explained_var": turns}))
+    (folder / "health.json").write_text(json.dumps({"seconds": seconds, "cpu_seconds": cpu, "explained_var": turns}))
     shutil.rmtree(out, ignore_errors=True)
 
 

@@ -30,16 +30,23 @@ def every_variant(bench, sft_work, tmp_path_factory):
     return out, run(bench, sft_work, out, "--only", *bench.VARIANTS, "--seed-list", "1", "--luck", "0.5")
 
 
-@pytest.mark.parametrize("name", ["GAE, pretrained value model", "GAE, critic settings", "GAE, critic warm-up 10",
+@pytest.mark.parametrize("name", ["GAE, pretrained value model", "GAE, own value pretraining, charged",
+                                  "GAE, critic settings", "GAE, critic warm-up 10",
                                   "GAE, TRL's settings", "GAE, TRL's settings, lam 0.8", "RLOO k=4",
                                   "GRPO k=4 (KL in loss)", "RLOO k=4, per turn", "GRPO k=4 (KL in loss), per turn",
                                   "GRPO k=4 (KL in loss), per turn, gamma 0.5"])
-def test_variant_runs_one_update(bench, every_variant, name):
+def test_variant_runs_one_update(bench, sft_work, every_variant, name):
     variant = dict(bench.VARIANTS[name])
-    pretraining = 1 if variant.pop("value_pretraining", 0) else 0  # --pretrain-updates 1
+    how = variant.pop("value_pretraining", None)
+    pretraining = 1 if how else 0  # --pretrain-updates 1
     (cell,) = every_variant[1]["results"]["runs"][bench.cell_key(name, 0.5, 4)]["seeds"]
     settings = cell["settings"]
     assert cell["seed"] == 1 and cell["luck"] == 0.5 and cell["value_pretraining"] == pretraining
+    # the seed's own pretraining is charged: its CPU seconds inside the run's; a shared one's are not
+    assert (cell["pretraining_cpu_seconds"] > 0) == (how == "own")
+    assert cell["cpu_seconds"] > cell["pretraining_cpu_seconds"]
+    if how == "own":  # its value model pretrained from seed 1 + PRETRAIN_SEED, apart from the shared one
+        assert list(sft_work.glob(f"value-luck0.5-seed{1 + bench.PRETRAIN_SEED}-r4-1-*/config.json"))
     assert {k: settings[k] for k in variant} == variant  # the estimator and the value model's settings it names
     assert (settings["response_length"], settings["max_tool_calling_iterations"]) == (224, 4)
     assert len(cell["rounds_right"]) == 1 and 0.0 <= cell["rounds_right"][0] <= 1.0
