@@ -330,11 +330,11 @@ def episodes_generated(run: dict) -> int:
 
 def compare(runs, baseline: str = f"GRPO k={K} (KL in loss)") -> None:
     """Each arm against ``baseline`` at the same luck, horizon and screen, seed by seed (the same SFT start, data order
-    and dice): what each arm spent (episodes, CPU seconds, the largest peak RSS of the processes that ran its
-    seeds, one arm per process), and two paired differences with their 95 % t intervals: the held-out score at the
+    and dice): what each arm spent (episodes, CPU seconds, and the peak RSS of a process that ran one of its seeds
+    first: the smallest of its runs', as a process's peak only grows), and two paired differences with their 95 % t intervals: the held-out score at the
     end (near the ceiling of 0.881 on most runs) and the learning curve's area (the sampled share right of every
     update, averaged: how soon the arm learned; no ceiling)."""
-    headers = ["arm", "episodes generated", "CPU s per run", "peak RSS, MiB (the arm's process)",
+    headers = ["arm", "episodes generated", "CPU s per run", "peak RSS, MiB (a process's first run)",
                "sampled share right, mean over updates",
                f"held-out - {baseline}'s, paired (95 % t interval)", "seeds below",
                "curve's mean - its, paired (95 % t interval)"]
@@ -346,7 +346,7 @@ def compare(runs, baseline: str = f"GRPO k={K} (KL in loss)") -> None:
         cpu = [r["cpu_seconds"] for r in seeds if "cpu_seconds" in r]
         row = [key, " / ".join(sorted({str(episodes_generated(r)) for r in seeds})),
                f"{_mean(cpu):.0f} ({len(cpu)} runs)" if cpu else "-",
-               f"{max(r['peak_rss_mib'] for r in seeds if 'peak_rss_mib' in r):.0f}" if any(
+               f"{min(r['peak_rss_mib'] for r in seeds if 'peak_rss_mib' in r):.0f}" if any(
                    "peak_rss_mib" in r for r in seeds) else "-",
                f"{_mean(statistics.fmean(r['rounds_right']) for r in seeds):.3f}", "-", "-", "-"]
         theirs = {r["seed"]: r for r in base["seeds"]} if base is not None and name != baseline else {}

@@ -123,7 +123,7 @@ def test_compare_pairs_seeds_against_grpo_and_charges_pretraining(bench, capsys)
     rows = {tuple(c[:2]): c[3:] for c in cells}
     # held-out differences 0.1, 0.0, 0.3: mean 0.133, sd 0.153, t(2) 4.303: half-width 0.380; the curves' means
     # 0.7 / 0.6 / 0.8 / 0.6 (mean 0.675; seed 3 unpaired) against 0.6: differences 0.1, 0.0, 0.2, half-width 0.248
-    assert rows[gae, "luck 1"] == ["384", "10 (4 runs)", "951", "0.675", "+0.133 (-0.246 to +0.513), 3 seeds", "0",
+    assert rows[gae, "luck 1"] == ["384", "10 (4 runs)", "900", "0.675", "+0.133 (-0.246 to +0.513), 3 seeds", "0",
                                    "+0.100 (-0.148 to +0.348)"]
     assert rows[grpo, "luck 1"][2] == "-" and rows[grpo, "luck 1"][4:] == ["-", "-", "-"]  # no peak recorded
     assert rows[gae, "luck 1 not shown"][4:] == ["-", "-", "-"]  # no baseline with its dice off the screen
