@@ -126,7 +126,9 @@ def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rou
         series = logged(trainer, f"critic/vf_explained_var/turn_{k}")
         if series:
             health[str(k)] = statistics.fmean(series[-5:])
-    result = {"seed": seed, "luck": luck, "luck_shown": shown, "environment": environment, "rounds": rounds,
+    played = environment_class(environment, luck, shown)
+    result = {"seed": seed, "luck": luck, "luck_shown": shown, "environment": environment,
+              "environment_class": f"{played.__module__}.{played.__mro__[1].__name__}", "rounds": rounds,
               "settings": settings, "value_pretraining": pretraining, "seconds": seconds,
               "cpu_seconds": cpu + pretraining_cpu, "pretraining_cpu_seconds": pretraining_cpu,
               "peak_rss_mib": peak, "end": end,
@@ -140,18 +142,22 @@ def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rou
 
 def dice_trainer(work: Path, out: Path, settings: dict, luck: float, rounds: int, updates: int, seed: int,
                  value_dir=None, shown: bool = True, environment: str = "dice"):
-    import importlib
-
     from datasets import Dataset
     from evaluate import read_jsonl
 
-    with_luck = importlib.import_module(ENVIRONMENTS[environment]).with_luck
 
     rows = read_jsonl(work / "data" / f"dice_train{rounds}.jsonl")
     return rl_trainer_from_sft(work / "sft_dice", out, updates=updates, seed=seed, settings=settings,
                                dataset=lambda tokenizer: Dataset.from_list(rows),
                                value_model=settings["advantage_estimator"] == "gae", value_dir=value_dir,
-                               reward_funcs=None, environment_factory=with_luck(luck, shown))
+                               reward_funcs=None, environment_factory=environment_class(environment, luck, shown))
+
+
+def environment_class(environment: str, luck: float, shown: bool) -> type:
+    """The class a run's episodes are played with: ``with_luck`` of :data:`ENVIRONMENTS`' module."""
+    import importlib
+
+    return importlib.import_module(ENVIRONMENTS[environment]).with_luck(luck, shown)
 
 
 def pretrained_value(work: Path, settings: dict, luck: float, rounds: int, updates: int, shown: bool = True,

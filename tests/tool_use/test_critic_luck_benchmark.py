@@ -86,20 +86,20 @@ def test_the_control_runs_with_luck_not_shown(bench, sft_work, tmp_path):
     (cell,) = result["results"]["runs"][bench.cell_key(name, 1, 4, shown=False)]["seeds"]
     assert bench.cell_key(name, 1, 4, shown=False) == f"{name} | luck 1 not shown | 4 rounds"
     assert cell["luck_shown"] is False and result["meta"]["settings"]["luck_shown"] is False
+    assert cell["environment_class"] == "dice_quiz_env.DiceQuizEnv"
     assert cell["cpu_seconds"] > 0 and cell["peak_rss_mib"] > 100 and len(cell["rounds_right"]) == 1
 
 
 def test_the_jackpot_quiz_runs_as_its_own_cell(bench, sft_work, tmp_path):
-    """--environment jackpot (jackpot_quiz_env.py): its own cells, told so, paired with the GRPO of the same quiz."""
-    names = ["GRPO k=4 (KL in loss)", "RLOO k=4, per turn"]
-    result = run(bench, sft_work, tmp_path / "jackpot.json", "--only", *names, "--seed-list", "0", "--luck", "1",
+    """--environment jackpot (jackpot_quiz_env.py): its own cell, the run told so."""
+    name = "RLOO k=4, per turn"
+    result = run(bench, sft_work, tmp_path / "jackpot.json", "--only", name, "--seed-list", "0", "--luck", "1",
                  "--environment", "jackpot")
-    assert bench.cell_key(names[0], 1, 4, environment="jackpot") == f"{names[0]} | luck 1, jackpot quiz | 4 rounds"
-    runs = result["results"]["runs"]
-    assert sorted(runs) == sorted(bench.cell_key(n, 1, 4, environment="jackpot") for n in names)
-    for name in names:
-        (cell,) = runs[bench.cell_key(name, 1, 4, environment="jackpot")]["seeds"]
-        assert cell["environment"] == "jackpot" and cell["luck_shown"] and len(cell["rounds_right"]) == 1
+    key = bench.cell_key(name, 1, 4, environment="jackpot")
+    assert key == f"{name} | luck 1, jackpot quiz | 4 rounds" and list(result["results"]["runs"]) == [key]
+    (cell,) = result["results"]["runs"][key]["seeds"]
+    assert cell["environment_class"] == "jackpot_quiz_env.JackpotQuizEnv" and cell["luck_shown"]
+    assert len(cell["rounds_right"]) == 1
     assert result["meta"]["settings"]["environment"] == "jackpot"
 
 
