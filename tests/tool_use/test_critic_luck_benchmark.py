@@ -148,6 +148,28 @@ def test_shipped_recipe_is_the_benchmarks_equal_cost_gae_row(bench, sft_work, tm
         sft_work / "sft_dice")
 
 
+def test_shipped_recipe_is_the_benchmarks_per_turn_grpo_row(bench, sft_work, tmp_path):
+    """grpo_turn_dice.yaml is the row "GRPO k=4 (KL in loss), per turn, gamma 0.5": its settings, the benchmark's 960
+    episodes, no value model; one update from it as shipped."""
+    from trl_ext.recipe_loader import resolve_recipe
+    from trl_ext.recipe_loader.pipeline import run as run_recipe
+
+    data = ["--model_name_or_path", str(sft_work / "sft_dice"), "--output_dir", str(tmp_path / "grpo"),
+            "--dataset_name", str(sft_work / "data" / "dice_train4.jsonl")]
+    recipe = resolve_recipe(bench.TASK / "grpo_turn_dice.yaml", data)
+    keys = {**bench.RL_SETTINGS, **bench.QUIZ_RL, **bench.VARIANTS["GRPO k=4 (KL in loss), per turn, gamma 0.5"],
+            "total_episodes": bench.UPDATES[0] * bench.RL_SETTINGS["per_device_train_batch_size"]}
+    assert {key: getattr(recipe.training_args, key) for key in keys} == keys
+    assert recipe.environment_factory.luck == 1.0 and not recipe.reward_funcs
+    trainer = run_recipe(resolve_recipe(bench.TASK / "grpo_turn_dice.yaml", [
+        *data, "--total_episodes", "8", "--per_device_train_batch_size", "8", "--local_rollout_forward_batch_size",
+        "8", "--num_ppo_epochs", "1", "--disable_tqdm", "true"]))
+    assert type(trainer.accelerator.unwrap_model(trainer.model).value_model).__name__ == "NoValueModel"
+    assert (trainer.args.turn_credit, trainer.args.gamma) == ("turn", 0.5)
+    (logged,) = [h for h in trainer.state.log_history if "objective/kl" in h]  # one update, no critic metrics
+    assert not [k for k in logged if k.startswith("critic/")]
+
+
 def test_shipped_recipes_are_the_benchmarks_pretrained_gae_row(bench, sft_work, tmp_path):
     """value_dice.yaml is the benchmark's value pretraining (the GAE row's settings, critic_warmup for every update)
     and leaves its value model in value_model/; gae_dice.yaml is the row itself, starting from that value model
