@@ -74,6 +74,9 @@ VARIANTS = {
     # each later round's reward at half weight: about what GAE's lam 0.97 leaves of the next round, ~20 tokens on
     f"GRPO k={K} (KL in loss), per turn, gamma 0.5": {"advantage_estimator": "grpo", "num_samples_per_prompt": K,
                                                       "kl_in": "loss", "turn_credit": "turn", "gamma": 0.5},
+    # each round its own reward alone: the reach of GAE's lam 0.8 over a round (0.8^20 = 0.01)
+    f"GRPO k={K} (KL in loss), per turn, gamma 0": {"advantage_estimator": "grpo", "num_samples_per_prompt": K,
+                                                    "kl_in": "loss", "turn_credit": "turn", "gamma": 0.0},
 }
 REACHED = 0.9
 #: The environments' modules (recipes/tool_use): the study's, and one it never tuned on (the guide's settings tried).

@@ -34,7 +34,8 @@ def every_variant(bench, sft_work, tmp_path_factory):
                                   "GAE, critic settings", "GAE, critic warm-up 10",
                                   "GAE, TRL's settings", "GAE, TRL's settings, lam 0.8", "RLOO k=4",
                                   "GRPO k=4 (KL in loss)", "RLOO k=4, per turn", "GRPO k=4 (KL in loss), per turn",
-                                  "GRPO k=4 (KL in loss), per turn, gamma 0.5"])
+                                  "GRPO k=4 (KL in loss), per turn, gamma 0.5",
+                                  "GRPO k=4 (KL in loss), per turn, gamma 0"])
 def test_variant_runs_one_update(bench, sft_work, every_variant, name):
     variant = dict(bench.VARIANTS[name])
     how = variant.pop("value_pretraining", None)
