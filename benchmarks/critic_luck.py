@@ -108,15 +108,15 @@ def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rou
     settings = {**RL_SETTINGS, **QUIZ_RL, "response_length": RESPONSE_LENGTH[rounds],
                 "max_tool_calling_iterations": rounds, **variant, **overrides}
     own = seed + PRETRAIN_SEED if how == "own" else None
+    played = environment_class(environment, luck, shown)
     value_dir = (pretrained_value(work, settings, luck, rounds, pretraining, shown, environment, own) if pretraining
                  else None)
     pretraining_cpu = json.loads((value_dir / "health.json").read_text())["cpu_seconds"] if own is not None else 0.0
     pre = ("-pre" if pretraining else "") + ("-own" if own is not None else "")  # the digest keeps rows apart
-    hidden = (("" if shown else "-hidden") + ("" if environment == "dice" else f"-{environment}")
-              + ("" if updates == UPDATES[0] else f"-u{updates}"))  # cells run at once keep apart
-    out = work / (f"rl-{settings['advantage_estimator']}{pre}-{digest(settings)[:6]}-luck{luck}{hidden}-r{rounds}"
+    tag = screen_and_quiz(shown, environment) + ("" if updates == UPDATES[0] else f"-u{updates}")
+    out = work / (f"rl-{settings['advantage_estimator']}{pre}-{digest(settings)[:6]}-luck{luck}{tag}-r{rounds}"
                   f"-seed{seed}")
-    trainer = dice_trainer(work, out, settings, luck, rounds, updates, seed, value_dir, shown, environment)
+    trainer = dice_trainer(work, out, settings, rounds, updates, seed, played, value_dir)
     rounds_right = rounds_right_callback(trainer)
     trainer.add_callback(rounds_right)
     cpu = time.process_time()
@@ -129,7 +129,6 @@ def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rou
         series = logged(trainer, f"critic/vf_explained_var/turn_{k}")
         if series:
             health[str(k)] = statistics.fmean(series[-5:])
-    played = environment_class(environment, luck, shown)
     result = {"seed": seed, "luck": luck, "luck_shown": shown, "environment": environment,
               "environment_class": f"{played.__module__}.{played.__mro__[1].__name__}", "rounds": rounds,
               "settings": settings, "value_pretraining": pretraining, "seconds": seconds,
@@ -143,17 +142,18 @@ def run_cell(work: Path, heldout: list[dict], *, variant: dict, luck: float, rou
     return result
 
 
-def dice_trainer(work: Path, out: Path, settings: dict, luck: float, rounds: int, updates: int, seed: int,
-                 value_dir=None, shown: bool = True, environment: str = "dice"):
+def dice_trainer(work: Path, out: Path, settings: dict, rounds: int, updates: int, seed: int, played: type,
+                 value_dir=None):
+    """The RL trainer of one run from ``<work>/sft_dice``, its episodes played with the environment class
+    ``played`` (:func:`environment_class`)."""
     from datasets import Dataset
     from evaluate import read_jsonl
-
 
     rows = read_jsonl(work / "data" / f"dice_train{rounds}.jsonl")
     return rl_trainer_from_sft(work / "sft_dice", out, updates=updates, seed=seed, settings=settings,
                                dataset=lambda tokenizer: Dataset.from_list(rows),
                                value_model=settings["advantage_estimator"] == "gae", value_dir=value_dir,
-                               reward_funcs=None, environment_factory=environment_class(environment, luck, shown))
+                               reward_funcs=None, environment_factory=played)
 
 
 def environment_class(environment: str, luck: float, shown: bool) -> type:
@@ -161,6 +161,11 @@ def environment_class(environment: str, luck: float, shown: bool) -> type:
     import importlib
 
     return importlib.import_module(ENVIRONMENTS[environment]).with_luck(luck, shown)
+
+
+def screen_and_quiz(shown: bool, environment: str) -> str:
+    """The part of a run's or a value model's folder name that keeps the control and another quiz apart."""
+    return ("" if shown else "-hidden") + ("" if environment == "dice" else f"-{environment}")
 
 
 def pretrained_value(work: Path, settings: dict, luck: float, rounds: int, updates: int, shown: bool = True,
@@ -173,21 +178,18 @@ def pretrained_value(work: Path, settings: dict, luck: float, rounds: int, updat
 
     kept = {k: v for k, v in settings.items()  # what the policy alone uses leaves the value model's training alone
             if k not in ("lam", "length_adaptive_lam_alpha", "learning_rate")}
-    hidden = (("" if shown else "-hidden") + ("" if environment == "dice" else f"-{environment}")
-              + ("" if seed is None else f"-seed{seed}"))
-    folder = work / f"value-luck{luck}{hidden}-r{rounds}-{updates}-{digest(kept)[:8]}"  # other settings: another
+    tag = screen_and_quiz(shown, environment) + ("" if seed is None else f"-seed{seed}")
+    folder = work / f"value-luck{luck}{tag}-r{rounds}-{updates}-{digest(kept)[:8]}"  # other settings: another
     with FileLock(f"{folder}.lock"):  # cells run in parallel: one of them pretrains, the others wait and reuse
         if not (folder / "config.json").is_file():
-            _pretrain(work, folder, settings, luck, rounds, updates, shown, environment,
+            _pretrain(work, folder, settings, rounds, updates, environment_class(environment, luck, shown),
                       PRETRAIN_SEED if seed is None else seed)
     return folder
 
 
-def _pretrain(work: Path, folder: Path, settings: dict, luck: float, rounds: int, updates: int, shown: bool,
-              environment: str, seed: int) -> None:
+def _pretrain(work: Path, folder: Path, settings: dict, rounds: int, updates: int, played: type, seed: int) -> None:
     out = work / f"{folder.name}-run"
-    trainer = dice_trainer(work, out, {**settings, "critic_warmup": updates}, luck, rounds, updates, seed,
-                           shown=shown, environment=environment)
+    trainer = dice_trainer(work, out, {**settings, "critic_warmup": updates}, rounds, updates, seed, played)
     cpu = time.process_time()  # the training alone, as run_cell's
     _, seconds = quiet_timed(trainer.train, f"{out}.log")
     cpu = time.process_time() - cpu
@@ -340,9 +342,9 @@ def episodes_generated(run: dict) -> int:
 def compare(runs, baseline: str = f"GRPO k={K} (KL in loss)") -> None:
     """Each arm against ``baseline`` at the same luck, horizon and screen, seed by seed (the same SFT start, data order
     and dice): what each arm spent (episodes, CPU seconds, and the peak RSS of a process that ran one of its seeds
-    first: the smallest of its runs', as a process's peak only grows), and two paired differences with their 95 % t intervals: the held-out score at the
-    end (near the ceiling of 0.881 on most runs) and the learning curve's area (the sampled share right of every
-    update, averaged: how soon the arm learned; no ceiling)."""
+    first: the smallest of its runs', as a process's peak only grows), and two paired differences with their 95 % t
+    intervals: the held-out score at the end (near the ceiling of 0.881 on most runs) and the learning curve's area
+    (the sampled share right of every update, averaged: how soon the arm learned; no ceiling)."""
     headers = ["arm", "episodes generated", "CPU s per run", "peak RSS, MiB (a process's first run)",
                "sampled share right, mean over updates",
                f"held-out - {baseline}'s, paired (95 % t interval)", "seeds below",

@@ -96,10 +96,11 @@ class DiceQuizEnv:
         return 0.0
 
 
-def with_luck(luck: float, shown: bool = True) -> type:
-    """The environment class of luck ``luck``, paid by the die on screen or (``shown=False``) by one never shown;
-    named ``DiceQuizEnv`` as the others, so its metrics keep one name."""
-    return type("DiceQuizEnv", (DiceQuizEnv,), {"luck": float(luck), "luck_shown": shown, "__module__": __name__})
+def with_luck(luck: float, shown: bool = True, base: type | None = None) -> type:
+    """The environment class ``base`` (default :class:`DiceQuizEnv`) at luck ``luck``, paid by the die on screen or
+    (``shown=False``) by one never shown; named as ``base``, so its metrics keep one name."""
+    base = base or DiceQuizEnv
+    return type(base.__name__, (base,), {"luck": float(luck), "luck_shown": shown, "__module__": base.__module__})
 
 
 def share_right(env: DiceQuizEnv) -> float:

@@ -44,8 +44,7 @@ class JackpotQuizEnv(dice_quiz_env.DiceQuizEnv):
 
 def with_luck(luck: float, shown: bool = True) -> type:
     """The jackpot quiz of luck ``luck`` (``shown=False``: paid by a die never shown, as dice_quiz_env's control)."""
-    return type("JackpotQuizEnv", (JackpotQuizEnv,), {"luck": float(luck), "luck_shown": shown,
-                                                       "__module__": __name__})
+    return dice_quiz_env.with_luck(luck, shown, base=JackpotQuizEnv)
 
 
 __all__ = ["JackpotQuizEnv", "JACKPOT", "MISS", "with_luck"]
