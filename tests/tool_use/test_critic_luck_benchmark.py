@@ -150,7 +150,7 @@ def test_shipped_recipe_is_the_benchmarks_equal_cost_gae_row(bench, sft_work, tm
 
 
 def test_shipped_recipe_is_the_benchmarks_per_turn_grpo_row(bench, sft_work, tmp_path):
-    """grpo_turn_dice.yaml is the row "GRPO k=4 (KL in loss), per turn, gamma 0.5": its settings, the benchmark's 960
+    """grpo_turn_dice.yaml is the row "GRPO k=4 (KL in loss), per turn, gamma 0": its settings, the benchmark's 960
     episodes, no value model; one update from it as shipped."""
     from trl_ext.recipe_loader import resolve_recipe
     from trl_ext.recipe_loader.pipeline import run as run_recipe
@@ -158,7 +158,7 @@ def test_shipped_recipe_is_the_benchmarks_per_turn_grpo_row(bench, sft_work, tmp
     data = ["--model_name_or_path", str(sft_work / "sft_dice"), "--output_dir", str(tmp_path / "grpo"),
             "--dataset_name", str(sft_work / "data" / "dice_train4.jsonl")]
     recipe = resolve_recipe(bench.TASK / "grpo_turn_dice.yaml", data)
-    keys = {**bench.RL_SETTINGS, **bench.QUIZ_RL, **bench.VARIANTS["GRPO k=4 (KL in loss), per turn, gamma 0.5"],
+    keys = {**bench.RL_SETTINGS, **bench.QUIZ_RL, **bench.VARIANTS["GRPO k=4 (KL in loss), per turn, gamma 0"],
             "total_episodes": bench.UPDATES[0] * bench.RL_SETTINGS["per_device_train_batch_size"]}
     assert {key: getattr(recipe.training_args, key) for key in keys} == keys
     assert recipe.environment_factory.luck == 1.0 and not recipe.reward_funcs
@@ -166,7 +166,7 @@ def test_shipped_recipe_is_the_benchmarks_per_turn_grpo_row(bench, sft_work, tmp
         *data, "--total_episodes", "8", "--per_device_train_batch_size", "8", "--local_rollout_forward_batch_size",
         "8", "--num_ppo_epochs", "1", "--disable_tqdm", "true"]))
     assert type(trainer.accelerator.unwrap_model(trainer.model).value_model).__name__ == "NoValueModel"
-    assert (trainer.args.turn_credit, trainer.args.gamma) == ("turn", 0.5)
+    assert (trainer.args.turn_credit, trainer.args.gamma) == ("turn", 0.0)
     (logged,) = [h for h in trainer.state.log_history if "objective/kl" in h]  # one update, no critic metrics
     assert not [k for k in logged if k.startswith("critic/")]
 
