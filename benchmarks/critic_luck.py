@@ -50,6 +50,7 @@ TASK = HERE.parent / "recipes" / "tool_use"
 sys.path.insert(0, str(TASK))
 
 UPDATES = (30, 3)
+EPISODES = UPDATES[0] * RL_SETTINGS["per_device_train_batch_size"]  # every arm's budget: 960 generated episodes
 SEEDS = 5
 LUCK = (0.0, 0.5, 1.0)
 #: Value pretraining (VAPO): updates of a value-only run (the policy held: ``critic_warmup`` for every update) on the
@@ -231,9 +232,13 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def cell_key(name: str, luck: float, rounds: int, shown: bool = True, environment: str = "dice") -> str:
+def cell_key(name: str, luck: float, rounds: int, shown: bool = True, environment: str = "dice",
+             episodes: int = EPISODES) -> str:
+    """A cell's name in the results: arms at another budget of generated episodes (value pretraining counted) are
+    cells of their own, so that a merge keeps budgets apart and compares arms at equal episodes."""
     quiz = "" if environment == "dice" else f", {environment} quiz"
-    return f"{name} | luck {luck:g}{'' if shown else ' not shown'}{quiz} | {rounds} rounds"
+    budget = "" if episodes == EPISODES else f", {episodes} episodes"
+    return f"{name} | luck {luck:g}{'' if shown else ' not shown'}{quiz} | {rounds} rounds{budget}"
 
 
 def main(argv=None) -> int:
@@ -269,7 +274,8 @@ def main(argv=None) -> int:
                 cell = run_cell(work, heldout, variant=variant, luck=luck, rounds=a.rounds, updates=updates,
                                 seed=seed, overrides=overrides, pretrain_updates=a.pretrain_updates,
                                 shown=not a.luck_not_shown, environment=a.environment)
-                key = cell_key(name, luck, a.rounds, shown=not a.luck_not_shown, environment=a.environment)
+                key = cell_key(name, luck, a.rounds, shown=not a.luck_not_shown, environment=a.environment,
+                               episodes=episodes_generated(cell))
                 runs.setdefault(key, {"seeds": []})["seeds"].append(cell)
                 print(f"{key} seed {seed}: {cell['seconds']:.0f} s, held-out "
                       f"{start['reward']:.3f} -> {cell['end']['reward']:.3f}, 0.9 after "
@@ -381,8 +387,10 @@ def draw_figure(folder: Path, runs) -> None:
     by_rounds: dict[int, dict[str, dict[float, list[float]]]] = {}
     for key, run in runs.items():
         first = run["seeds"][0]
+        budget = key.split(" | ")[2].partition(", ")[2]  # another budget than EPISODES: its own line
         name = (key.split(" | ")[0] + ("" if first.get("luck_shown", True) else ", luck not shown")
-                + ("" if first.get("environment", "dice") == "dice" else f", {first['environment']} quiz"))
+                + ("" if first.get("environment", "dice") == "dice" else f", {first['environment']} quiz")
+                + (f", {budget}" if budget else ""))
         for r in run["seeds"]:
             by_rounds.setdefault(r["rounds"], {}).setdefault(name, {}).setdefault(r["luck"], []).append(
                 r["end"]["reward"])

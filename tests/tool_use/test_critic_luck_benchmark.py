@@ -40,7 +40,7 @@ def test_variant_runs_one_update(bench, sft_work, every_variant, name):
     variant = dict(bench.VARIANTS[name])
     how = variant.pop("value_pretraining", None)
     pretraining = 1 if how else 0  # --pretrain-updates 1
-    (cell,) = every_variant[1]["results"]["runs"][bench.cell_key(name, 0.5, 4)]["seeds"]
+    (cell,) = every_variant[1]["results"]["runs"][bench.cell_key(name, 0.5, 4, episodes=(1 + pretraining) * 4)]["seeds"]
     settings = cell["settings"]
     assert cell["seed"] == 1 and cell["luck"] == 0.5 and cell["value_pretraining"] == pretraining
     # the seed's own pretraining is charged: its CPU seconds inside the run's; a shared one's are not
@@ -68,13 +68,14 @@ def test_eight_rounds_and_the_merge(bench, sft_work, every_variant, tmp_path):
     for seed in (1, 0):
         run(bench, sft_work, tmp_path / f"s{seed}.json", "--only", name, "--seed-list", str(seed), "--luck", "0",
             "--rounds", "8")
-    (cell,) = json.loads((tmp_path / "s0.json").read_text())["results"]["runs"][bench.cell_key(name, 0, 8)]["seeds"]
+    runs = json.loads((tmp_path / "s0.json").read_text())["results"]["runs"]
+    (cell,) = runs[bench.cell_key(name, 0, 8, episodes=4)]["seeds"]
     assert (cell["settings"]["response_length"], cell["settings"]["max_tool_calling_iterations"]) == (400, 8)
     merged = tmp_path / "merged.json"
     assert bench.main(["--merge", str(tmp_path / "s1.json"), str(tmp_path / "s0.json"), str(every_variant[0]),
                        "--out", str(merged), "--figures", str(tmp_path)]) == 0
     result = json.loads(merged.read_text())["results"]
-    assert [s["seed"] for s in result["runs"][bench.cell_key(name, 0, 8)]["seeds"]] == [0, 1]
+    assert [s["seed"] for s in result["runs"][bench.cell_key(name, 0, 8, episodes=4)]["seeds"]] == [0, 1]
     assert sorted(result["sft"]) == ["4", "8"] and (tmp_path / "critic_luck.png").is_file()
     assert bench.first_reached([0.5, 0.95, 1.0], 32) == 64 and bench.first_reached([0.5], 32) is None
 
@@ -84,8 +85,9 @@ def test_the_control_runs_with_luck_not_shown(bench, sft_work, tmp_path):
     name = "GRPO k=4 (KL in loss)"
     result = run(bench, sft_work, tmp_path / "hidden.json", "--only", name, "--seed-list", "0", "--luck", "1",
                  "--luck-not-shown")
-    (cell,) = result["results"]["runs"][bench.cell_key(name, 1, 4, shown=False)]["seeds"]
+    (cell,) = result["results"]["runs"][bench.cell_key(name, 1, 4, shown=False, episodes=4)]["seeds"]
     assert bench.cell_key(name, 1, 4, shown=False) == f"{name} | luck 1 not shown | 4 rounds"
+    assert bench.cell_key(name, 1, 4, shown=False, episodes=4) == f"{name} | luck 1 not shown | 4 rounds, 4 episodes"
     assert cell["luck_shown"] is False and result["meta"]["settings"]["luck_shown"] is False
     assert cell["environment_class"] == "dice_quiz_env.DiceQuizEnv"
     assert cell["cpu_seconds"] > 0 and cell["peak_rss_mib"] > 100 and len(cell["rounds_right"]) == 1
@@ -96,8 +98,8 @@ def test_the_jackpot_quiz_runs_as_its_own_cell(bench, sft_work, tmp_path):
     name = "RLOO k=4, per turn"
     result = run(bench, sft_work, tmp_path / "jackpot.json", "--only", name, "--seed-list", "0", "--luck", "1",
                  "--environment", "jackpot")
-    key = bench.cell_key(name, 1, 4, environment="jackpot")
-    assert key == f"{name} | luck 1, jackpot quiz | 4 rounds" and list(result["results"]["runs"]) == [key]
+    key = bench.cell_key(name, 1, 4, environment="jackpot", episodes=4)
+    assert key == f"{name} | luck 1, jackpot quiz | 4 rounds, 4 episodes" and list(result["results"]["runs"]) == [key]
     (cell,) = result["results"]["runs"][key]["seeds"]
     assert cell["environment_class"] == "jackpot_quiz_env.JackpotQuizEnv" and cell["luck_shown"]
     assert len(cell["rounds_right"]) == 1
@@ -116,19 +118,22 @@ def test_compare_pairs_seeds_against_grpo_and_charges_pretraining(bench, capsys)
     runs = {bench.cell_key(grpo, 1, 4): {"seeds": [cell(0, 0.7), cell(1, 0.8), cell(2, 0.6)]},
             bench.cell_key(gae, 1, 4): {"seeds": [cell(0, 0.8, 10, (0.6, 0.8), 900.4), cell(1, 0.8, 10, peak=950.6),
                                                   cell(2, 0.9, 10, (0.7, 0.9)), cell(3, 0.1, 10)]},
-            bench.cell_key(gae, 1, 4, shown=False): {"seeds": [cell(0, 0.9, 10), cell(1, 0.9, 10)]}}
+            bench.cell_key(gae, 1, 4, shown=False): {"seeds": [cell(0, 0.9, 10), cell(1, 0.9, 10)]},
+            bench.cell_key(gae, 1, 4, episodes=1920): {"seeds": [cell(0, 0.9, 58), cell(1, 0.9, 58)]}}
     assert bench.episodes_generated(runs[bench.cell_key(gae, 1, 4)]["seeds"][0]) == (2 + 10) * 32
     bench.compare(runs)
     cells = [[c.strip() for c in line.split("|")[1:-1]] for line in capsys.readouterr().out.splitlines()
              if "luck" in line]  # the key's three parts, then the columns
-    rows = {tuple(c[:2]): c[3:] for c in cells}
+    rows = {tuple(c[:2]): c[3:] for c in cells if c[2] == "4 rounds"}
     # held-out differences 0.1, 0.0, 0.3: mean 0.133, sd 0.153, t(2) 4.303: half-width 0.380; the curves' means
     # 0.7 / 0.6 / 0.8 / 0.6 (mean 0.675; seed 3 unpaired) against 0.6: differences 0.1, 0.0, 0.2, half-width 0.248
     assert rows[gae, "luck 1"] == ["384", "10 (4 runs)", "900", "0.675", "+0.133 (-0.246 to +0.513), 3 seeds", "0",
                                    "+0.100 (-0.148 to +0.348)"]
     assert rows[grpo, "luck 1"][2] == "-" and rows[grpo, "luck 1"][4:] == ["-", "-", "-"]  # no peak recorded
     assert rows[gae, "luck 1 not shown"][4:] == ["-", "-", "-"]  # no baseline with its dice off the screen
-    assert len(cells) == 3
+    (other_budget,) = [c for c in cells if c[2] == "4 rounds, 1920 episodes"]
+    assert other_budget[3] == "1920" and other_budget[7:] == ["-", "-", "-"]  # no GRPO at 1,920: not paired
+    assert len(cells) == 4
 
 
 def test_shipped_recipe_is_the_benchmarks_equal_cost_gae_row(bench, sft_work, tmp_path):
@@ -141,7 +146,7 @@ def test_shipped_recipe_is_the_benchmarks_equal_cost_gae_row(bench, sft_work, tm
         "--model_name_or_path", str(sft_work / "sft_dice"), "--output_dir", str(tmp_path / "gae"),
         "--dataset_name", str(sft_work / "data" / "dice_train4.jsonl")])
     keys = {**bench.RL_SETTINGS, **bench.QUIZ_RL, **bench.VARIANTS["GAE, TRL's settings, lam 0.8"],
-            "total_episodes": bench.UPDATES[0] * bench.RL_SETTINGS["per_device_train_batch_size"]}
+            "total_episodes": bench.EPISODES}
     assert {key: getattr(recipe.training_args, key) for key in keys} == keys
     assert (recipe.training_args.critic_learning_rate, recipe.training_args.critic_lam) == (None, None)
     assert recipe.environment_factory.luck == 1.0 and recipe.pipeline.value_model_path is None
@@ -159,7 +164,7 @@ def test_shipped_recipe_is_the_benchmarks_per_turn_grpo_row(bench, sft_work, tmp
             "--dataset_name", str(sft_work / "data" / "dice_train4.jsonl")]
     recipe = resolve_recipe(bench.TASK / "grpo_turn_dice.yaml", data)
     keys = {**bench.RL_SETTINGS, **bench.QUIZ_RL, **bench.VARIANTS["GRPO k=4 (KL in loss), per turn, gamma 0"],
-            "total_episodes": bench.UPDATES[0] * bench.RL_SETTINGS["per_device_train_batch_size"]}
+            "total_episodes": bench.EPISODES}
     assert {key: getattr(recipe.training_args, key) for key in keys} == keys
     assert recipe.environment_factory.luck == 1.0 and not recipe.reward_funcs
     trainer = run_recipe(resolve_recipe(bench.TASK / "grpo_turn_dice.yaml", [
